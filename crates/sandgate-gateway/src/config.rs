@@ -1,0 +1,336 @@
+//! Configuration: built-in defaults → optional file → environment, validated as a whole.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use sandgate_sandbox::SandboxProfile;
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use url::Url;
+
+/// The defaults, with a comment on every key (the repository's `config/default.toml`).
+pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
+
+/// The whole configuration of a gateway process.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the HTTP server binds.
+    pub listen: SocketAddr,
+    /// The URL clients reach the gateway at; empty in the file means "derive from `listen`".
+    #[serde(deserialize_with = "empty_url_is_none")]
+    public_url: Option<Url>,
+    /// Postgres.
+    pub database: DatabaseConfig,
+    /// The Docker engine.
+    pub docker: DockerConfig,
+    /// The sandbox profile.
+    pub sandbox: SandboxProfile,
+    /// The warm pool.
+    pub pool: PoolConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// Postgres settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// Connection URL (secret: it may hold a password).
+    pub url: SecretString,
+    /// Most connections in the pool.
+    pub max_connections: u32,
+    /// How long a request waits for a connection, milliseconds.
+    pub acquire_timeout_ms: u64,
+}
+
+/// Docker engine settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DockerConfig {
+    /// Engine address; empty means the local default.
+    pub host: String,
+}
+
+/// Warm pool settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Ready containers kept waiting.
+    pub min_ready: usize,
+    /// Most containers started at once.
+    pub max_concurrent_starts: usize,
+}
+
+/// Log settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// Output format.
+    pub format: LogFormat,
+    /// tracing filter directives.
+    pub filter: String,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Text on a terminal, JSON otherwise.
+    Auto,
+    /// Human-readable text.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Configuration that could not be loaded; the message names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A value could not be read or parsed.
+    #[error("invalid configuration: {}", describe(.0))]
+    Parse(#[from] Box<figment::Error>),
+    /// Values parsed but do not make sense together or are out of range.
+    #[error("invalid configuration: {key}: {message}")]
+    Invalid {
+        /// Dotted key, e.g. `sandbox.memory_mb`.
+        key: String,
+        /// What is wrong and what is accepted.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Loads the configuration: defaults, then `file` if given, then the process environment.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::from_figment(Self::figment(file, Self::env()))
+    }
+
+    /// The `SANDGATE_*` environment provider. Variables that belong to the scripts and the CLI
+    /// rather than to the configuration (`SANDGATE_CONFIG`, `SANDGATE_CACHE`,
+    /// `SANDGATE_PG_PORT`) are skipped; any other unknown one is an error (a typo must not
+    /// silently do nothing).
+    pub fn env() -> Env {
+        Env::prefixed("SANDGATE_")
+            .ignore(&["config", "cache", "pg_port"])
+            .split("__")
+    }
+
+    /// The layered sources, with `env` as the top layer (tests pass their own).
+    pub fn figment(file: Option<&Path>, env: Env) -> Figment {
+        let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
+        if let Some(file) = file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        // DATABASE_URL is what every Postgres tool speaks; SANDGATE_DATABASE__URL still wins.
+        if let Ok(url) = std::env::var("DATABASE_URL") {
+            figment = figment.merge(Serialized::default("database.url", url));
+        }
+        figment.merge(env)
+    }
+
+    /// Extracts and validates a configuration from layered sources.
+    pub fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let config: Config = figment.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_owned(),
+            message,
+        };
+        if self.database.url.expose_secret().is_empty() {
+            return Err(invalid(
+                "database.url",
+                "no Postgres URL: set SANDGATE_DATABASE__URL or DATABASE_URL (scripts/stack.sh prints one)".into(),
+            ));
+        }
+        if !self.database.url.expose_secret().starts_with("postgres") {
+            return Err(invalid(
+                "database.url",
+                "must be a postgres:// or postgresql:// URL".into(),
+            ));
+        }
+        if self.database.max_connections == 0 {
+            return Err(invalid(
+                "database.max_connections",
+                "must be at least 1".into(),
+            ));
+        }
+        if let Some(url) = &self.public_url {
+            if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+                return Err(invalid(
+                    "public_url",
+                    format!("{url} must be an http(s) URL with a host"),
+                ));
+            }
+            if url.path() != "/" || url.query().is_some() {
+                return Err(invalid(
+                    "public_url",
+                    format!(
+                        "{url} must have no path or query; the MCP endpoint is <public_url>/mcp"
+                    ),
+                ));
+            }
+        }
+        if self.pool.max_concurrent_starts == 0 {
+            return Err(invalid(
+                "pool.max_concurrent_starts",
+                "must be at least 1".into(),
+            ));
+        }
+        self.sandbox.validate().map_err(|message| {
+            let (field, rest) = message.split_once(": ").unwrap_or(("", &message));
+            invalid(&format!("sandbox.{field}"), rest.to_owned())
+        })?;
+        Ok(())
+    }
+
+    /// The public base URL, without a trailing slash.
+    pub fn public_url(&self) -> String {
+        match &self.public_url {
+            Some(url) => url.as_str().trim_end_matches('/').to_owned(),
+            None => format!("http://{}", self.listen),
+        }
+    }
+
+    /// The MCP endpoint URL (`<public_url>/mcp`), also the access tokens' audience.
+    pub fn mcp_url(&self) -> String {
+        format!("{}/mcp", self.public_url())
+    }
+
+    /// The Postgres pool settings.
+    pub fn pool_settings(&self) -> sandgate_store::PoolSettings {
+        sandgate_store::PoolSettings {
+            max_connections: self.database.max_connections,
+            acquire_timeout: Duration::from_millis(self.database.acquire_timeout_ms),
+        }
+    }
+}
+
+/// Renders figment's errors with the key in the configuration's own spelling (`listen`,
+/// `sandbox.memory_mb`) and the source it came from.
+fn describe(err: &figment::Error) -> String {
+    err.clone()
+        .into_iter()
+        .map(|e| {
+            let key = e.path.join(".").to_lowercase();
+            let source = e
+                .metadata
+                .as_ref()
+                .map(|m| match &m.source {
+                    Some(source) => format!(" (from {} {source})", m.name),
+                    None => format!(" (from {})", m.name),
+                })
+                .unwrap_or_default();
+            if key.is_empty() {
+                format!("{}{source}", e.kind)
+            } else {
+                format!("{key}: {}{source}", e.kind)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn empty_url_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Url>, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.is_empty() {
+        return Ok(None);
+    }
+    Url::parse(&s)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a URL: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use figment::Jail;
+
+    use super::*;
+
+    fn load_in(jail: &Jail) -> Result<Config, ConfigError> {
+        let _ = jail;
+        Config::from_figment(Config::figment(
+            None,
+            Env::prefixed("SANDGATE_").split("__"),
+        ))
+    }
+
+    #[test]
+    fn defaults_load_once_a_database_is_named() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            let config = load_in(jail).expect("defaults are valid");
+            assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
+            assert_eq!(config.mcp_url(), "http://127.0.0.1:8080/mcp");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_bad_listen_address_names_the_key() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_LISTEN", "nonsense");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("listen: "), "error should name `listen`: {err}");
+            assert!(err.contains("SANDGATE_"), "error should say where the value came from: {err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn out_of_range_profile_values_name_the_key() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_SANDBOX__MEMORY_MB", "1");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("sandbox.memory_mb"),
+                "error should name the key: {err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_file_overrides_defaults_and_env_overrides_the_file() {
+        Jail::expect_with(|jail| {
+            jail.create_file(
+                "sandgate.toml",
+                "listen = \"127.0.0.1:9000\"\npublic_url = \"https://sandgate.example\"\n[pool]\nmin_ready = 5\n",
+            )?;
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_POOL__MIN_READY", "7");
+            let config = Config::from_figment(Config::figment(
+                Some(Path::new("sandgate.toml")),
+                Config::env(),
+            ))
+            .expect("valid");
+            assert_eq!(config.listen.port(), 9000);
+            assert_eq!(config.pool.min_ready, 7);
+            assert_eq!(config.mcp_url(), "https://sandgate.example/mcp");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_POOL__MIN_REDY", "7");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("min_redy"),
+                "error should name the unknown key: {err}"
+            );
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,191 @@
+//! The sandgate gateway: the HTTP face of the service.
+//!
+//! - [`config`]: layered configuration, validated at start-up.
+//! - [`telemetry`]: logging set-up.
+//! - [`health`]: `/healthz` and `/readyz`.
+//! - [`serve`] / [`App`]: build the state and router, bind, run until a shutdown signal.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::{HeaderName, Request};
+use axum::routing::get;
+use sandgate_sandbox::{DockerBackend, DockerError};
+use sandgate_store::{PgPool, StoreError};
+use secrecy::ExposeSecret;
+use tokio::net::TcpListener;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+pub mod config;
+pub mod health;
+pub mod telemetry;
+
+pub use config::Config;
+
+/// What the gateway shares with every request handler. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The validated configuration.
+    pub config: Arc<Config>,
+    /// The Postgres pool.
+    pub db: PgPool,
+    /// The Docker engine.
+    pub docker: DockerBackend,
+}
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database URL could not be used.
+    #[error("cannot set up the database pool")]
+    Database(#[source] StoreError),
+    /// Migrations failed (Postgres unreachable, or a migration error).
+    #[error("cannot migrate the database; is Postgres running at the configured database.url?")]
+    Migrate(#[source] StoreError),
+    /// The Docker client could not be set up.
+    #[error("cannot set up the Docker client")]
+    Docker(#[source] DockerError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        /// The configured address.
+        addr: SocketAddr,
+        /// Why binding failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server failed while running.
+    #[error("the HTTP server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+impl AppState {
+    /// Connects to Postgres (lazily) and Docker from the configuration.
+    pub fn from_config(config: Config) -> Result<Self, StartError> {
+        let db = sandgate_store::connect_lazy(
+            config.database.url.expose_secret(),
+            &config.pool_settings(),
+        )
+        .map_err(StartError::Database)?;
+        let docker = DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
+        Ok(Self {
+            config: Arc::new(config),
+            db,
+            docker,
+        })
+    }
+}
+
+/// The router with every route and the cross-cutting layers (request ids, tracing).
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+        .with_state(state)
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+                let request_id = request
+                    .headers()
+                    .get(REQUEST_ID)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                tracing::info_span!(
+                    "request",
+                    method = %request.method(),
+                    path = %request.uri().path(),
+                    request_id,
+                )
+            }),
+        )
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+}
+
+/// Runs the migrations embedded in the binary.
+pub async fn migrate(config: &Config) -> Result<(), StartError> {
+    let db =
+        sandgate_store::connect_lazy(config.database.url.expose_secret(), &config.pool_settings())
+            .map_err(StartError::Database)?;
+    sandgate_store::migrate(&db)
+        .await
+        .map_err(StartError::Migrate)
+}
+
+/// A bound, ready-to-run gateway.
+#[derive(Debug)]
+pub struct App {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl App {
+    /// Migrates the database and binds the listen address.
+    pub async fn build(mut config: Config) -> Result<Self, StartError> {
+        let addr = config.listen;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, source })?;
+        // With port 0 the kernel picks the port; everything derived from `listen` (the public
+        // URL when none is configured) must use the real one.
+        config.listen = listener
+            .local_addr()
+            .map_err(|source| StartError::Bind { addr, source })?;
+        let state = AppState::from_config(config)?;
+        sandgate_store::migrate(&state.db)
+            .await
+            .map_err(StartError::Migrate)?;
+        Ok(Self { listener, state })
+    }
+
+    /// The MCP endpoint URL this gateway serves.
+    pub fn mcp_url(&self) -> String {
+        self.state.config.mcp_url()
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Serves until `shutdown` resolves, then finishes in-flight requests.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartError> {
+        let app = router(self.state);
+        axum::serve(self.listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(StartError::Serve)
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sig) => {
+                sig.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    // Sandboxes stay running: the next start re-attaches to them.
+    tracing::info!("shutdown signal received; finishing in-flight requests");
+}

@@ -1,0 +1,86 @@
+//! Postgres access for sandgate.
+//!
+//! The database is the source of truth for who owns which sandbox. Functions here take a
+//! `&mut PgConnection` (or a transaction deref'd to one) so the caller decides the transaction
+//! boundary; they take and return plain domain types and know nothing of HTTP or Docker.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+
+pub mod tenants;
+
+/// What went wrong talking to Postgres.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached (or stopped answering); retrying later may work.
+    #[error("database unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    /// A query failed for another reason.
+    #[error("database query failed")]
+    Query(#[source] sqlx::Error),
+    /// Applying migrations failed.
+    #[error("applying database migrations failed")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    /// A row that must exist did not.
+    #[error("{0} not found")]
+    NotFound(&'static str),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(err: sqlx::Error) -> Self {
+        match err {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(err),
+            other => StoreError::Query(other),
+        }
+    }
+}
+
+impl StoreError {
+    /// True when the failure is the database being away rather than the query being wrong:
+    /// callers turn these into retryable errors.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+/// Settings for the connection pool.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    /// Most connections the pool opens.
+    pub max_connections: u32,
+    /// How long a caller waits for a connection before failing fast.
+    pub acquire_timeout: Duration,
+}
+
+/// Opens a lazily connecting pool: the gateway starts (and reports not ready) even while
+/// Postgres is down, and recovers by itself when it returns.
+pub fn connect_lazy(url: &str, settings: &PoolSettings) -> Result<PgPool, StoreError> {
+    let options: PgConnectOptions = url.parse().map_err(StoreError::Query)?;
+    Ok(PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
+        // A connection that died while Postgres was away must not be handed out again.
+        .test_before_acquire(true)
+        .connect_lazy_with(options))
+}
+
+/// Applies the migrations in the repository's `migrations/` folder (embedded at build time).
+#[tracing::instrument(skip_all)]
+pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
+    sqlx::migrate!("../../migrations")
+        .run(pool)
+        .await
+        .map_err(StoreError::Migrate)
+}
+
+/// Checks that Postgres answers a trivial query.
+pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
+    sqlx::query("SELECT 1").execute(pool).await?;
+    Ok(())
+}

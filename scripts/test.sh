@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Brings the local stack up (Docker engine, Postgres, sandbox image) and runs the whole test
+# suite: lints, the Rust unit, integration and end-to-end tests, and the agent's Python tests.
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p sandgate-sandbox`).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+# shellcheck source=scripts/env.sh
+source "$repo/scripts/env.sh"
+
+step() { printf '\n[test] %s\n' "$*" >&2; }
+
+step "bringing the stack up"
+"$repo/scripts/stack.sh" up >/dev/null
+# shellcheck disable=SC1091
+source "$SANDGATE_CACHE/stack.env"
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "agent tests (pytest)"
+"$repo/scripts/agent-tests.sh"
+
+step "cargo test (against the real stack)"
+cargo test --workspace --locked "$@"

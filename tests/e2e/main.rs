@@ -1,0 +1,5 @@
+//! End-to-end tests: the real `sandgate` binary against the real stack (Postgres, Docker, the
+//! sandbox image), started by `scripts/stack.sh`.
+
+mod cli;
+mod support;

@@ -1,0 +1,194 @@
+//! Helpers: a database per test, the real binary spawned on a free loopback port, and a TCP
+//! proxy in front of Postgres so a test can make the database disappear.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use sqlx::Connection;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+use tokio::task::JoinSet;
+
+/// The `sandgate` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
+
+/// The Postgres URL the stack provides (a superuser that may create databases).
+pub fn admin_database_url() -> String {
+    std::env::var("DATABASE_URL").expect(
+        "DATABASE_URL is not set; run the tests through scripts/test.sh (it starts the stack)",
+    )
+}
+
+/// Creates a fresh, empty database for one test and returns its URL.
+pub async fn fresh_database() -> String {
+    let admin = admin_database_url();
+    let name = format!("sandgate_e2e_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&admin)
+        .await
+        .expect("the stack's Postgres accepts connections");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("a test database can be created");
+    let mut url = url_without_db(&admin);
+    url.push('/');
+    url.push_str(&name);
+    url
+}
+
+fn url_without_db(url: &str) -> String {
+    let base = url.split('?').next().unwrap_or(url);
+    match base.rfind('/') {
+        Some(i) if i > "postgres://".len() => base[..i].to_owned(),
+        _ => base.to_owned(),
+    }
+}
+
+/// Replaces host:port of a Postgres URL (to route it through a proxy).
+pub fn with_addr(url: &str, addr: SocketAddr) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let userinfo = authority
+        .rsplit_once('@')
+        .map(|(u, _)| format!("{u}@"))
+        .unwrap_or_default();
+    format!("{scheme}://{userinfo}{addr}/{path}")
+}
+
+/// The host:port a Postgres URL points at.
+pub fn addr_of(url: &str) -> String {
+    let rest = url.split_once("://").expect("a URL with a scheme").1;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    authority
+        .rsplit_once('@')
+        .map(|(_, a)| a)
+        .unwrap_or(authority)
+        .to_owned()
+}
+
+/// A running gateway process, killed when dropped.
+#[derive(Debug)]
+pub struct Gateway {
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base_url: String,
+}
+
+impl Gateway {
+    /// Starts `sandgate serve` on a free loopback port against `database_url` and waits until it
+    /// prints its MCP URL.
+    pub async fn start(database_url: &str, extra_env: &[(&str, &str)]) -> Gateway {
+        let mut command = Command::new(BIN);
+        command
+            .arg("serve")
+            .env("SANDGATE_LISTEN", "127.0.0.1:0")
+            .env("SANDGATE_DATABASE__URL", database_url)
+            .env("SANDGATE_LOG__FORMAT", "json")
+            .stdout(Stdio::piped())
+            .stderr(if std::env::var_os("RUST_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .kill_on_drop(true);
+        for (k, v) in extra_env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("the sandgate binary starts");
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("sandgate prints its URL within 60 s")
+            .expect("stdout is readable")
+            .expect("sandgate printed a line before exiting");
+        let mcp_url = line
+            .rsplit(' ')
+            .next()
+            .filter(|u| u.starts_with("http://"))
+            .unwrap_or_else(|| panic!("unexpected first line from sandgate serve: {line:?}"));
+        let base_url = mcp_url.trim_end_matches("/mcp").to_owned();
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Gateway { child, base_url }
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns whether it exited successfully.
+    pub async fn terminate(mut self) -> bool {
+        let pid = self.child.id().expect("the gateway is running");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "SIGTERM could be sent");
+        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("the gateway exits within 20 s of SIGTERM")
+            .expect("wait works")
+            .success()
+    }
+}
+
+/// A TCP proxy on a free loopback port that forwards to `upstream` until stopped.
+#[derive(Debug)]
+pub struct TcpProxy {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    tasks: JoinSet<()>,
+}
+
+impl TcpProxy {
+    /// Starts forwarding.
+    pub async fn start(upstream: String) -> TcpProxy {
+        Self::start_on("127.0.0.1:0".parse().expect("an address"), upstream).await
+    }
+
+    /// Starts forwarding from a given address (to bring a stopped proxy back on the same port).
+    pub async fn start_on(addr: SocketAddr, upstream: String) -> TcpProxy {
+        let listener = TcpListener::bind(addr).await.expect("a loopback port");
+        let addr = listener.local_addr().expect("bound");
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    break;
+                };
+                let upstream = upstream.clone();
+                connections.spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        TcpProxy { addr, tasks }
+    }
+
+    /// Closes the listening socket and every forwarded connection: to the gateway, the database
+    /// is gone.
+    pub async fn stop(mut self) {
+        self.tasks.shutdown().await;
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics with `what` after `deadline`.
+pub async fn eventually<T, F, Fut>(deadline: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -279,8 +279,14 @@ mod tests {
             jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
             jail.set_env("SANDGATE_LISTEN", "nonsense");
             let err = load_in(jail).unwrap_err().to_string();
-            assert!(err.contains("listen: "), "error should name `listen`: {err}");
-            assert!(err.contains("SANDGATE_"), "error should say where the value came from: {err}");
+            assert!(
+                err.contains("listen: "),
+                "error should name `listen`: {err}"
+            );
+            assert!(
+                err.contains("SANDGATE_"),
+                "error should say where the value came from: {err}"
+            );
             Ok(())
         });
     }

@@ -3,6 +3,8 @@
 //! - [`config`]: layered configuration, validated at start-up.
 //! - [`telemetry`]: logging set-up.
 //! - [`health`]: `/healthz` and `/readyz`.
+//! - [`keys`]: the signing-key ring (access tokens).
+//! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`serve`] / [`App`]: build the state and router, bind, run until a shutdown signal.
 
 use std::net::SocketAddr;
@@ -18,8 +20,10 @@ use tokio::net::TcpListener;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+pub mod admin;
 pub mod config;
 pub mod health;
+pub mod keys;
 pub mod telemetry;
 
 pub use config::Config;

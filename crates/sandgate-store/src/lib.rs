@@ -9,6 +9,9 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
+pub mod audit;
+pub mod keys;
+pub mod sandboxes;
 pub mod tenants;
 
 /// What went wrong talking to Postgres.
@@ -26,6 +29,9 @@ pub enum StoreError {
     /// A row that must exist did not.
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// A uniqueness rule refused the change.
+    #[error("{0}")]
+    Conflict(&'static str),
 }
 
 impl From<sqlx::Error> for StoreError {

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use sandgate_gateway::{App, Config, telemetry};
+use sandgate_auth::Scope;
+use sandgate_gateway::{App, Config, admin, telemetry};
 
 /// A multi-tenant code-interpreter MCP server.
 #[derive(Debug, Parser)]
@@ -25,6 +26,53 @@ enum Command {
     Serve,
     /// Apply database migrations and exit.
     Migrate,
+    /// Operator commands: tenants, tokens, keys.
+    #[command(subcommand)]
+    Admin(Admin),
+}
+
+#[derive(Debug, Subcommand)]
+enum Admin {
+    /// Manage tenants.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Issue access tokens for integrations and tests.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Manage the token signing keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum TenantCommand {
+    /// Create a tenant; prints its id.
+    Create {
+        /// A unique, human name.
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Print an access token for the tenant (audience: this gateway's MCP URL).
+    Issue {
+        /// The tenant id (from `admin tenant create`).
+        #[arg(long)]
+        tenant: uuid::Uuid,
+        /// Scopes, space- or comma-separated.
+        #[arg(long, default_value = "sandbox execute files:read files:write")]
+        scopes: String,
+        /// Lifetime, e.g. `15m`, `1h`, `30d`.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        ttl: std::time::Duration,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// Make a new signing key; old keys keep verifying until their tokens have expired.
+    Rotate,
 }
 
 fn main() -> ExitCode {
@@ -47,7 +95,6 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli.command, config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!(error = format!("{err:#}"), "sandgate failed");
             eprintln!("sandgate: {err:#}");
             ExitCode::FAILURE
         }
@@ -68,6 +115,23 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 .await
                 .context("migrating")?;
             println!("migrations applied");
+        }
+        Command::Admin(Admin::Tenant(TenantCommand::Create { name })) => {
+            let tenant = admin::create_tenant(&config, &name).await?;
+            println!("{}", tenant.id);
+        }
+        Command::Admin(Admin::Token(TokenCommand::Issue {
+            tenant,
+            scopes,
+            ttl,
+        })) => {
+            let scopes = Scope::parse_list(&scopes.replace(',', " "))?;
+            let token = admin::issue_token(&config, tenant, &scopes, ttl).await?;
+            println!("{token}");
+        }
+        Command::Admin(Admin::Keys(KeysCommand::Rotate)) => {
+            let kid = admin::rotate_keys(&config).await?;
+            println!("{kid}");
         }
     }
     Ok(())

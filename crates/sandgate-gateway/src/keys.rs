@@ -1,0 +1,160 @@
+//! The key ring: the signing key for new access tokens and every key that still verifies,
+//! loaded from Postgres and refreshed so that a rotation by any replica is seen by all.
+
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use sandgate_auth::{AccessClaims, KeyPair, TokenError, TokenIssuer, TokenVerifier, VerifyingKey};
+use sandgate_store::{PgPool, StoreError, keys};
+
+/// How long a retired key keeps verifying: longer than any access token lives.
+pub const RETIRED_KEY_GRACE: Duration = Duration::from_secs(24 * 3600);
+/// How often the ring reloads from Postgres, and the least time between reloads forced by an
+/// unknown `kid`.
+const REFRESH_EVERY: Duration = Duration::from_secs(30);
+const MIN_FORCED_REFRESH: Duration = Duration::from_secs(1);
+
+/// What went wrong with keys.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// Postgres failed.
+    #[error("loading signing keys failed")]
+    Store(#[from] StoreError),
+    /// A stored key is malformed.
+    #[error("stored signing key {0} is malformed")]
+    Malformed(String),
+    /// Building the verifier failed.
+    #[error("building the token verifier failed")]
+    Token(#[from] TokenError),
+}
+
+#[derive(Debug)]
+struct Loaded {
+    issuer: TokenIssuer,
+    verifier: TokenVerifier,
+    public: Vec<VerifyingKey>,
+    at: Instant,
+}
+
+/// Shared, refreshable access to the signing and verifying keys.
+#[derive(Debug, Clone)]
+pub struct KeyRing {
+    db: PgPool,
+    issuer_url: String,
+    audience: String,
+    loaded: Arc<RwLock<Arc<Loaded>>>,
+}
+
+impl KeyRing {
+    /// Loads the keys, creating the first signing key if there is none.
+    pub async fn load(db: PgPool, issuer_url: String, audience: String) -> Result<Self, KeyError> {
+        let loaded = Self::fetch(&db, &issuer_url, &audience).await?;
+        Ok(Self {
+            db,
+            issuer_url,
+            audience,
+            loaded: Arc::new(RwLock::new(Arc::new(loaded))),
+        })
+    }
+
+    async fn fetch(db: &PgPool, issuer_url: &str, audience: &str) -> Result<Loaded, KeyError> {
+        let mut tx = db.begin().await.map_err(StoreError::from)?;
+        let fresh = KeyPair::generate();
+        let active = keys::ensure_active(
+            &mut tx,
+            &fresh.kid,
+            fresh.seed(),
+            &fresh.verifying_key().public,
+        )
+        .await?;
+        let rows = keys::verifying(&mut tx, Utc::now() - RETIRED_KEY_GRACE).await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        let seed: [u8; 32] = active
+            .seed
+            .as_slice()
+            .try_into()
+            .map_err(|_| KeyError::Malformed(active.kid.clone()))?;
+        let public = rows
+            .iter()
+            .map(|row| {
+                Ok(VerifyingKey {
+                    kid: row.kid.clone(),
+                    public: row
+                        .public_key
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| KeyError::Malformed(row.kid.clone()))?,
+                })
+            })
+            .collect::<Result<Vec<_>, KeyError>>()?;
+        Ok(Loaded {
+            issuer: TokenIssuer::new(KeyPair::from_seed(active.kid, seed), issuer_url),
+            verifier: TokenVerifier::new(&public, issuer_url, audience)?,
+            public,
+            at: Instant::now(),
+        })
+    }
+
+    fn current(&self) -> Arc<Loaded> {
+        self.loaded.read().expect("key ring lock").clone()
+    }
+
+    /// Reloads from Postgres.
+    pub async fn refresh(&self) -> Result<(), KeyError> {
+        let loaded = Self::fetch(&self.db, &self.issuer_url, &self.audience).await?;
+        *self.loaded.write().expect("key ring lock") = Arc::new(loaded);
+        Ok(())
+    }
+
+    /// Reloads when the loaded keys are older than the refresh period.
+    pub async fn refresh_if_stale(&self) {
+        if self.current().at.elapsed() >= REFRESH_EVERY {
+            if let Err(err) = self.refresh().await {
+                tracing::warn!(error = %err, "refreshing signing keys failed; keeping the old ones");
+            }
+        }
+    }
+
+    /// The issuer for new tokens.
+    pub fn issuer(&self) -> TokenIssuer {
+        self.current().issuer.clone()
+    }
+
+    /// The public keys, for the JWKS document.
+    pub fn public_keys(&self) -> Vec<VerifyingKey> {
+        self.current().public.clone()
+    }
+
+    /// Verifies an access token. A token signed by a key we have not loaded yet (rotated by
+    /// another replica) triggers one reload before it is refused.
+    pub async fn verify(&self, token: &str) -> Result<AccessClaims, TokenError> {
+        self.refresh_if_stale().await;
+        let loaded = self.current();
+        match loaded.verifier.verify(token) {
+            Err(TokenError::UnknownKey) if loaded.at.elapsed() >= MIN_FORCED_REFRESH => {
+                if let Err(err) = self.refresh().await {
+                    tracing::warn!(error = %err, "reloading keys for an unknown kid failed");
+                }
+                self.current().verifier.verify(token)
+            }
+            other => other,
+        }
+    }
+}
+
+/// Rotates the signing key: a new key signs from now on; the old ones keep verifying for
+/// [`RETIRED_KEY_GRACE`].
+pub async fn rotate(db: &PgPool) -> Result<String, KeyError> {
+    let fresh = KeyPair::generate();
+    let mut tx = db.begin().await.map_err(StoreError::from)?;
+    keys::insert_and_retire_others(
+        &mut tx,
+        &fresh.kid,
+        fresh.seed(),
+        &fresh.verifying_key().public,
+    )
+    .await?;
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(fresh.kid)
+}

@@ -1,0 +1,103 @@
+//! Signing keys for access tokens.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use crate::StoreError;
+
+/// A stored signing key.
+#[derive(Clone, sqlx::FromRow)]
+pub struct SigningKeyRow {
+    /// Key id.
+    pub kid: String,
+    /// Ed25519 private seed (32 bytes).
+    pub seed: Vec<u8>,
+    /// Ed25519 public key (32 bytes).
+    pub public_key: Vec<u8>,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+    /// When it stopped signing (it still verifies for a while).
+    pub retired_at: Option<DateTime<Utc>>,
+}
+
+impl std::fmt::Debug for SigningKeyRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SigningKeyRow")
+            .field("kid", &self.kid)
+            .field("created_at", &self.created_at)
+            .field("retired_at", &self.retired_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Keys that may verify tokens: the active one and those retired after `retired_after`.
+pub async fn verifying(
+    conn: &mut PgConnection,
+    retired_after: DateTime<Utc>,
+) -> Result<Vec<SigningKeyRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SigningKeyRow>(
+        "SELECT kid, seed, public_key, created_at, retired_at FROM signing_keys
+         WHERE retired_at IS NULL OR retired_at > $1 ORDER BY created_at DESC",
+    )
+    .bind(retired_after)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// The key that signs new tokens (the newest unretired one), if any.
+pub async fn active(conn: &mut PgConnection) -> Result<Option<SigningKeyRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SigningKeyRow>(
+        "SELECT kid, seed, public_key, created_at, retired_at FROM signing_keys
+         WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1",
+    )
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// Stores a new key and retires every other active one (rotation). Run it in a transaction.
+pub async fn insert_and_retire_others(
+    conn: &mut PgConnection,
+    kid: &str,
+    seed: &[u8],
+    public_key: &[u8],
+) -> Result<(), StoreError> {
+    // Serialise concurrent rotations/first-key creations across gateways.
+    sqlx::query("LOCK TABLE signing_keys IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("UPDATE signing_keys SET retired_at = now() WHERE retired_at IS NULL")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("INSERT INTO signing_keys (kid, seed, public_key) VALUES ($1, $2, $3)")
+        .bind(kid)
+        .bind(seed)
+        .bind(public_key)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Stores `kid` as the first key unless an active key exists already; returns the active key.
+/// Run it in a transaction.
+pub async fn ensure_active(
+    conn: &mut PgConnection,
+    kid: &str,
+    seed: &[u8],
+    public_key: &[u8],
+) -> Result<SigningKeyRow, StoreError> {
+    sqlx::query("LOCK TABLE signing_keys IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *conn)
+        .await?;
+    if let Some(existing) = active(conn).await? {
+        return Ok(existing);
+    }
+    sqlx::query("INSERT INTO signing_keys (kid, seed, public_key) VALUES ($1, $2, $3)")
+        .bind(kid)
+        .bind(seed)
+        .bind(public_key)
+        .execute(&mut *conn)
+        .await?;
+    active(conn)
+        .await?
+        .ok_or(StoreError::NotFound("signing key"))
+}

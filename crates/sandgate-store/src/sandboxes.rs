@@ -1,0 +1,303 @@
+//! Sandboxes: which container backs which sandbox, who owns it, and until when.
+//!
+//! Every function that reads or changes a leased sandbox takes the caller's tenant and filters
+//! by it, so another tenant's sandbox is indistinguishable from one that does not exist.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::StoreError;
+
+/// Where a sandbox is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Started and ready, waiting in the pool; owned by nobody.
+    Warm,
+    /// Handed to a tenant.
+    Leased,
+    /// Ended (closed by the user, expired, or disconnected); its container is gone.
+    Closed,
+    /// Its container disappeared behind our back.
+    Lost,
+}
+
+/// A sandbox row.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct SandboxRow {
+    /// `sbx_…`.
+    pub id: String,
+    /// Profile it was made from.
+    pub profile: String,
+    /// Docker container id.
+    pub container_id: String,
+    /// Docker host it lives on.
+    pub node: String,
+    /// State.
+    pub state: SandboxState,
+    /// Owner (none while warm).
+    pub tenant_id: Option<Uuid>,
+    /// The conversation it is bound to, if any.
+    pub conversation_id: Option<String>,
+    /// When the container was created.
+    pub created_at: DateTime<Utc>,
+    /// When it was leased.
+    pub leased_at: Option<DateTime<Utc>>,
+    /// Last call on it.
+    pub last_used_at: Option<DateTime<Utc>>,
+    /// Idle timeout in seconds.
+    pub idle_timeout_seconds: Option<i32>,
+    /// Hard end of life.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When it ended.
+    pub closed_at: Option<DateTime<Utc>>,
+    /// Why it ended (`closed`, `idle`, `lifetime`, `lost`, `disconnected`…).
+    pub close_reason: Option<String>,
+}
+
+impl SandboxRow {
+    /// When the idle timeout will end it, given its last use.
+    pub fn idle_deadline(&self) -> Option<DateTime<Utc>> {
+        let last = self.last_used_at.or(self.leased_at)?;
+        Some(last + chrono::Duration::seconds(i64::from(self.idle_timeout_seconds?)))
+    }
+}
+
+const COLUMNS: &str = "id, profile, container_id, node, state, tenant_id, conversation_id, \
+     created_at, leased_at, last_used_at, idle_timeout_seconds, expires_at, closed_at, close_reason";
+
+/// A sandbox being leased to a tenant.
+#[derive(Debug, Clone)]
+pub struct NewLease<'a> {
+    /// The owner.
+    pub tenant_id: Uuid,
+    /// The conversation to bind, if any.
+    pub conversation_id: Option<&'a str>,
+    /// Idle timeout, seconds.
+    pub idle_timeout_seconds: i32,
+    /// Hard end of life.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Records a container this process created as a warm pool member.
+pub async fn insert_warm(
+    conn: &mut PgConnection,
+    id: &str,
+    profile: &str,
+    container_id: &str,
+    node: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO sandboxes (id, profile, container_id, node, state) VALUES ($1, $2, $3, $4, 'warm')",
+    )
+    .bind(id)
+    .bind(profile)
+    .bind(container_id)
+    .bind(node)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Flips one warm row of `profile` to leased. `FOR UPDATE SKIP LOCKED` makes concurrent leases
+/// (from any number of gateways) take different rows. `None` when the pool has none.
+pub async fn lease_warm(
+    conn: &mut PgConnection,
+    profile: &str,
+    node: &str,
+    lease: &NewLease<'_>,
+) -> Result<Option<SandboxRow>, StoreError> {
+    let row = sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "UPDATE sandboxes SET state = 'leased', tenant_id = $3, conversation_id = $4,
+                leased_at = now(), last_used_at = now(), idle_timeout_seconds = $5, expires_at = $6
+         WHERE id = (SELECT id FROM sandboxes WHERE state = 'warm' AND profile = $1 AND node = $2
+                     ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1)
+         RETURNING {COLUMNS}"
+    )))
+    .bind(profile)
+    .bind(node)
+    .bind(lease.tenant_id)
+    .bind(lease.conversation_id)
+    .bind(lease.idle_timeout_seconds)
+    .bind(lease.expires_at)
+    .fetch_optional(conn)
+    .await
+    .map_err(conflict_on_unique("conversation already has a sandbox"))?;
+    Ok(row)
+}
+
+/// Records a freshly created container as leased straight away (cold start).
+pub async fn insert_leased(
+    conn: &mut PgConnection,
+    id: &str,
+    profile: &str,
+    container_id: &str,
+    node: &str,
+    lease: &NewLease<'_>,
+) -> Result<SandboxRow, StoreError> {
+    sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO sandboxes (id, profile, container_id, node, state, tenant_id, conversation_id,
+                                leased_at, last_used_at, idle_timeout_seconds, expires_at)
+         VALUES ($1, $2, $3, $4, 'leased', $5, $6, now(), now(), $7, $8)
+         RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .bind(profile)
+    .bind(container_id)
+    .bind(node)
+    .bind(lease.tenant_id)
+    .bind(lease.conversation_id)
+    .bind(lease.idle_timeout_seconds)
+    .bind(lease.expires_at)
+    .fetch_one(conn)
+    .await
+    .map_err(conflict_on_unique("conversation already has a sandbox"))
+}
+
+/// A tenant's sandbox by id, in any state. Another tenant's sandbox is `None`, like a missing one.
+pub async fn get(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    id: &str,
+) -> Result<Option<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes WHERE id = $1 AND tenant_id = $2"
+    )))
+    .bind(id)
+    .bind(tenant_id)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// The live (leased) sandbox bound to a tenant's conversation, if any.
+pub async fn by_conversation(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    conversation_id: &str,
+) -> Result<Option<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes
+         WHERE tenant_id = $1 AND conversation_id = $2 AND state = 'leased'"
+    )))
+    .bind(tenant_id)
+    .bind(conversation_id)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// The most recent sandbox (any state) a tenant's conversation was bound to: lets a call on a
+/// conversation whose sandbox ended explain why.
+pub async fn last_for_conversation(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    conversation_id: &str,
+) -> Result<Option<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes WHERE tenant_id = $1 AND conversation_id = $2
+         ORDER BY leased_at DESC NULLS LAST LIMIT 1"
+    )))
+    .bind(tenant_id)
+    .bind(conversation_id)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// Marks a call on a leased sandbox: refreshes `last_used_at` and, if given, sets a new idle
+/// timeout. Returns the updated row, or `None` if it is not a live sandbox of this tenant.
+pub async fn touch(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    id: &str,
+    idle_timeout_seconds: Option<i32>,
+) -> Result<Option<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "UPDATE sandboxes SET last_used_at = now(),
+                idle_timeout_seconds = COALESCE($3, idle_timeout_seconds)
+         WHERE id = $1 AND tenant_id = $2 AND state = 'leased'
+         RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .bind(tenant_id)
+    .bind(idle_timeout_seconds)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// Ends a sandbox (`closed` or `lost`) with a reason; returns the row if it was live.
+pub async fn end(
+    conn: &mut PgConnection,
+    id: &str,
+    state: SandboxState,
+    reason: &str,
+) -> Result<Option<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "UPDATE sandboxes SET state = $2, closed_at = now(), close_reason = $3
+         WHERE id = $1 AND state IN ('warm', 'leased')
+         RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .bind(state)
+    .bind(reason)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// How many live sandboxes a tenant has.
+pub async fn count_live(conn: &mut PgConnection, tenant_id: Uuid) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state = 'leased'",
+    )
+    .bind(tenant_id)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Live sandboxes (warm and leased) on `node`, for reconciliation with the Docker engine.
+pub async fn live_on_node(
+    conn: &mut PgConnection,
+    node: &str,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes WHERE node = $1 AND state IN ('warm', 'leased')"
+    )))
+    .bind(node)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Leased sandboxes past their idle deadline or hard expiry at `now`.
+pub async fn overdue(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes WHERE state = 'leased' AND (
+             expires_at <= $1
+             OR COALESCE(last_used_at, leased_at) + make_interval(secs => idle_timeout_seconds) <= $1)"
+    )))
+    .bind(now)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Live sandboxes, optionally of one tenant, newest first (for `sandgate admin sandboxes`).
+pub async fn list_live(
+    conn: &mut PgConnection,
+    tenant_id: Option<Uuid>,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes WHERE state = 'leased' AND ($1::uuid IS NULL OR tenant_id = $1)
+         ORDER BY leased_at DESC"
+    )))
+    .bind(tenant_id)
+    .fetch_all(conn)
+    .await?)
+}
+
+fn conflict_on_unique(what: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
+    move |err| match &err {
+        sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict(what),
+        _ => StoreError::from(err),
+    }
+}

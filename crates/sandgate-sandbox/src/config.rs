@@ -1,4 +1,7 @@
-//! Sandbox profiles: what a sandbox container is made from and what it may use.
+//! Sandbox configuration: profiles (what a container is made from and may use), pool sizing and
+//! agent timing.
+
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -63,5 +66,74 @@ impl SandboxProfile {
             return Err("tmp_size_mb and home_size_mb: must be more than 0".into());
         }
         Ok(())
+    }
+}
+
+/// How the warm pool behaves (the `[pool]` table of the configuration).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Started-and-ready containers kept waiting per profile.
+    pub min_ready: usize,
+    /// Most containers started at once while refilling the pools.
+    pub max_concurrent_starts: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self {
+            min_ready: 2,
+            max_concurrent_starts: 2,
+        }
+    }
+}
+
+/// Timing of the conversation with a sandbox's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChannelConfig {
+    /// How long a cell may go on after the `interrupt` sent at its deadline before the kernel is
+    /// restarted (and its state lost). Also how long a command may outlive its own timeout.
+    pub interrupt_grace: Duration,
+    /// How long the agent may take to say ready: at a container's start (it preloads the data
+    /// stack first) and after a kernel restart.
+    pub ready_timeout: Duration,
+    /// How long a short call (`ping`, `list_dir`, the answer to a file transfer) may take, and how
+    /// long a file read may stall between chunks.
+    pub call_timeout: Duration,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        Self {
+            interrupt_grace: Duration::from_secs(3),
+            ready_timeout: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Everything the [`crate::SandboxManager`] needs besides its backend and profiles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManagerConfig {
+    /// Name of this gateway deployment, written on every container (`sandgate.instance`) so that
+    /// reconciliation only ever touches its own containers.
+    pub instance: String,
+    /// Warm pool sizing.
+    pub pool: PoolConfig,
+    /// Agent timing.
+    pub channel: ChannelConfig,
+    /// How long the pool waits before trying again after a failed start.
+    pub refill_backoff: Duration,
+}
+
+impl ManagerConfig {
+    /// Defaults for everything but the instance name.
+    pub fn new(instance: impl Into<String>) -> Self {
+        Self {
+            instance: instance.into(),
+            pool: PoolConfig::default(),
+            channel: ChannelConfig::default(),
+            refill_backoff: Duration::from_secs(2),
+        }
     }
 }

@@ -1,6 +1,32 @@
-//! The Docker backend: talks to the engine with bollard.
+//! The Docker backend: talks to the engine with bollard and runs sandboxes as hardened containers
+//! (DESIGN §3), the agent as their main process.
 
+use std::collections::HashMap;
+
+use async_trait::async_trait;
 use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, InspectContainerOptions,
+    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StartContainerOptions,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::backend::{
+    AgentStreams, BackendError, ContainerFate, LaunchSpec, Launched, ManagedContainer,
+    SandboxBackend, StreamChunk, labels,
+};
+use crate::config::SandboxProfile;
+
+/// The agent, embedded in the binary and handed to `python3 -c` (DESIGN §3: any image with
+/// python3 can be a profile).
+pub const AGENT_SOURCE: &str = include_str!("../agent/agent.py");
+
+/// The sandbox user's home; the only writable place besides /tmp.
+const HOME: &str = "/home/user";
+
+const MIB: u64 = 1024 * 1024;
 
 /// What went wrong talking to the Docker engine.
 #[derive(Debug, thiserror::Error)]
@@ -47,8 +73,8 @@ impl DockerBackend {
         Ok(Self { docker })
     }
 
-    /// The underlying client, for the rest of this crate.
-    pub(crate) fn client(&self) -> &Docker {
+    /// The underlying client, for the rest of this crate and its tests.
+    pub fn client(&self) -> &Docker {
         &self.docker
     }
 
@@ -60,7 +86,7 @@ impl DockerBackend {
     }
 
     /// Checks that `image` is present on the engine (images are built locally, never pulled).
-    #[tracing::instrument(skip_all, fields(image))]
+    #[tracing::instrument(skip_all, fields(image = %image))]
     pub async fn ensure_image(&self, image: &str) -> Result<(), DockerError> {
         match self.docker.inspect_image(image).await {
             Ok(_) => Ok(()),
@@ -72,5 +98,309 @@ impl DockerBackend {
                 source,
             }),
         }
+    }
+}
+
+/// The container configuration of a sandbox: the hardening baseline of DESIGN §3 with the
+/// profile's limits.
+pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
+    let profile: &SandboxProfile = &spec.profile;
+    let memory = i64::try_from(profile.memory_mb * MIB).unwrap_or(i64::MAX);
+    let nofile = i64::try_from(profile.nofile).unwrap_or(i64::MAX);
+    let labels = HashMap::from([
+        (labels::MANAGED.to_owned(), "true".to_owned()),
+        (labels::INSTANCE.to_owned(), spec.instance.clone()),
+        (labels::PROFILE.to_owned(), profile.name.clone()),
+        (labels::SANDBOX_ID.to_owned(), spec.sandbox_id.clone()),
+    ]);
+    // The root is read-only; /tmp and /home/user are the only writable places, both tmpfs.
+    // /home/user is a tmpfs rather than a volume because a tmpfs is bounded by its `size` on any
+    // host, while a size-limited volume needs overlay2 on xfs with project quotas (`--storage-opt
+    // size`), which we cannot count on. The price: tmpfs pages count toward the container's memory
+    // cgroup, so files and the kernel share `memory_mb` (a full home leaves less for Python; the
+    // memory limit, not the host, is what suffers). Files live as long as the sandbox, which is
+    // the promise anyway.
+    let tmpfs = HashMap::from([
+        (
+            "/tmp".to_owned(),
+            format!("rw,nosuid,nodev,size={}m,mode=1777", profile.tmp_size_mb),
+        ),
+        (
+            HOME.to_owned(),
+            format!(
+                "rw,nosuid,nodev,size={}m,uid=1000,gid=1000,mode=0700",
+                profile.home_size_mb
+            ),
+        ),
+    ]);
+    let host_config = HostConfig {
+        network_mode: Some("none".into()),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(tmpfs),
+        memory: Some(memory),
+        // Equal to memory: no swap on top of the limit.
+        memory_swap: Some(memory),
+        nano_cpus: Some((profile.cpus * 1e9) as i64),
+        pids_limit: Some(profile.pids_limit),
+        ulimits: Some(vec![ResourcesUlimits {
+            name: Some("nofile".into()),
+            soft: Some(nofile),
+            hard: Some(nofile),
+        }]),
+        // tini reaps the zombies of user code; the agent is its child.
+        init: Some(true),
+        binds: Some(Vec::new()),
+        mounts: Some(Vec::new()),
+        // The protocol runs over attach, not over logs; a chatty sandbox fills no disk.
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".into()),
+            config: Some(HashMap::new()),
+        }),
+        runtime: Some(profile.runtime.clone()),
+        auto_remove: Some(false),
+        ..HostConfig::default()
+    };
+    ContainerCreateBody {
+        image: Some(profile.image.clone()),
+        cmd: Some(vec![
+            "python3".into(),
+            "-u".into(),
+            "-c".into(),
+            AGENT_SOURCE.into(),
+        ]),
+        entrypoint: Some(Vec::new()),
+        user: Some("1000:1000".into()),
+        working_dir: Some(HOME.into()),
+        env: Some(vec![format!("HOME={HOME}")]),
+        labels: Some(labels),
+        tty: Some(false),
+        open_stdin: Some(true),
+        // Keep stdin open when the gateway detaches: the agent exits on EOF, and a restarted
+        // gateway must find it running (`adopt`).
+        stdin_once: Some(false),
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        host_config: Some(host_config),
+        ..ContainerCreateBody::default()
+    }
+}
+
+fn boxed(err: bollard::errors::Error) -> crate::backend::BoxError {
+    Box::new(err)
+}
+
+fn is_not_found(err: &bollard::errors::Error) -> bool {
+    matches!(
+        err,
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
+}
+
+fn managed_container(
+    container_id: String,
+    labels: Option<&HashMap<String, String>>,
+    fate: ContainerFate,
+) -> ManagedContainer {
+    let label = |key: &str| labels.and_then(|l| l.get(key)).cloned().unwrap_or_default();
+    ManagedContainer {
+        container_id,
+        sandbox_id: label(labels::SANDBOX_ID),
+        profile: label(labels::PROFILE),
+        instance: label(labels::INSTANCE),
+        managed: label(labels::MANAGED) == "true",
+        fate,
+    }
+}
+
+impl DockerBackend {
+    async fn attach_streams(&self, container_id: &str) -> Result<AgentStreams, BackendError> {
+        let options = AttachContainerOptionsBuilder::new()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .logs(false)
+            .build();
+        let attached = self
+            .docker
+            .attach_container(container_id, Some(options))
+            .await
+            .map_err(|e| BackendError::Attach {
+                container_id: container_id.to_owned(),
+                source: boxed(e),
+            })?;
+        let output = attached
+            .output
+            .map_err(std::io::Error::other)
+            .try_filter_map(|frame| async move {
+                Ok(match frame {
+                    LogOutput::StdOut { message } => Some(StreamChunk::Stdout(message)),
+                    LogOutput::StdErr { message } => Some(StreamChunk::Stderr(message)),
+                    // tty is off, so everything is multiplexed; anything else is not ours.
+                    LogOutput::StdIn { .. } | LogOutput::Console { .. } => None,
+                })
+            })
+            .boxed();
+        Ok(AgentStreams {
+            output,
+            input: attached.input,
+        })
+    }
+}
+
+#[async_trait]
+impl SandboxBackend for DockerBackend {
+    #[tracing::instrument(skip_all, fields(sandbox_id = %spec.sandbox_id, container_id))]
+    async fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
+        let name = format!("sandgate-{}", spec.sandbox_id);
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptionsBuilder::new().name(&name).build()),
+                container_config(spec),
+            )
+            .await
+            .map_err(|e| BackendError::Create {
+                sandbox_id: spec.sandbox_id.clone(),
+                source: boxed(e),
+            })?;
+        let container_id = created.id;
+        tracing::Span::current().record("container_id", &container_id);
+        // Attach before start, so that the agent's ready frame cannot be missed.
+        let started = async {
+            let streams = self.attach_streams(&container_id).await?;
+            self.docker
+                .start_container(&container_id, None::<StartContainerOptions>)
+                .await
+                .map_err(|e| BackendError::Start {
+                    container_id: container_id.clone(),
+                    source: boxed(e),
+                })?;
+            Ok::<_, BackendError>(streams)
+        };
+        match started.await {
+            Ok(streams) => Ok(Launched {
+                container_id,
+                streams,
+            }),
+            Err(err) => {
+                if let Err(cleanup) = self.remove(&container_id).await {
+                    tracing::warn!(error = %cleanup, "removing a container that failed to start failed");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(container_id = %container_id))]
+    async fn attach(&self, container_id: &str) -> Result<AgentStreams, BackendError> {
+        self.attach_streams(container_id).await
+    }
+
+    #[tracing::instrument(skip_all, fields(container_id = %container_id))]
+    async fn inspect(&self, container_id: &str) -> Result<Option<ManagedContainer>, BackendError> {
+        let details = match self
+            .docker
+            .inspect_container(container_id, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(details) => details,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => {
+                return Err(BackendError::Inspect {
+                    container_id: container_id.to_owned(),
+                    source: boxed(e),
+                });
+            }
+        };
+        let state = details.state.unwrap_or_default();
+        let memory_limit_bytes = details
+            .host_config
+            .as_ref()
+            .and_then(|h| h.memory)
+            .and_then(|m| u64::try_from(m).ok())
+            .filter(|m| *m > 0);
+        let fate = if state.running == Some(true) {
+            ContainerFate::Running
+        } else if state.oom_killed == Some(true) {
+            ContainerFate::OomKilled { memory_limit_bytes }
+        } else {
+            ContainerFate::Exited {
+                code: state.exit_code.unwrap_or(-1),
+            }
+        };
+        let labels = details.config.as_ref().and_then(|c| c.labels.as_ref());
+        Ok(Some(managed_container(
+            details.id.unwrap_or_else(|| container_id.to_owned()),
+            labels,
+            fate,
+        )))
+    }
+
+    #[tracing::instrument(skip_all, fields(container_id = %container_id))]
+    async fn remove(&self, container_id: &str) -> Result<(), BackendError> {
+        let options = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(true)
+            .build();
+        match self
+            .docker
+            .remove_container(container_id, Some(options))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            // 409 "removal already in progress": someone else is removing it.
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Ok(()),
+            Err(e) => Err(BackendError::Remove {
+                container_id: container_id.to_owned(),
+                source: boxed(e),
+            }),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(instance = %instance))]
+    async fn list(&self, instance: &str) -> Result<Vec<ManagedContainer>, BackendError> {
+        let filters = HashMap::from([(
+            "label",
+            vec![
+                format!("{}=true", labels::MANAGED),
+                format!("{}={instance}", labels::INSTANCE),
+            ],
+        )]);
+        let options = ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let found = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| BackendError::List(boxed(e)))?;
+        Ok(found
+            .into_iter()
+            .filter_map(|c| {
+                let id = c.id?;
+                let running = matches!(
+                    c.state,
+                    Some(bollard::models::ContainerSummaryStateEnum::RUNNING)
+                );
+                // The summary carries no exit details; inspect says more when it matters.
+                let fate = if running {
+                    ContainerFate::Running
+                } else {
+                    ContainerFate::Exited { code: -1 }
+                };
+                Some(managed_container(id, c.labels.as_ref(), fate))
+            })
+            .collect())
     }
 }

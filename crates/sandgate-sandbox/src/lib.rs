@@ -1,10 +1,30 @@
-//! The sandbox manager.
+//! The sandbox manager: hardened containers from a warm pool, a stateful Python kernel in each,
+//! spoken to over the container's attach stream (DESIGN §3–4).
 //!
-//! - [`config`]: the sandbox profile (image, runtime, limits) read from configuration.
-//! - [`docker`]: the Docker backend (bollard): engine health, image checks, hardened containers.
+//! - [`config`]: sandbox profiles (image, runtime, limits), pool sizing, agent timing.
+//! - [`backend`]: the [`SandboxBackend`] trait between the pool and a container engine, and what
+//!   crosses it (launch specs, attach streams, a container's fate).
+//! - [`docker`]: the Docker implementation (bollard): the hardening baseline, the embedded agent.
+//! - [`protocol`]: the agent protocol's wire format (`agent/PROTOCOL.md`).
+//! - [`channel`]: [`AgentChannel`], one attach stream per sandbox with concurrent calls on it:
+//!   exec, command, file transfer, listing, ping; timeouts, interrupts, restarts.
+//! - [`manager`]: [`SandboxManager`] (warm pools, lease, adopt, close) and [`Sandbox`].
 
+pub mod backend;
+pub mod channel;
 pub mod config;
 pub mod docker;
+pub mod manager;
+pub mod protocol;
 
-pub use config::SandboxProfile;
+#[cfg(test)]
+mod testing;
+
+pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
+pub use channel::{
+    AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
+    Display, EntryKind, ExecOptions, ExecOutcome, FileInfo, OutputEvent, PingInfo,
+};
+pub use config::{ChannelConfig, ManagerConfig, PoolConfig, SandboxProfile};
 pub use docker::{DockerBackend, DockerError};
+pub use manager::{Sandbox, SandboxError, SandboxManager};

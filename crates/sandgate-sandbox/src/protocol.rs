@@ -101,7 +101,11 @@ pub fn parse_line(line: &[u8]) -> Inbound {
             None => return garbage("id is not an unsigned integer"),
         },
     };
-    if let Some(event) = frame.get("event").and_then(Value::as_str).map(str::to_owned) {
+    if let Some(event) = frame
+        .get("event")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+    {
         return match (event.as_str(), id) {
             ("ready", _) => match serde_json::from_value::<ReadyInfo>(Value::Object(frame)) {
                 Ok(info) => Inbound::Ready(info),
@@ -269,7 +273,9 @@ mod tests {
     fn frames_split_across_pieces_and_joined_in_one_piece_are_both_parsed() {
         let mut s = LineSplitter::new(1024);
         assert!(s.push(br#"{"id":1,"ok":tr"#).is_empty());
-        let frames = s.push(b"ue,\"result\":{\"pong\":true}}\n{\"id\":2,\"event\":\"stdout\",\"data\":\"hi\"}\n\n");
+        let frames = s.push(
+            b"ue,\"result\":{\"pong\":true}}\n{\"id\":2,\"event\":\"stdout\",\"data\":\"hi\"}\n\n",
+        );
         assert_eq!(frames.len(), 2, "{frames:?}");
         assert_eq!(
             frames[0],
@@ -287,7 +293,14 @@ mod tests {
         let ready = parse_line(
             br#"{"event":"ready","protocol":1,"pid":7,"python":"3.11.2","ipython":true,"preloaded":["numpy"]}"#,
         );
-        assert!(matches!(ready, Inbound::Ready(ReadyInfo { protocol: 1, pid: 7, .. })));
+        assert!(matches!(
+            ready,
+            Inbound::Ready(ReadyInfo {
+                protocol: 1,
+                pid: 7,
+                ..
+            })
+        ));
         let err = parse_line(br#"{"id":4,"ok":false,"error":{"kind":"not_found","message":"x"}}"#);
         assert!(
             matches!(err, Inbound::Final { id: 4, outcome: Err(WireError { ref kind, .. }) } if kind == "not_found")
@@ -295,7 +308,10 @@ mod tests {
         let unattributed =
             parse_line(br#"{"id":null,"ok":false,"error":{"kind":"bad_request","message":"?"}}"#);
         assert!(matches!(unattributed, Inbound::Unattributed(_)));
-        assert!(matches!(parse_line(b"Traceback (most"), Inbound::Garbage { .. }));
+        assert!(matches!(
+            parse_line(b"Traceback (most"),
+            Inbound::Garbage { .. }
+        ));
     }
 
     #[test]
@@ -344,6 +360,9 @@ mod tests {
         assert_eq!(v["op"], "exec");
         let chunk = chunk_line(6, "QUJD", true);
         let v: Value = serde_json::from_slice(&chunk).unwrap();
-        assert_eq!(v, json!({"id": 6, "op": "chunk", "data": "QUJD", "last": true}));
+        assert_eq!(
+            v,
+            json!({"id": 6, "op": "chunk", "data": "QUJD", "last": true})
+        );
     }
 }

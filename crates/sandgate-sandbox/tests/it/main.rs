@@ -1,5 +1,11 @@
 //! Integration tests of the sandbox crate against the real Docker engine and the real sandbox
-//! image (`SANDGATE_SANDBOX__IMAGE`, set by `scripts/stack.sh`).
+//! image (`SANDGATE_SANDBOX_IMAGE`, set by `scripts/stack.sh`). Each test of `kernel`, `files`,
+//! `limits`, `hardening`, `pool` shows one "Done when" item of issue 3.
 
+mod files;
+mod hardening;
 mod image;
+mod kernel;
+mod limits;
+mod pool;
 mod support;

@@ -1,0 +1,720 @@
+"""Behavioural tests of the sandbox agent (agent.py) against its protocol (PROTOCOL.md).
+
+Each test starts the agent as a subprocess with a temporary home (SANDGATE_AGENT_HOME) and talks
+to it over stdin/stdout exactly as the gateway does. Every test runs under several kernels:
+
+* ``ipython``: the interpreter running pytest, which must have IPython, numpy, pandas, matplotlib;
+* ``plain``: the same interpreter with IPython made unimportable, so the plain-``exec`` fallback is
+  exercised with the data stack present;
+* ``bare``: /usr/bin/python3 when it lacks IPython (Debian's python3 without packages), if present.
+
+Run:  python3 -m venv /tmp/agent-venv
+      /tmp/agent-venv/bin/pip install pytest ipython numpy pandas matplotlib
+      /tmp/agent-venv/bin/python -m pytest -q crates/sandgate-sandbox/agent/test_agent.py
+
+AGENT_TEST_PYTHONS (colon-separated interpreter paths) replaces the list of interpreters; each is
+then run as it is (kernel named after whether it can import IPython).
+"""
+
+import base64
+import hashlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+AGENT = Path(__file__).resolve().with_name("agent.py")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+MIB = 1 << 20
+
+
+def _has_ipython(python, env=None):
+    probe = subprocess.run([python, "-c", "import IPython"], env=env, capture_output=True)
+    return probe.returncode == 0
+
+
+def _kernels():
+    """(id, python, hide_ipython) for every kernel variant available on this machine."""
+    explicit = os.environ.get("AGENT_TEST_PYTHONS")
+    if explicit:
+        out = []
+        for python in explicit.split(os.pathsep):
+            name = "ipython" if _has_ipython(python) else "plain"
+            out.append((f"{name}:{python}", python, False))
+        return out
+    out = [("ipython", sys.executable, False), ("plain", sys.executable, True)]
+    system = "/usr/bin/python3"
+    if (
+        os.path.exists(system)
+        and os.path.realpath(system) != os.path.realpath(sys.executable)
+        and not _has_ipython(system)
+    ):
+        out.append(("bare", system, False))
+    return out
+
+
+KERNELS = _kernels()
+
+
+class AgentProcess:
+    """A running agent and a minimal client of its protocol."""
+
+    def __init__(self, python, home, hide_ipython, workdir, via_c=False):
+        env = dict(os.environ)
+        env["SANDGATE_AGENT_HOME"] = str(home)
+        env["HOME"] = str(home)
+        # One matplotlib cache for the whole session: building its font cache takes seconds.
+        env["MPLCONFIGDIR"] = str(workdir / "mplconfig")
+        env.pop("PYTHONPATH", None)
+        if hide_ipython:
+            stub = workdir / "no-ipython"
+            (stub / "IPython").mkdir(parents=True, exist_ok=True)
+            (stub / "IPython" / "__init__.py").write_text(
+                "raise ImportError('IPython hidden by test_agent.py')\n"
+            )
+            env["PYTHONPATH"] = str(stub)
+        self.stderr_path = home.parent / f"agent-stderr-{uuid.uuid4().hex[:8]}.log"
+        self.proc = subprocess.Popen(
+            # The gateway starts the agent as `python3 -u -c <source>`.
+            [python, "-u", "-c", AGENT.read_text()] if via_c else [python, "-u", str(AGENT)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(self.stderr_path, "wb"),
+            env=env,
+            cwd=str(home.parent),
+        )
+        self.home = Path(os.path.realpath(home))
+        self.next_id = 1
+        self.send_lock = threading.Lock()
+        self.queues_lock = threading.Lock()
+        self.queues = {}
+        self.readies = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self.ready = self.wait_ready()
+
+    def _queue(self, req_id):
+        with self.queues_lock:
+            return self.queues.setdefault(req_id, queue.Queue())
+
+    def _read(self):
+        for line in self.proc.stdout:
+            frame = json.loads(line)  # anything but JSON on the stream is a protocol violation
+            if frame.get("event") == "ready":
+                self.readies.put(frame)
+            else:
+                self._queue(frame.get("id")).put(frame)
+        self.readies.put(None)
+
+    def wait_ready(self, timeout=60):
+        try:
+            frame = self.readies.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"no ready frame within {timeout}s; stderr: {self.stderr()}")
+        assert frame is not None, f"agent exited before ready; stderr: {self.stderr()}"
+        return frame
+
+    def stderr(self):
+        return self.stderr_path.read_text(errors="replace")[-4000:]
+
+    def send_raw(self, data):
+        with self.send_lock:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+
+    def send(self, frame):
+        self.send_raw((json.dumps(frame) + "\n").encode())
+
+    def start(self, op, **args):
+        req_id = self.next_id
+        self.next_id += 1
+        self.send({"id": req_id, "op": op, **args})
+        return req_id
+
+    def wait(self, req_id, timeout=30):
+        """Returns (events, final frame) of a request."""
+        q = self._queue(req_id)
+        events = []
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                frame = q.get(timeout=max(0.0, left))
+            except queue.Empty:
+                pytest.fail(
+                    f"request {req_id} not answered within {timeout}s; stderr: {self.stderr()}"
+                )
+            if "event" in frame:
+                events.append(frame)
+            else:
+                return events, frame
+
+    def poll_final(self, req_id):
+        """The final frame of a request if it has arrived (events are kept), else None."""
+        q = self._queue(req_id)
+        seen = []
+        final = None
+        while True:
+            try:
+                frame = q.get_nowait()
+            except queue.Empty:
+                break
+            if "event" in frame:
+                seen.append(frame)
+            else:
+                final = frame
+        for frame in seen + ([final] if final else []):
+            q.put(frame)
+        return final
+
+    def call(self, op, timeout=30, **args):
+        return self.wait(self.start(op, **args), timeout)
+
+    def ok(self, op, timeout=30, **args):
+        events, final = self.call(op, timeout, **args)
+        assert final["ok"], f"{op} failed: {final}"
+        return events, final["result"]
+
+    def run(self, code, timeout=30, **args):
+        """Runs a cell; returns (exec result, events)."""
+        events, result = self.ok("exec", timeout, code=code, **args)
+        return result, events
+
+    def wait_busy(self, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ok("ping")[1]["busy"]:
+                return
+        pytest.fail("agent never became busy")
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def text(events, stream):
+    return "".join(e["data"] for e in events if e["event"] == stream)
+
+
+def pids_with_mark(mark):
+    """Live processes whose environment contains `mark` (our own uid's are readable)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if mark.encode() in environ and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def wait_until(predicate, timeout, message):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    pytest.fail(message)
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("agent-work")
+
+
+@pytest.fixture(params=KERNELS, ids=[k[0] for k in KERNELS])
+def kernel(request):
+    return request.param
+
+
+@pytest.fixture
+def agent(kernel, tmp_path, workdir):
+    _, python, hide = kernel
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = AgentProcess(python, home, hide, workdir)
+    yield proc
+    proc.close()
+
+
+def needs(agent, module):
+    if module not in agent.ready["preloaded"]:
+        pytest.skip(f"{module} not available in this interpreter")
+
+
+# --------------------------------------------------------------------------------------------------
+# Start-up
+
+
+def test_ready_frame(agent, kernel):
+    ready = agent.ready
+    assert ready["protocol"] == 1
+    assert ready["pid"] == agent.proc.pid
+    assert ready["ipython"] == (kernel[0].startswith("ipython")), ready
+    assert isinstance(ready["python"], str) and ready["python"].startswith("3.")
+
+
+def test_user_code_cannot_read_protocol_input(agent):
+    result, _ = agent.run("import sys\ndata = sys.stdin.read()\nlen(data)")
+    assert result["error"] is None, result
+    assert result["result"]["text/plain"] == "0"
+    assert agent.ok("ping")[1]["pong"] is True
+
+
+# --------------------------------------------------------------------------------------------------
+# exec
+
+
+def test_state_persists_and_last_expression_is_the_result(agent):
+    first, _ = agent.run("x = 20")
+    assert first["result"] is None and first["error"] is None
+    second, _ = agent.run("y = x + 1\nx * 2 + 2")
+    assert second["result"]["text/plain"] == "42"
+    assert second["execution_count"] == first["execution_count"] + 1
+    none, _ = agent.run("None")
+    assert none["result"] is None
+    text_result, _ = agent.run("'a' * 3")
+    assert text_result["result"]["text/plain"] == "'aaa'"
+
+
+def test_result_is_not_printed_to_stdout(agent):
+    result, events = agent.run("print('side'); 6 * 7")
+    assert result["result"]["text/plain"] == "42"
+    assert text(events, "stdout") == "side\n", f"the value must not also appear on stdout: {events}"
+
+
+def test_print_and_child_process_output_are_captured(agent):
+    _, events = agent.run(
+        "import os, subprocess, sys\n"
+        "print('from print')\n"
+        "os.system('echo hi')\n"
+        "subprocess.run(['sh', '-c', 'echo child-err >&2'])\n"
+        "print('to stderr', file=sys.stderr)\n"
+    )
+    stdout, stderr = text(events, "stdout"), text(events, "stderr")
+    assert "from print\n" in stdout and "hi\n" in stdout, stdout
+    assert "child-err\n" in stderr and "to stderr\n" in stderr, stderr
+
+
+def test_error_is_reported_with_plain_traceback(agent):
+    result, events = agent.run("a = 1\n1/0")
+    assert result["result"] is None
+    error = result["error"]
+    assert error["name"] == "ZeroDivisionError"
+    assert error["value"] == "division by zero"
+    joined = "\n".join(error["traceback"])
+    assert "1/0" in joined and "ZeroDivisionError" in joined, joined
+    assert "\x1b" not in joined, "traceback must have no ANSI colour codes"
+    assert "ZeroDivisionError" not in text(events, "stdout"), "traceback must not be printed too"
+    after, _ = agent.run("a")
+    assert after["result"]["text/plain"] == "1"
+
+
+def test_syntax_error(agent):
+    result, _ = agent.run("def broken(:\n    pass")
+    assert result["error"]["name"] == "SyntaxError", result
+
+
+def test_dataframe_has_html(agent):
+    needs(agent, "pandas")
+    result, _ = agent.run("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+    bundle = result["result"]
+    assert "<table" in bundle["text/html"], bundle
+    assert "a" in bundle["text/plain"]
+
+
+def test_ipython_display_call_becomes_display_event(agent):
+    if not agent.ready["ipython"]:
+        pytest.skip("display() is an IPython feature")
+    _, events = agent.run("from IPython.display import display, HTML\ndisplay(HTML('<b>x</b>'))")
+    displays = [e for e in events if e["event"] == "display"]
+    assert displays and displays[0]["data"]["text/html"] == "<b>x</b>", events
+
+
+def test_plt_show_emits_png_and_saves_it(agent):
+    needs(agent, "matplotlib")
+    result, events = agent.run(
+        "import matplotlib.pyplot as plt\nprint('before')\nplt.plot([1, 2, 3])\nplt.show()"
+    )
+    assert result["error"] is None, result
+    kinds = [e["event"] for e in events]
+    assert kinds.index("stdout") < kinds.index("display"), f"output order lost: {kinds}"
+    displays = [e for e in events if e["event"] == "display"]
+    assert len(displays) == 1, f"plt.show() must display the figure once: {events}"
+    png = base64.b64decode(displays[0]["data"]["image/png"])
+    assert png.startswith(PNG_SIGNATURE)
+    path = Path(displays[0]["path"])
+    assert path == agent.home / "outputs" / f"figure-{result['execution_count']}-1.png"
+    assert path.read_bytes() == png
+    # show() closed the figure: nothing is emitted again by the next cell.
+    _, later = agent.run("len(plt.get_fignums())")
+    assert not [e for e in later if e["event"] == "display"]
+
+
+def test_figures_left_open_are_displayed_at_cell_end(agent):
+    needs(agent, "matplotlib")
+    result, events = agent.run(
+        "import matplotlib.pyplot as plt\n"
+        "fig1 = plt.figure(); plt.plot([1, 2])\n"
+        "fig2 = plt.figure(); plt.plot([2, 1])\n"
+    )
+    displays = [e for e in events if e["event"] == "display"]
+    assert len(displays) == 2, events
+    count = result["execution_count"]
+    assert [Path(d["path"]).name for d in displays] == [
+        f"figure-{count}-1.png",
+        f"figure-{count}-2.png",
+    ]
+    check, _ = agent.run("len(plt.get_fignums())")
+    assert check["result"]["text/plain"] == "0"
+
+
+@pytest.mark.parametrize(
+    "code", ["while True: pass", "import time\ntime.sleep(100)"], ids=["busy-loop", "sleep"]
+)
+def test_interrupt_stops_the_cell_and_keeps_state(agent, code):
+    agent.run("survivor = 42")
+    cell = agent.start("exec", code=code)
+    agent.wait_busy()
+    started = time.monotonic()
+    _, answer = agent.ok("interrupt", target=cell)
+    assert answer == {"interrupted": True}
+    _, final = agent.wait(cell, timeout=10)
+    assert time.monotonic() - started < 5, "interrupt took too long"
+    assert final["ok"] and final["result"]["error"]["name"] == "KeyboardInterrupt", final
+    assert "on_sigint" not in "\n".join(final["result"]["error"]["traceback"]), "agent frame shown"
+    after, _ = agent.run("survivor")
+    assert after["result"]["text/plain"] == "42"
+
+
+def test_repeated_interrupts_all_land(agent):
+    # Interrupting right after the cell starts probes the window before time.sleep's system call.
+    for _ in range(5):
+        cell = agent.start("exec", code="import time\ntime.sleep(100)")
+        agent.wait_busy()
+        assert agent.ok("interrupt", target=cell)[1] == {"interrupted": True}
+        _, final = agent.wait(cell, timeout=10)
+        assert final["result"]["error"]["name"] == "KeyboardInterrupt"
+
+
+def test_interrupt_of_queued_exec_removes_it(agent):
+    running = agent.start("exec", code="import time\ntime.sleep(1.5)")
+    queued = agent.start("exec", code="never = 1")
+    _, answer = agent.ok("interrupt", target=queued)
+    assert answer == {"interrupted": True}
+    _, final = agent.wait(queued)
+    assert final["result"]["error"]["name"] == "KeyboardInterrupt"
+    _, done = agent.wait(running)
+    assert done["result"]["error"] is None
+    check, _ = agent.run("'never' in globals()")
+    assert check["result"]["text/plain"] == "False"
+
+
+def test_interrupt_of_unknown_target_is_false(agent):
+    assert agent.ok("interrupt", target=999)[1] == {"interrupted": False}
+
+
+def test_control_ops_are_answered_while_a_cell_runs(agent):
+    (agent.home / "data.txt").write_text("payload")
+    cell = agent.start("exec", code="import time\ntime.sleep(3)")
+    agent.wait_busy()
+    events, read = agent.ok("read_file", path="data.txt", max_bytes=1000)
+    assert base64.b64decode(events[0]["data"]) == b"payload"
+    _, listing = agent.ok("list_dir", path=".")
+    assert "data.txt" in [e["name"] for e in listing["entries"]]
+    _, cmd = agent.ok("command", command="echo concurrent", timeout_ms=10_000)
+    assert cmd["exit_code"] == 0
+    assert agent.poll_final(cell) is None, "the cell should still be running"
+    _, final = agent.wait(cell)
+    assert final["ok"]
+    assert agent.ok("ping")[1]["busy"] is False
+
+
+def test_output_is_truncated_with_marker(agent):
+    started = time.monotonic()
+    result, events = agent.run("print('x' * 200_000_000)\nprint('more')", timeout=60)
+    assert time.monotonic() - started < 30
+    assert result["truncated"] is True
+    stdout = text(events, "stdout")
+    assert len(stdout.encode()) <= MIB
+    assert stdout.startswith("xxxx")
+    marker = f"\n[output truncated: limit of {MIB} bytes reached]\n"
+    assert text(events, "stderr") == marker
+    small, events = agent.run("print('y' * 100)", output_limit=10)
+    assert small["truncated"] and text(events, "stdout") == "y" * 10
+    fine, _ = agent.run("print('ok')")
+    assert fine["truncated"] is False
+
+
+def test_restart_loses_state_but_keeps_files(agent):
+    agent.run("lost = 1\nopen('kept.txt', 'w').write('still here')")
+    pid = agent.ready["pid"]
+    _, answer = agent.ok("restart")
+    assert answer == {"restarting": True}
+    ready = agent.wait_ready()
+    assert ready["pid"] == pid, "restart must keep the pid (os.execv)"
+    result, _ = agent.run("'lost' in globals()")
+    assert result["result"]["text/plain"] == "False"
+    events, _ = agent.ok("read_file", path="kept.txt", max_bytes=100)
+    assert base64.b64decode(events[0]["data"]) == b"still here"
+
+
+def test_restart_when_started_with_dash_c(kernel, tmp_path, workdir):
+    home = tmp_path / "home"
+    home.mkdir()
+    agent = AgentProcess(kernel[1], home, kernel[2], workdir, via_c=True)
+    try:
+        agent.run("lost = 1")
+        assert agent.ok("restart")[1] == {"restarting": True}
+        agent.wait_ready()
+        result, _ = agent.run("'lost' in globals()")
+        assert result["result"]["text/plain"] == "False"
+    finally:
+        agent.close()
+
+
+def test_frames_after_restart_are_not_lost(agent):
+    # Written in one go: the agent has read the ping before it restarts.
+    agent.send_raw(b'{"id": 500, "op": "restart"}\n{"id": 501, "op": "ping"}\n')
+    agent.wait_ready()
+    _, final = agent.wait(501)
+    assert final["ok"] and final["result"]["pong"]
+
+
+def test_bad_frames_are_answered_and_ignored(agent):
+    agent.send_raw(b"{not json\n")
+    _, final = agent.wait(None)
+    assert final == {
+        "id": None,
+        "ok": False,
+        "error": {"kind": "bad_request", "message": final["error"]["message"]},
+    }
+    agent.send_raw(b"[1, 2]\n\xff\xfe\n")
+    for _ in range(2):
+        assert agent.wait(None)[1]["error"]["kind"] == "bad_request"
+    agent.send({"id": 77, "op": "no_such_op"})
+    assert agent.wait(77)[1]["error"]["kind"] == "bad_request"
+    agent.send({"id": 78, "op": "exec"})
+    assert agent.wait(78)[1]["error"]["kind"] == "bad_request"
+    assert agent.ok("ping")[1]["pong"] is True
+    result, _ = agent.run("1 + 1")
+    assert result["result"]["text/plain"] == "2"
+
+
+def test_agent_exits_on_stdin_eof(agent):
+    mark = uuid.uuid4().hex
+    agent.start(
+        "command", command=f"export SANDGATE_TEST_MARK={mark}; sleep 1000", timeout_ms=100_000
+    )
+    wait_until(lambda: pids_with_mark(mark), 10, "command never started")
+    agent.proc.stdin.close()
+    agent.proc.wait(timeout=10)
+    wait_until(lambda: not pids_with_mark(mark), 5, "command survived the agent")
+
+
+# --------------------------------------------------------------------------------------------------
+# command
+
+
+def test_command_output_and_exit_code(agent):
+    events, result = agent.ok(
+        "command", command="echo out; echo err >&2; exit 3", timeout_ms=10_000
+    )
+    assert text(events, "stdout") == "out\n"
+    assert text(events, "stderr") == "err\n"
+    assert result == {"exit_code": 3, "signal": None, "timed_out": False, "truncated": False}
+    events, _ = agent.ok("command", command="pwd", timeout_ms=10_000)
+    assert text(events, "stdout").strip() == str(agent.home)
+    (agent.home / "sub").mkdir()
+    events, _ = agent.ok("command", command="pwd", cwd="sub", timeout_ms=10_000)
+    assert text(events, "stdout").strip() == str(agent.home / "sub")
+
+
+def test_command_timeout_kills_the_whole_group(agent):
+    mark = uuid.uuid4().hex
+    started = time.monotonic()
+    _, result = agent.ok(
+        "command",
+        command=f"export SANDGATE_TEST_MARK={mark}; sleep 1000 & sleep 1000",
+        timeout_ms=1000,
+    )
+    assert time.monotonic() - started < 5, "timeout must return promptly"
+    assert result["timed_out"] is True
+    assert result["signal"] == 9 and result["exit_code"] is None
+    wait_until(lambda: not pids_with_mark(mark), 5, "a `sleep 1000` survived the timeout")
+
+
+def test_command_returns_when_main_process_exits(agent):
+    mark = uuid.uuid4().hex
+    started = time.monotonic()
+    events, result = agent.ok(
+        "command",
+        command=f"export SANDGATE_TEST_MARK={mark}; echo bg; sleep 100 &",
+        timeout_ms=60_000,
+    )
+    assert time.monotonic() - started < 5, "must not wait for pipes held by background children"
+    assert result["exit_code"] == 0 and result["timed_out"] is False
+    assert text(events, "stdout") == "bg\n"
+    wait_until(lambda: not pids_with_mark(mark), 5, "the background sleep survived")
+
+
+def test_interrupt_kills_command(agent):
+    cmd = agent.start("command", command="sleep 1000", timeout_ms=100_000)
+    wait_until(lambda: agent.ok("interrupt", target=cmd)[1]["interrupted"], 10, "never interrupted")
+    _, final = agent.wait(cmd, timeout=10)
+    assert final["result"]["signal"] == 9
+
+
+def test_command_output_is_capped(agent):
+    events, result = agent.ok(
+        "command",
+        command="head -c 5000000 /dev/zero | tr '\\0' a",
+        timeout_ms=30_000,
+        output_limit=1000,
+    )
+    assert result["truncated"] is True and result["exit_code"] == 0
+    assert text(events, "stdout") == "a" * 1000
+    assert "[output truncated: limit of 1000 bytes reached]" in text(events, "stderr")
+
+
+# --------------------------------------------------------------------------------------------------
+# files
+
+
+def write_file(agent, path, data, overwrite=False, chunk=256 * 1024):
+    req_id = agent.start("write_file", path=path, overwrite=overwrite, size=len(data))
+    pieces = [data[i : i + chunk] for i in range(0, len(data), chunk)] or [b""]
+    for i, piece in enumerate(pieces):
+        agent.send(
+            {
+                "id": req_id,
+                "op": "chunk",
+                "data": base64.b64encode(piece).decode(),
+                "last": i == len(pieces) - 1,
+            }
+        )
+    return agent.wait(req_id)[1]
+
+
+def test_chunked_write_and_read_of_10_mib(agent):
+    data = os.urandom(10 * MIB)
+    digest = hashlib.sha256(data).hexdigest()
+    final = write_file(agent, "deep/dir/blob.bin", data)
+    assert final["ok"], final
+    target = agent.home / "deep" / "dir" / "blob.bin"
+    assert final["result"] == {"path": str(target), "size": len(data), "sha256": digest}
+    assert sorted(os.listdir(target.parent)) == ["blob.bin"], "temporary file left behind"
+    events, result = agent.ok("read_file", path="deep/dir/blob.bin", max_bytes=20 * MIB)
+    chunks = [base64.b64decode(e["data"]) for e in events if e["event"] == "chunk"]
+    assert all(len(c) <= 256 * 1024 for c in chunks)
+    assert b"".join(chunks) == data
+    assert result == {"path": str(target), "size": len(data), "sha256": digest}
+
+
+def test_write_exists_and_overwrite(agent):
+    assert write_file(agent, "f.txt", b"one")["ok"]
+    refused = write_file(agent, "f.txt", b"two")
+    assert refused["error"]["kind"] == "exists"
+    assert (agent.home / "f.txt").read_bytes() == b"one"
+    assert write_file(agent, "f.txt", b"three", overwrite=True)["ok"]
+    assert (agent.home / "f.txt").read_bytes() == b"three"
+    assert write_file(agent, "empty.txt", b"")["ok"]
+    assert (agent.home / "empty.txt").read_bytes() == b""
+    (agent.home / "adir").mkdir()
+    assert write_file(agent, "adir", b"x", overwrite=True)["error"]["kind"] == "is_directory"
+    assert agent.ok("ping")[1]["pong"], "stray chunks of refused writes must be ignored"
+
+
+def test_failed_write_leaves_nothing_behind(agent):
+    req_id = agent.start("write_file", path="partial.bin", overwrite=False, size=10)
+    agent.send(
+        {"id": req_id, "op": "chunk", "data": base64.b64encode(b"12345").decode(), "last": True}
+    )
+    final = agent.wait(req_id)[1]
+    assert final["error"]["kind"] == "bad_request", final
+    assert os.listdir(agent.home) == []
+
+
+def test_read_file_errors(agent):
+    (agent.home / "big.bin").write_bytes(b"x" * 1000)
+    final = agent.call("read_file", path="big.bin", max_bytes=999)
+    assert final[0] == [], "nothing may be sent before too_large"
+    assert final[1]["error"]["kind"] == "too_large"
+    assert "1000" in final[1]["error"]["message"] and "999" in final[1]["error"]["message"]
+    assert agent.call("read_file", path="missing", max_bytes=10)[1]["error"]["kind"] == "not_found"
+    (agent.home / "d").mkdir()
+    assert agent.call("read_file", path="d", max_bytes=10)[1]["error"]["kind"] == "is_directory"
+
+
+def test_list_dir(agent):
+    (agent.home / "b.txt").write_bytes(b"12345")
+    (agent.home / "a").mkdir()
+    os.symlink("/etc", agent.home / "c-link")
+    _, result = agent.ok("list_dir", path=".")
+    assert result["path"] == str(agent.home)
+    entries = [(e["name"], e["type"]) for e in result["entries"]]
+    assert entries == [("a", "dir"), ("b.txt", "file"), ("c-link", "symlink")]
+    assert result["entries"][1]["size"] == 5
+    assert isinstance(result["entries"][1]["modified"], float)
+    _, default = agent.ok("list_dir")
+    assert default["path"] == str(agent.home)
+    assert agent.call("list_dir", path="b.txt")[1]["error"]["kind"] == "not_a_directory"
+    assert agent.call("list_dir", path="nope")[1]["error"]["kind"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    "path, kind",
+    [
+        ("../etc/passwd", "outside_home"),
+        ("/etc/passwd", "outside_home"),
+        ("sub/../../x", "outside_home"),
+        ("etc-link/passwd", "outside_home"),
+        ("passwd-link", "outside_home"),
+        ("a\x00b", "bad_request"),
+    ],
+)
+def test_paths_outside_home_are_refused(agent, path, kind):
+    os.symlink("/etc", agent.home / "etc-link")
+    os.symlink("/etc/passwd", agent.home / "passwd-link")
+    (agent.home / "sub").mkdir()
+    assert agent.call("read_file", path=path, max_bytes=MIB)[1]["error"]["kind"] == kind
+    assert agent.call("list_dir", path=path)[1]["error"]["kind"] == kind
+    final = write_file(agent, path, b"x", overwrite=True)
+    assert final["error"]["kind"] == kind
+    assert (
+        agent.call("command", command="true", cwd=path, timeout_ms=1000)[1]["error"]["kind"] == kind
+    )
+
+
+def test_write_through_symlinked_parent_is_refused(agent):
+    outside = agent.home.parent / "outside"
+    outside.mkdir()
+    os.symlink(outside, agent.home / "escape")
+    assert write_file(agent, "escape/new.txt", b"x")["error"]["kind"] == "outside_home"
+    assert write_file(agent, "escape/deeper/new.txt", b"x")["error"]["kind"] == "outside_home"
+    assert list(outside.iterdir()) == []
+
+
+def test_absolute_path_inside_home_is_accepted(agent):
+    final = write_file(agent, str(agent.home / "abs.txt"), b"abs")
+    assert final["ok"] and final["result"]["path"] == str(agent.home / "abs.txt")

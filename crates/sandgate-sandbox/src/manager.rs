@@ -1,0 +1,861 @@
+//! The sandbox manager: warm pools per profile, leases, adoption after a restart, closing.
+//!
+//! DESIGN §4: each profile's pool keeps `min_ready` containers started and ready (agent handshake
+//! done), refilled in the background with at most `max_concurrent_starts` starts at once. A lease
+//! takes a ready one (milliseconds) or, when the pool is empty, starts one (never an error because
+//! the pool is empty). A container is handed out once and never reused.
+//!
+//! This crate keeps no records: the gateway records leases in Postgres. The hooks it needs are
+//! [`SandboxManager::take_ready`] (take a warm sandbox without triggering anything else),
+//! [`SandboxManager::launch`] (start one and learn its container id), [`SandboxManager::offer`]
+//! (put a known warm sandbox, e.g. one re-adopted at start-up, into the pool) and
+//! [`SandboxManager::refill`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::backend::{BackendError, ContainerFate, LaunchSpec, ManagedContainer, SandboxBackend};
+use crate::channel::{
+    AgentChannel, ChannelError, CommandOptions, CommandOutcome, DirEntry, ExecOptions, ExecOutcome,
+    FileInfo, OutputEvent, PingInfo,
+};
+use crate::config::{ChannelConfig, ManagerConfig, SandboxProfile};
+
+/// How long the manager waits, after a sandbox's stream ended, for the engine to report the
+/// container as stopped (the stream closes a moment before the engine updates its state).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
+const SETTLE_POLL: Duration = Duration::from_millis(50);
+
+/// What went wrong managing sandboxes.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The sandbox's container stopped or vanished; the fate says why (e.g. its memory limit).
+    #[error("sandbox {sandbox_id} stopped working: {fate}")]
+    Died {
+        /// The sandbox.
+        sandbox_id: String,
+        /// What happened to its container.
+        fate: ContainerFate,
+    },
+    /// Talking to the agent failed.
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    /// The engine could not launch a container.
+    #[error("starting a sandbox failed")]
+    Launch(#[source] BackendError),
+    /// The container started but its agent never became ready.
+    #[error("sandbox {sandbox_id} did not start ({fate})")]
+    AgentStart {
+        /// The sandbox.
+        sandbox_id: String,
+        /// What became of its container.
+        fate: ContainerFate,
+        /// What the channel saw.
+        #[source]
+        source: ChannelError,
+    },
+    /// No pool serves the named profile.
+    #[error("no sandbox profile is named {0:?}")]
+    UnknownProfile(String),
+    /// A profile failed validation.
+    #[error("sandbox profile {name:?} is invalid: {reason}")]
+    InvalidProfile {
+        /// The profile.
+        name: String,
+        /// What is wrong, naming the field.
+        reason: String,
+    },
+    /// `adopt` was given a container that this gateway instance does not own.
+    #[error("container {container_id} is not a sandbox of this gateway")]
+    NotOurs {
+        /// The container.
+        container_id: String,
+    },
+    /// An engine call (inspect, attach, remove, list) failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// Launches and adopts sandboxes; shared by the manager and its background refills.
+#[derive(Debug, Clone)]
+struct Launcher {
+    backend: Arc<dyn SandboxBackend>,
+    instance: String,
+    channel: ChannelConfig,
+}
+
+impl Launcher {
+    #[tracing::instrument(skip_all, fields(sandbox_id, profile = %profile.name))]
+    async fn launch(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
+        let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
+        tracing::Span::current().record("sandbox_id", &sandbox_id);
+        let spec = LaunchSpec {
+            profile: profile.clone(),
+            instance: self.instance.clone(),
+            sandbox_id: sandbox_id.clone(),
+        };
+        let launched = self
+            .backend
+            .launch(&spec)
+            .await
+            .map_err(SandboxError::Launch)?;
+        let channel = AgentChannel::open(&sandbox_id, launched.streams, self.channel.clone());
+        if let Err(source) = channel.wait_ready(self.channel.ready_timeout).await {
+            let fate = settled_fate(self.backend.as_ref(), &launched.container_id)
+                .await
+                .unwrap_or(ContainerFate::Missing);
+            if let Err(err) = self.backend.remove(&launched.container_id).await {
+                tracing::warn!(error = %err, "removing a sandbox that failed to start failed");
+            }
+            return Err(SandboxError::AgentStart {
+                sandbox_id,
+                fate,
+                source,
+            });
+        }
+        Ok(Sandbox::new(
+            sandbox_id,
+            launched.container_id,
+            profile.name.clone(),
+            channel,
+            self.backend.clone(),
+        ))
+    }
+
+    #[tracing::instrument(skip_all, fields(container_id = %container_id, sandbox_id))]
+    async fn adopt(&self, container_id: &str) -> Result<Sandbox, SandboxError> {
+        let found = self.backend.inspect(container_id).await?;
+        let Some(found) = found else {
+            return Err(SandboxError::Died {
+                sandbox_id: container_id.to_owned(),
+                fate: ContainerFate::Missing,
+            });
+        };
+        if !found.managed || found.instance != self.instance {
+            return Err(SandboxError::NotOurs {
+                container_id: container_id.to_owned(),
+            });
+        }
+        tracing::Span::current().record("sandbox_id", &found.sandbox_id);
+        if found.fate != ContainerFate::Running {
+            return Err(SandboxError::Died {
+                sandbox_id: found.sandbox_id,
+                fate: found.fate,
+            });
+        }
+        let streams = self.backend.attach(&found.container_id).await?;
+        let channel = AgentChannel::open(&found.sandbox_id, streams, self.channel.clone());
+        let sandbox = Sandbox::new(
+            found.sandbox_id,
+            found.container_id,
+            found.profile,
+            channel,
+            self.backend.clone(),
+        );
+        // Attach delivers only new output, so there is no ready frame to wait for: a ping proves
+        // the agent (and with it the kernel's state) is still there.
+        sandbox.ping().await?;
+        Ok(sandbox)
+    }
+}
+
+/// Asks the engine what became of a container whose stream ended, giving it a moment to notice.
+async fn settled_fate(
+    backend: &dyn SandboxBackend,
+    container_id: &str,
+) -> Result<ContainerFate, BackendError> {
+    let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+    loop {
+        let fate = backend
+            .inspect(container_id)
+            .await?
+            .map_or(ContainerFate::Missing, |c| c.fate);
+        if fate != ContainerFate::Running || tokio::time::Instant::now() >= deadline {
+            return Ok(fate);
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+    }
+}
+
+struct SandboxInner {
+    id: String,
+    container_id: String,
+    profile: String,
+    channel: AgentChannel,
+    backend: Arc<dyn SandboxBackend>,
+    /// Set once the container is known to be gone, so later calls say why at once.
+    death: OnceLock<ContainerFate>,
+}
+
+/// A live sandbox: one container, its agent channel and the operations on it. Cheap to clone;
+/// calls may run concurrently. Dropping it leaves the container running (see
+/// [`SandboxManager::close`]).
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<SandboxInner>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("id", &self.inner.id)
+            .field("container_id", &self.inner.container_id)
+            .field("profile", &self.inner.profile)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    fn new(
+        id: String,
+        container_id: String,
+        profile: String,
+        channel: AgentChannel,
+        backend: Arc<dyn SandboxBackend>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(SandboxInner {
+                id,
+                container_id,
+                profile,
+                channel,
+                backend,
+                death: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// The sandbox id (`sbx_…`), also on the container's `sandgate.sandbox_id` label.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The engine's container id.
+    pub fn container_id(&self) -> &str {
+        &self.inner.container_id
+    }
+
+    /// The profile it was made from.
+    pub fn profile(&self) -> &str {
+        &self.inner.profile
+    }
+
+    /// The agent channel, for callers that need it directly.
+    pub fn channel(&self) -> &AgentChannel {
+        &self.inner.channel
+    }
+
+    /// Whether the connection to the agent has ended (the sandbox cannot serve calls).
+    pub fn is_lost(&self) -> bool {
+        self.inner.channel.is_lost()
+    }
+
+    /// What became of the container (asks the engine unless the answer is already known).
+    pub async fn fate(&self) -> Result<ContainerFate, SandboxError> {
+        if let Some(fate) = self.inner.death.get() {
+            return Ok(fate.clone());
+        }
+        let fate = self
+            .inner
+            .backend
+            .inspect(&self.inner.container_id)
+            .await?
+            .map_or(ContainerFate::Missing, |c| c.fate);
+        Ok(fate)
+    }
+
+    /// Turns a lost connection into the reason the container stopped.
+    async fn explain(&self, err: ChannelError) -> SandboxError {
+        if !matches!(err, ChannelError::AttachLost { .. }) {
+            return SandboxError::Channel(err);
+        }
+        let fate = match self.inner.death.get() {
+            Some(fate) => fate.clone(),
+            None => match settled_fate(self.inner.backend.as_ref(), &self.inner.container_id).await
+            {
+                Ok(ContainerFate::Running) => return SandboxError::Channel(err),
+                Ok(fate) => self.inner.death.get_or_init(|| fate).clone(),
+                Err(inspect) => {
+                    tracing::warn!(error = %inspect, "inspecting a lost sandbox failed");
+                    return SandboxError::Channel(err);
+                }
+            },
+        };
+        SandboxError::Died {
+            sandbox_id: self.inner.id.clone(),
+            fate,
+        }
+    }
+
+    /// Runs a Python cell; see [`AgentChannel::exec`].
+    pub async fn exec(
+        &self,
+        code: &str,
+        options: ExecOptions,
+        events: Option<mpsc::Sender<OutputEvent>>,
+    ) -> Result<ExecOutcome, SandboxError> {
+        match self.inner.channel.exec(code, options, events).await {
+            Ok(outcome) => Ok(outcome),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Runs a shell command; see [`AgentChannel::command`].
+    pub async fn command(
+        &self,
+        command: &str,
+        options: CommandOptions,
+        events: Option<mpsc::Sender<OutputEvent>>,
+    ) -> Result<CommandOutcome, SandboxError> {
+        match self.inner.channel.command(command, options, events).await {
+            Ok(outcome) => Ok(outcome),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Writes a file under /home/user; see [`AgentChannel::write_file`].
+    pub async fn write_file(
+        &self,
+        path: &str,
+        data: &[u8],
+        overwrite: bool,
+    ) -> Result<FileInfo, SandboxError> {
+        match self.inner.channel.write_file(path, data, overwrite).await {
+            Ok(info) => Ok(info),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Reads a file under /home/user; see [`AgentChannel::read_file`].
+    pub async fn read_file(
+        &self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(Vec<u8>, FileInfo), SandboxError> {
+        match self.inner.channel.read_file(path, max_bytes).await {
+            Ok(file) => Ok(file),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Lists a directory under /home/user; see [`AgentChannel::list_dir`].
+    pub async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
+        match self.inner.channel.list_dir(path).await {
+            Ok(entries) => Ok(entries),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Checks that the agent answers.
+    pub async fn ping(&self) -> Result<PingInfo, SandboxError> {
+        match self.inner.channel.ping().await {
+            Ok(info) => Ok(info),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Restarts the kernel: variables are lost, files stay.
+    pub async fn restart(&self) -> Result<(), SandboxError> {
+        match self.inner.channel.restart().await {
+            Ok(_) => Ok(()),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Removes the container (its files and kernel go with it).
+    #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.id))]
+    pub async fn close(self) -> Result<(), SandboxError> {
+        self.inner.backend.remove(&self.inner.container_id).await?;
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct PoolState {
+    ready: VecDeque<Sandbox>,
+    /// Starts in flight for this pool (counted so refills do not overshoot `min_ready`).
+    starting: usize,
+}
+
+struct Pool {
+    profile: SandboxProfile,
+    state: Mutex<PoolState>,
+}
+
+impl Pool {
+    fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct ManagerInner {
+    launcher: Launcher,
+    config: ManagerConfig,
+    pools: HashMap<String, Pool>,
+    starts: Arc<Semaphore>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl Drop for ManagerInner {
+    fn drop(&mut self) {
+        // Background starts still waiting for a permit give up; one already launching removes its
+        // container when it finds the manager gone.
+        self.stop.cancel();
+    }
+}
+
+/// The sandbox manager: a warm pool per profile over a [`SandboxBackend`]. Cheap to clone.
+#[derive(Clone)]
+pub struct SandboxManager {
+    inner: Arc<ManagerInner>,
+}
+
+impl std::fmt::Debug for SandboxManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxManager")
+            .field("instance", &self.inner.config.instance)
+            .field("profiles", &self.inner.pools.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SandboxManager {
+    /// Validates the profiles and starts filling each pool up to `min_ready` in the background.
+    /// Must be called inside a Tokio runtime.
+    pub fn start(
+        backend: Arc<dyn SandboxBackend>,
+        profiles: Vec<SandboxProfile>,
+        config: ManagerConfig,
+    ) -> Result<Self, SandboxError> {
+        let mut pools = HashMap::new();
+        for profile in profiles {
+            profile
+                .validate()
+                .map_err(|reason| SandboxError::InvalidProfile {
+                    name: profile.name.clone(),
+                    reason,
+                })?;
+            pools.insert(
+                profile.name.clone(),
+                Pool {
+                    profile,
+                    state: Mutex::new(PoolState::default()),
+                },
+            );
+        }
+        let manager = Self {
+            inner: Arc::new(ManagerInner {
+                launcher: Launcher {
+                    backend,
+                    instance: config.instance.clone(),
+                    channel: config.channel.clone(),
+                },
+                starts: Arc::new(Semaphore::new(config.pool.max_concurrent_starts.max(1))),
+                config,
+                pools,
+                tasks: TaskTracker::new(),
+                stop: CancellationToken::new(),
+            }),
+        };
+        let names: Vec<String> = manager.inner.pools.keys().cloned().collect();
+        for name in names {
+            manager.refill(&name)?;
+        }
+        Ok(manager)
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &ManagerConfig {
+        &self.inner.config
+    }
+
+    fn pool(&self, profile: &str) -> Result<&Pool, SandboxError> {
+        self.inner
+            .pools
+            .get(profile)
+            .ok_or_else(|| SandboxError::UnknownProfile(profile.to_owned()))
+    }
+
+    /// Leases a sandbox of `profile`: a warm one when the pool has one, else a cold start. The
+    /// pool is refilled in the background either way.
+    #[tracing::instrument(skip_all, fields(profile = %profile, sandbox_id, warm))]
+    pub async fn lease(&self, profile: &str) -> Result<Sandbox, SandboxError> {
+        let taken = self.take_ready(profile)?;
+        self.refill(profile)?;
+        let span = tracing::Span::current();
+        span.record("warm", taken.is_some());
+        let sandbox = match taken {
+            Some(sandbox) => sandbox,
+            None => self.launch(profile).await?,
+        };
+        span.record("sandbox_id", sandbox.id());
+        Ok(sandbox)
+    }
+
+    /// Takes a ready sandbox from the pool, if it has one, without refilling. Sandboxes whose
+    /// connection ended while they waited are removed, never handed out.
+    pub fn take_ready(&self, profile: &str) -> Result<Option<Sandbox>, SandboxError> {
+        let pool = self.pool(profile)?;
+        loop {
+            let next = pool.state().ready.pop_front();
+            match next {
+                Some(sandbox) if sandbox.is_lost() => {
+                    tracing::warn!(sandbox_id = %sandbox.id(), "a warm sandbox died while waiting; removing it");
+                    self.inner.tasks.spawn(async move {
+                        let _ = sandbox.close().await;
+                    });
+                }
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// Starts a sandbox of `profile` now (a cold start), outside the pool. Its
+    /// [`Sandbox::container_id`] is known once this returns.
+    pub async fn launch(&self, profile: &str) -> Result<Sandbox, SandboxError> {
+        let pool = self.pool(profile)?;
+        self.inner.launcher.launch(&pool.profile).await
+    }
+
+    /// Puts a ready sandbox (e.g. a warm container re-adopted after a restart) into its profile's
+    /// pool. Returns it back when its profile has no pool here.
+    pub fn offer(&self, sandbox: Sandbox) -> Result<(), Sandbox> {
+        match self.inner.pools.get(sandbox.profile()) {
+            Some(pool) => {
+                pool.state().ready.push_back(sandbox);
+                Ok(())
+            }
+            None => Err(sandbox),
+        }
+    }
+
+    /// Re-attaches to a running sandbox container of this instance (after a gateway restart); its
+    /// kernel and files are as they were. Fails with [`SandboxError::Died`] when the container is
+    /// gone or stopped, [`SandboxError::NotOurs`] when it is not this instance's sandbox.
+    pub async fn adopt(&self, container_id: &str) -> Result<Sandbox, SandboxError> {
+        self.inner.launcher.adopt(container_id).await
+    }
+
+    /// Ends a lease: removes the container.
+    pub async fn close(&self, sandbox: Sandbox) -> Result<(), SandboxError> {
+        sandbox.close().await
+    }
+
+    /// Every container of this instance, running or not (for reconciliation).
+    pub async fn list_containers(&self) -> Result<Vec<ManagedContainer>, SandboxError> {
+        Ok(self
+            .inner
+            .launcher
+            .backend
+            .list(&self.inner.config.instance)
+            .await?)
+    }
+
+    /// Ready sandboxes waiting in `profile`'s pool (0 for an unknown profile).
+    pub fn ready_count(&self, profile: &str) -> usize {
+        self.inner
+            .pools
+            .get(profile)
+            .map_or(0, |p| p.state().ready.len())
+    }
+
+    /// Starts as many background starts as `profile`'s pool lacks to reach `min_ready`.
+    pub fn refill(&self, profile: &str) -> Result<(), SandboxError> {
+        let pool = self.pool(profile)?;
+        if self.inner.stop.is_cancelled() {
+            return Ok(());
+        }
+        let missing = {
+            let mut state = pool.state();
+            let have = state.ready.len() + state.starting;
+            let missing = self.inner.config.pool.min_ready.saturating_sub(have);
+            state.starting += missing;
+            missing
+        };
+        for _ in 0..missing {
+            self.spawn_start(profile.to_owned());
+        }
+        Ok(())
+    }
+
+    fn spawn_start(&self, profile: String) {
+        let weak: Weak<ManagerInner> = Arc::downgrade(&self.inner);
+        let launcher = self.inner.launcher.clone();
+        let starts = self.inner.starts.clone();
+        let stop = self.inner.stop.clone();
+        let backoff = self.inner.config.refill_backoff;
+        let pool_profile = self.inner.pools[&profile].profile.clone();
+        self.inner.tasks.spawn(async move {
+            let done = |weak: &Weak<ManagerInner>| {
+                if let Some(inner) = weak.upgrade() {
+                    inner.pools[&profile].state().starting -= 1;
+                }
+            };
+            let permit = tokio::select! {
+                permit = starts.acquire_owned() => permit,
+                () = stop.cancelled() => { done(&weak); return; }
+            };
+            // Not cancelled half-way: a launch dropped mid-flight could leave a container behind.
+            let launched = launcher.launch(&pool_profile).await;
+            drop(permit);
+            let Some(inner) = weak.upgrade().filter(|i| !i.stop.is_cancelled()) else {
+                if let Ok(sandbox) = launched {
+                    let _ = sandbox.close().await;
+                }
+                return;
+            };
+            let failed = match launched {
+                Ok(sandbox) => {
+                    tracing::debug!(sandbox_id = %sandbox.id(), profile = %profile, "warm sandbox ready");
+                    let mut state = inner.pools[&profile].state();
+                    state.starting -= 1;
+                    state.ready.push_back(sandbox);
+                    return;
+                }
+                Err(err) => {
+                    inner.pools[&profile].state().starting -= 1;
+                    err
+                }
+            };
+            drop(inner);
+            tracing::warn!(error = %failed, profile = %profile, "starting a warm sandbox failed; retrying after a pause");
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = stop.cancelled() => return,
+            }
+            if let Some(inner) = weak.upgrade() {
+                let _ = (SandboxManager { inner }).refill(&profile);
+            }
+        });
+    }
+
+    /// Stops refilling, waits for starts in flight, and removes the warm sandboxes (nothing else
+    /// knows of them). Leased sandboxes are left running.
+    pub async fn shutdown(&self) {
+        self.inner.stop.cancel();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        let warm: Vec<Sandbox> = self
+            .inner
+            .pools
+            .values()
+            .flat_map(|p| std::mem::take(&mut p.state().ready))
+            .collect();
+        for sandbox in warm {
+            if let Err(err) = sandbox.close().await {
+                tracing::warn!(error = %err, "removing a warm sandbox at shutdown failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::sync::atomic::Ordering;
+
+    use super::*;
+    use crate::testing::{FakeBackend, eventually};
+
+    fn profile() -> SandboxProfile {
+        SandboxProfile {
+            name: "default".into(),
+            image: "fake".into(),
+            runtime: "runc".into(),
+            memory_mb: 512,
+            cpus: 1.0,
+            pids_limit: 256,
+            nofile: 1024,
+            tmp_size_mb: 64,
+            home_size_mb: 512,
+        }
+    }
+
+    fn config(min_ready: usize, max_concurrent_starts: usize) -> ManagerConfig {
+        let mut config = ManagerConfig::new("unit");
+        config.pool = crate::config::PoolConfig {
+            min_ready,
+            max_concurrent_starts,
+        };
+        config.refill_backoff = Duration::from_millis(20);
+        config
+    }
+
+    fn start(backend: &Arc<FakeBackend>, min_ready: usize, max: usize) -> SandboxManager {
+        SandboxManager::start(backend.clone(), vec![profile()], config(min_ready, max))
+            .expect("valid configuration")
+    }
+
+    const WITHIN: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn the_pool_fills_to_min_ready_and_leases_never_share_a_container() {
+        let backend = Arc::new(FakeBackend::default());
+        let manager = start(&backend, 3, 2);
+        eventually("the pool to fill", WITHIN, || {
+            manager.ready_count("default") == 3
+        })
+        .await;
+        let mut seen = HashSet::new();
+        for _ in 0..6 {
+            let sandbox = manager.lease("default").await.expect("lease");
+            assert!(
+                seen.insert(sandbox.container_id().to_owned()),
+                "container {} was handed out twice",
+                sandbox.container_id()
+            );
+        }
+        // The pool refills behind the leases, and never beyond min_ready.
+        eventually("the pool to refill", WITHIN, || {
+            manager.ready_count("default") == 3
+        })
+        .await;
+        assert_eq!(backend.live(), 6 + 3);
+        manager.shutdown().await;
+        assert_eq!(
+            backend.live(),
+            6,
+            "shutdown removes the warm sandboxes, not leased ones"
+        );
+    }
+
+    #[tokio::test]
+    async fn concurrent_leases_get_distinct_containers() {
+        let backend = Arc::new(FakeBackend::default());
+        let manager = start(&backend, 2, 2);
+        eventually("the pool to fill", WITHIN, || {
+            manager.ready_count("default") == 2
+        })
+        .await;
+        let leases = futures::future::join_all((0..8).map(|_| manager.lease("default"))).await;
+        let ids: HashSet<String> = leases
+            .into_iter()
+            .map(|l| l.expect("lease").container_id().to_owned())
+            .collect();
+        assert_eq!(ids.len(), 8, "eight leases, eight containers");
+        manager.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn an_empty_pool_answers_by_cold_start() {
+        let backend = Arc::new(FakeBackend::default());
+        let manager = start(&backend, 0, 1);
+        assert_eq!(manager.ready_count("default"), 0);
+        let sandbox = manager
+            .lease("default")
+            .await
+            .expect("a cold start, not an error");
+        let outcome = sandbox
+            .exec("1+1", ExecOptions::default(), None)
+            .await
+            .unwrap();
+        assert_eq!(outcome.result.unwrap()["text/plain"], "1+1");
+        assert_eq!(backend.launches.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            manager.ready_count("default"),
+            0,
+            "min_ready 0 keeps nothing warm"
+        );
+    }
+
+    #[tokio::test]
+    async fn refills_respect_max_concurrent_starts() {
+        let gate = Arc::new(Semaphore::new(0));
+        let backend = Arc::new(FakeBackend::gated(gate.clone()));
+        let manager = start(&backend, 5, 2);
+        eventually("two starts in flight", WITHIN, || {
+            backend.in_flight.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        gate.add_permits(5);
+        eventually("the pool to fill", WITHIN, || {
+            manager.ready_count("default") == 5
+        })
+        .await;
+        assert_eq!(backend.max_in_flight.load(Ordering::SeqCst), 2);
+        manager.shutdown().await;
+        assert_eq!(backend.live(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_failing_engine_fails_the_lease_and_the_pool_recovers_when_it_does() {
+        let backend = Arc::new(FakeBackend::default());
+        backend.fail.store(true, Ordering::SeqCst);
+        let manager = start(&backend, 1, 1);
+        let err = manager
+            .lease("default")
+            .await
+            .expect_err("no container can start");
+        assert!(matches!(err, SandboxError::Launch(_)), "{err:?}");
+        backend.fail.store(false, Ordering::SeqCst);
+        eventually("the pool to recover", WITHIN, || {
+            manager.ready_count("default") == 1
+        })
+        .await;
+        manager.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_warm_sandbox_that_died_is_never_leased() {
+        let backend = Arc::new(FakeBackend::default());
+        let manager = start(&backend, 1, 1);
+        eventually("the pool to fill", WITHIN, || {
+            manager.ready_count("default") == 1
+        })
+        .await;
+        let doomed = backend.list("unit").await.unwrap().remove(0).container_id;
+        backend.kill(&doomed, ContainerFate::Exited { code: 1 });
+        let sandbox = manager.take_ready("default").unwrap();
+        // The dead one may still look alive for a moment (its stream ends asynchronously).
+        if let Some(sandbox) = sandbox {
+            eventually("the stream end to be seen", WITHIN, || sandbox.is_lost()).await;
+            manager.offer(sandbox).unwrap();
+        }
+        let leased = manager.lease("default").await.unwrap();
+        assert_ne!(leased.container_id(), doomed);
+        leased.ping().await.expect("the leased sandbox answers");
+        manager.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_killed_for_memory_says_so() {
+        let backend = Arc::new(FakeBackend::default());
+        let manager = start(&backend, 0, 1);
+        let sandbox = manager.lease("default").await.unwrap();
+        backend.kill(
+            sandbox.container_id(),
+            ContainerFate::OomKilled {
+                memory_limit_bytes: Some(512 << 20),
+            },
+        );
+        let err = sandbox
+            .exec("1+1", ExecOptions::default(), None)
+            .await
+            .expect_err("the sandbox is dead");
+        assert!(
+            matches!(
+                err,
+                SandboxError::Died {
+                    fate: ContainerFate::OomKilled { .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("memory limit of 512 MiB"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_profile_is_an_error() {
+        let backend = Arc::new(FakeBackend::default());
+        let manager = start(&backend, 0, 1);
+        let err = manager.lease("gpu").await.expect_err("no such profile");
+        assert!(matches!(err, SandboxError::UnknownProfile(_)));
+    }
+}

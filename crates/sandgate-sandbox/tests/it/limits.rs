@@ -1,0 +1,211 @@
+//! Resource limits: output floods, memory, processes, network.
+
+use std::time::Duration;
+
+use sandgate_sandbox::{ChannelError, CommandOptions, ContainerFate, ExecOptions, SandboxError};
+
+use crate::support::{self, TestEnv};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_flood_is_truncated_and_the_gateway_memory_stays_bounded() {
+    let _heavy = support::MEMORY_HEAVY.lock().await;
+    let env = TestEnv::new("flood", 0).await;
+    let sandbox = env.lease().await;
+
+    support::reset_peak_rss();
+    let rss_before = support::proc_status_kib("VmRSS");
+    let outcome = sandbox
+        .exec(
+            "print('x' * 200_000_000)",
+            ExecOptions {
+                timeout: Duration::from_secs(120),
+                ..ExecOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("the cell returns");
+    let peak = support::proc_status_kib("VmHWM");
+
+    assert!(outcome.truncated, "{:?}", outcome.stderr);
+    assert!(
+        outcome
+            .stderr
+            .contains("[output truncated: limit of 1048576 bytes reached]"),
+        "the truncation marker is in stderr: {:?}",
+        outcome.stderr
+    );
+    assert!(
+        outcome.stdout.len() <= 1 << 20,
+        "at most the limit is kept: {} bytes",
+        outcome.stdout.len()
+    );
+    let grew_mib = peak.saturating_sub(rss_before) / 1024;
+    assert!(
+        grew_mib < 64,
+        "200 MB of output must not pass through the gateway's memory: peak RSS grew by {grew_mib} MiB"
+    );
+    eprintln!(
+        "output flood: took {:?}, gateway peak RSS grew by {grew_mib} MiB",
+        outcome.duration
+    );
+    sandbox.ping().await.expect("the sandbox still answers");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_result_value_too_large_for_the_gateway_is_refused_and_the_kernel_lives_on() {
+    let _heavy = support::MEMORY_HEAVY.lock().await;
+    let env = TestEnv::new("huge-result", 0).await;
+    let sandbox = env.lease().await;
+    // The agent caps printed output but not the value of the last expression.
+    let result = sandbox
+        .exec("big = 'y' * 40_000_000\nbig", ExecOptions::default(), None)
+        .await;
+    match result {
+        Err(SandboxError::Channel(err @ ChannelError::FrameTooLarge { .. })) => {
+            assert!(err.to_string().contains("kernel state is kept"), "{err}");
+        }
+        other => panic!("a 40 MB result must be refused, got {other:?}"),
+    }
+    let len = sandbox
+        .exec("len(big)", ExecOptions::default(), None)
+        .await
+        .unwrap();
+    assert_eq!(len.result.unwrap()["text/plain"], "40000000");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn allocating_past_the_memory_limit_reports_the_memory_limit() {
+    let env = TestEnv::new("oom", 0).await;
+    let sandbox = env.lease().await;
+    let result = sandbox
+        .exec("x = bytearray(4 * 1024**3)", ExecOptions::default(), None)
+        .await;
+    match result {
+        Err(
+            err @ SandboxError::Died {
+                fate: ContainerFate::OomKilled { .. },
+                ..
+            },
+        ) => {
+            let message = err.to_string();
+            assert!(
+                message.contains("memory limit of 512 MiB was hit"),
+                "the error names the memory limit: {message}"
+            );
+            eprintln!("oom: {message}");
+        }
+        Ok(outcome) => {
+            let error = outcome.error.expect("the allocation fails");
+            assert_eq!(error.name, "MemoryError", "{error:?}");
+        }
+        Err(other) => panic!("expected a memory-limit error, got {other:?} ({other})"),
+    }
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_fork_bomb_is_contained_by_the_pids_limit() {
+    let env = TestEnv::new("forkbomb", 0).await;
+    let sandbox = env.lease().await;
+    let bomb = sandbox
+        .command(
+            // The classic bomb, then a busy wait made of builtins (no fork needed) that keeps the
+            // command's main process alive until its timeout: the agent kills the group as soon as
+            // the main process exits, so without it the bomb would be over at once.
+            "bomb(){ bomb|bomb& }; bomb; end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do :; done",
+            CommandOptions {
+                timeout: Duration::from_secs(4),
+                ..CommandOptions::default()
+            },
+            None,
+        )
+        .await;
+
+    // The host is fine: it starts processes and its engine answers.
+    let host = std::process::Command::new("true")
+        .status()
+        .expect("the host can start a process");
+    assert!(host.success());
+    support::backend().await;
+
+    match bomb {
+        Ok(outcome) => {
+            assert!(
+                outcome.timed_out,
+                "a fork bomb runs until its timeout: {outcome:?}"
+            );
+            assert!(
+                outcome.stderr.contains("Resource temporarily unavailable"),
+                "the bomb ran into the pids limit: {:?}",
+                &outcome.stderr[..outcome.stderr.len().min(500)]
+            );
+            let after = sandbox
+                .exec("1+1", ExecOptions::default(), None)
+                .await
+                .expect("the sandbox is still usable after the bomb");
+            assert_eq!(after.result.unwrap()["text/plain"], "2");
+            let pids = support::eventually(
+                Duration::from_secs(10),
+                "the bomb's processes to be gone",
+                || {
+                    let sandbox = sandbox.clone();
+                    async move {
+                        let out = sandbox
+                            .command(
+                                "ls -d /proc/[0-9]* | wc -l",
+                                CommandOptions::default(),
+                                None,
+                            )
+                            .await
+                            .ok()?;
+                        let n: usize = out.stdout.trim().parse().ok()?;
+                        (n < 20).then_some(n)
+                    }
+                },
+            )
+            .await;
+            eprintln!("fork bomb: contained; {pids} processes afterwards");
+        }
+        Err(err @ SandboxError::Died { .. }) => {
+            eprintln!("fork bomb: the sandbox died and says why: {err}");
+        }
+        Err(other) => panic!("expected containment or a reasoned death, got {other:?}"),
+    }
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_sandbox_has_no_network() {
+    let env = TestEnv::new("network", 0).await;
+    let sandbox = env.lease().await;
+    let outcome = sandbox
+        .exec(
+            "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=5)",
+            ExecOptions::default(),
+            None,
+        )
+        .await
+        .expect("the cell returns");
+    let error = outcome.error.expect("the connection fails");
+    assert!(
+        error.name.ends_with("Error"),
+        "an OS-level error, not a connection: {error:?}"
+    );
+    assert!(
+        error.value.contains("unreachable") || error.name == "OSError",
+        "no route out: {error:?}"
+    );
+    let interfaces = sandbox
+        .exec(
+            "import socket\nsorted(n for _, n in socket.if_nameindex())",
+            ExecOptions::default(),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(interfaces.result.unwrap()["text/plain"], "['lo']");
+    env.cleanup().await;
+}

@@ -32,7 +32,7 @@ async fn readyz_names_postgres_when_it_goes_away_and_recovers_when_it_returns() 
     let database = support::fresh_database().await;
     let proxy = TcpProxy::start(support::addr_of(&database)).await;
     let proxied = support::with_addr(&database, proxy.addr);
-    let gateway = Gateway::start(&proxied, &[]).await;
+    let mut gateway = Gateway::start(&proxied, &[("SANDGATE_POOL__MIN_READY", "0")]).await;
     let http = reqwest::Client::new();
 
     let health = http

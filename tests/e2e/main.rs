@@ -2,4 +2,6 @@
 //! sandbox image), started by `scripts/stack.sh`.
 
 mod cli;
+mod mcp;
+mod mcp_client;
 mod support;

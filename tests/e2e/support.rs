@@ -68,24 +68,49 @@ pub fn addr_of(url: &str) -> String {
         .to_owned()
 }
 
-/// A running gateway process, killed when dropped.
+/// A running gateway process. Dropping it kills the process and removes every container of its
+/// (test-unique) instance.
 #[derive(Debug)]
 pub struct Gateway {
-    child: Child,
+    child: Option<Child>,
     /// `http://127.0.0.1:<port>`.
     pub base_url: String,
+    /// The Postgres URL it uses.
+    pub database_url: String,
+    /// Its `instance` name (container label).
+    pub instance: String,
+    env: Vec<(String, String)>,
 }
 
 impl Gateway {
     /// Starts `sandgate serve` on a free loopback port against `database_url` and waits until it
-    /// prints its MCP URL.
+    /// prints its MCP URL. `extra_env` adds or overrides `SANDGATE_*` settings.
     pub async fn start(database_url: &str, extra_env: &[(&str, &str)]) -> Gateway {
+        let instance = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        Self::start_instance(database_url, &instance, extra_env).await
+    }
+
+    /// Like [`Gateway::start`], with a given instance name (to restart "the same" deployment).
+    pub async fn start_instance(
+        database_url: &str,
+        instance: &str,
+        extra_env: &[(&str, &str)],
+    ) -> Gateway {
+        let mut env: Vec<(String, String)> = vec![
+            ("SANDGATE_DATABASE__URL".into(), database_url.into()),
+            ("SANDGATE_INSTANCE".into(), instance.into()),
+            ("SANDGATE_LOG__FORMAT".into(), "json".into()),
+            ("SANDGATE_POOL__MIN_READY".into(), "1".into()),
+        ];
+        for (k, v) in extra_env {
+            env.retain(|(key, _)| key != k);
+            env.push(((*k).into(), (*v).into()));
+        }
         let mut command = Command::new(BIN);
         command
             .arg("serve")
             .env("SANDGATE_LISTEN", "127.0.0.1:0")
-            .env("SANDGATE_DATABASE__URL", database_url)
-            .env("SANDGATE_LOG__FORMAT", "json")
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
             .stderr(if std::env::var_os("RUST_LOG").is_some() {
                 Stdio::inherit()
@@ -93,9 +118,6 @@ impl Gateway {
                 Stdio::null()
             })
             .kill_on_drop(true);
-        for (k, v) in extra_env {
-            command.env(k, v);
-        }
         let mut child = command.spawn().expect("the sandgate binary starts");
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(stdout).lines();
@@ -103,7 +125,7 @@ impl Gateway {
             .await
             .expect("sandgate prints its URL within 60 s")
             .expect("stdout is readable")
-            .expect("sandgate printed a line before exiting");
+            .expect("sandgate printed a line before exiting (run with RUST_LOG=info to see why)");
         let mcp_url = line
             .rsplit(' ')
             .next()
@@ -112,22 +134,110 @@ impl Gateway {
         let base_url = mcp_url.trim_end_matches("/mcp").to_owned();
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Gateway { child, base_url }
+        env.push(("SANDGATE_PUBLIC_URL".into(), base_url.clone()));
+        Gateway {
+            child: Some(child),
+            base_url,
+            database_url: database_url.to_owned(),
+            instance: instance.to_owned(),
+            env,
+        }
+    }
+
+    /// The MCP endpoint.
+    pub fn mcp_url(&self) -> String {
+        format!("{}/mcp", self.base_url)
+    }
+
+    /// Runs `sandgate <args>` with this gateway's configuration; returns stdout, trimmed.
+    /// Panics with stderr when it fails.
+    pub async fn cli(&self, args: &[&str]) -> String {
+        let output = Command::new(BIN)
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .await
+            .expect("the sandgate binary runs");
+        assert!(
+            output.status.success(),
+            "sandgate {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout)
+            .expect("UTF-8 output")
+            .trim()
+            .to_owned()
+    }
+
+    /// Creates a tenant and returns its id.
+    pub async fn create_tenant(&self) -> String {
+        let name = format!("tenant-{}", uuid::Uuid::new_v4().simple());
+        self.cli(&["admin", "tenant", "create", &name]).await
+    }
+
+    /// Issues an access token for a tenant with every scope.
+    pub async fn token(&self, tenant: &str) -> String {
+        self.cli(&["admin", "token", "issue", "--tenant", tenant, "--ttl", "1h"])
+            .await
     }
 
     /// Sends SIGTERM and waits for the process to exit; returns whether it exited successfully.
-    pub async fn terminate(mut self) -> bool {
-        let pid = self.child.id().expect("the gateway is running");
-        let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "SIGTERM could be sent");
-        tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+    pub async fn terminate(&mut self) -> bool {
+        let mut child = self.child.take().expect("the gateway is running");
+        let pid = child.id().expect("the gateway is running");
+        signal(pid, "-TERM");
+        tokio::time::timeout(Duration::from_secs(20), child.wait())
             .await
             .expect("the gateway exits within 20 s of SIGTERM")
             .expect("wait works")
             .success()
+    }
+
+    /// Kills the process with SIGKILL (a crash) and waits for it to be gone.
+    pub async fn kill(&mut self) {
+        let mut child = self.child.take().expect("the gateway is running");
+        child.kill().await.expect("SIGKILL");
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "signal {sig} could be sent");
+}
+
+/// Ids of every container (running or not) labelled with `instance`.
+pub fn containers_of(instance: &str) -> Vec<String> {
+    let output = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--no-trunc",
+            "--filter",
+            &format!("label=sandgate.instance={instance}"),
+        ])
+        .output()
+        .expect("the docker CLI runs");
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+        let ids = containers_of(&self.instance);
+        if !ids.is_empty() {
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f"])
+                .args(&ids)
+                .output();
+        }
     }
 }
 

@@ -23,6 +23,8 @@ pub struct Config {
     /// The URL clients reach the gateway at; empty in the file means "derive from `listen`".
     #[serde(deserialize_with = "empty_url_is_none")]
     public_url: Option<Url>,
+    /// Deployment name (container labels).
+    pub instance: String,
     /// Postgres.
     pub database: DatabaseConfig,
     /// The Docker engine.
@@ -31,6 +33,10 @@ pub struct Config {
     pub sandbox: SandboxProfile,
     /// The warm pool.
     pub pool: PoolConfig,
+    /// Default tenant limits and per-call bounds.
+    pub limits: LimitsConfig,
+    /// The MCP endpoint.
+    pub mcp: McpConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -63,6 +69,40 @@ pub struct PoolConfig {
     pub min_ready: usize,
     /// Most containers started at once.
     pub max_concurrent_starts: usize,
+}
+
+/// Default tenant limits and per-call bounds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Most live sandboxes per tenant.
+    pub max_sandboxes: u32,
+    /// Default idle timeout, seconds.
+    pub idle_timeout_seconds: u32,
+    /// Longest idle timeout a caller may ask for, seconds.
+    pub max_idle_timeout_seconds: u32,
+    /// Hard lifetime, seconds.
+    pub max_lifetime_seconds: u32,
+    /// Longest per-call timeout, seconds.
+    pub max_call_timeout_seconds: u32,
+    /// Per-call timeout when none is given, seconds.
+    pub default_call_timeout_seconds: u32,
+    /// Output kept per cell or command, bytes.
+    pub output_limit_bytes: usize,
+    /// Largest file moved by get_file / upload_file, bytes.
+    pub max_file_bytes: u64,
+}
+
+/// MCP endpoint settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// Largest request body, bytes.
+    pub max_request_bytes: usize,
+    /// SSE keep-alive interval, seconds.
+    pub sse_keep_alive_seconds: u64,
+    /// Extra allowed Origins.
+    pub allowed_origins: Vec<String>,
 }
 
 /// Log settings.
@@ -156,6 +196,20 @@ impl Config {
                 "must be a postgres:// or postgresql:// URL".into(),
             ));
         }
+        if self.instance.is_empty()
+            || !self
+                .instance
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(invalid(
+                "instance",
+                format!(
+                    "{:?} must be non-empty letters, digits, '-', '_' or '.'",
+                    self.instance
+                ),
+            ));
+        }
         if self.database.max_connections == 0 {
             return Err(invalid(
                 "database.max_connections",
@@ -175,6 +229,65 @@ impl Config {
                     format!(
                         "{url} must have no path or query; the MCP endpoint is <public_url>/mcp"
                     ),
+                ));
+            }
+        }
+        let l = &self.limits;
+        for (key, value) in [
+            ("limits.max_sandboxes", l.max_sandboxes),
+            ("limits.idle_timeout_seconds", l.idle_timeout_seconds),
+            (
+                "limits.max_idle_timeout_seconds",
+                l.max_idle_timeout_seconds,
+            ),
+            ("limits.max_lifetime_seconds", l.max_lifetime_seconds),
+            (
+                "limits.max_call_timeout_seconds",
+                l.max_call_timeout_seconds,
+            ),
+            (
+                "limits.default_call_timeout_seconds",
+                l.default_call_timeout_seconds,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1".into()));
+            }
+        }
+        if l.idle_timeout_seconds > l.max_idle_timeout_seconds {
+            return Err(invalid(
+                "limits.idle_timeout_seconds",
+                format!(
+                    "{} exceeds limits.max_idle_timeout_seconds ({})",
+                    l.idle_timeout_seconds, l.max_idle_timeout_seconds
+                ),
+            ));
+        }
+        if l.default_call_timeout_seconds > l.max_call_timeout_seconds {
+            return Err(invalid(
+                "limits.default_call_timeout_seconds",
+                format!(
+                    "{} exceeds limits.max_call_timeout_seconds ({})",
+                    l.default_call_timeout_seconds, l.max_call_timeout_seconds
+                ),
+            ));
+        }
+        if l.output_limit_bytes < 1024 {
+            return Err(invalid(
+                "limits.output_limit_bytes",
+                "must be at least 1024".into(),
+            ));
+        }
+        for origin in &self.mcp.allowed_origins {
+            let ok = Url::parse(origin).is_ok_and(|u| {
+                u.host().is_some()
+                    && u.path() == "/"
+                    && u.as_str().trim_end_matches('/') == origin.trim_end_matches('/')
+            });
+            if !ok {
+                return Err(invalid(
+                    "mcp.allowed_origins",
+                    format!("{origin:?} is not an origin (scheme://host[:port])"),
                 ));
             }
         }

@@ -4,8 +4,10 @@
 //! - [`telemetry`]: logging set-up.
 //! - [`health`]: `/healthz` and `/readyz`.
 //! - [`keys`]: the signing-key ring (access tokens).
+//! - [`sandboxes`]: tenant-scoped sandboxes (Postgres rows + the sandbox manager).
+//! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
 //! - [`admin`]: operator commands behind `sandgate admin`.
-//! - [`serve`] / [`App`]: build the state and router, bind, run until a shutdown signal.
+//! - [`App`]: build the state and router, bind, run until a shutdown signal.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,10 +15,13 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{HeaderName, Request};
 use axum::routing::get;
-use sandgate_sandbox::{DockerBackend, DockerError};
+use sandgate_sandbox::{
+    DockerBackend, DockerError, ManagerConfig, PoolConfig, SandboxError, SandboxManager,
+};
 use sandgate_store::{PgPool, StoreError};
 use secrecy::ExposeSecret;
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
@@ -24,9 +29,14 @@ pub mod admin;
 pub mod config;
 pub mod health;
 pub mod keys;
+pub mod mcp;
+pub mod sandboxes;
 pub mod telemetry;
 
 pub use config::Config;
+
+use crate::keys::{KeyError, KeyRing};
+use crate::sandboxes::SandboxService;
 
 /// What the gateway shares with every request handler. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -37,6 +47,12 @@ pub struct AppState {
     pub db: PgPool,
     /// The Docker engine.
     pub docker: DockerBackend,
+    /// Signing and verifying keys for access tokens.
+    pub keys: KeyRing,
+    /// Tenant-scoped sandboxes.
+    pub sandboxes: SandboxService,
+    /// Cancelled at shutdown: ends open MCP streams so shutdown is not held up by them.
+    pub shutdown: CancellationToken,
 }
 
 /// Why the gateway could not start.
@@ -48,9 +64,15 @@ pub enum StartError {
     /// Migrations failed (Postgres unreachable, or a migration error).
     #[error("cannot migrate the database; is Postgres running at the configured database.url?")]
     Migrate(#[source] StoreError),
+    /// The signing keys could not be loaded.
+    #[error("cannot load the token signing keys")]
+    Keys(#[source] KeyError),
     /// The Docker client could not be set up.
     #[error("cannot set up the Docker client")]
     Docker(#[source] DockerError),
+    /// The sandbox manager could not start.
+    #[error("cannot start the sandbox manager")]
+    Sandboxes(#[source] SandboxError),
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}")]
     Bind {
@@ -68,28 +90,79 @@ pub enum StartError {
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 impl AppState {
-    /// Connects to Postgres (lazily) and Docker from the configuration.
-    pub fn from_config(config: Config) -> Result<Self, StartError> {
+    /// Connects to Postgres and Docker, migrates, loads keys and starts the sandbox manager
+    /// (which begins filling the warm pool in the background).
+    pub async fn start(config: Config) -> Result<Self, StartError> {
         let db = sandgate_store::connect_lazy(
             config.database.url.expose_secret(),
             &config.pool_settings(),
         )
         .map_err(StartError::Database)?;
+        sandgate_store::migrate(&db)
+            .await
+            .map_err(StartError::Migrate)?;
+        let keys = KeyRing::load(db.clone(), config.public_url(), config.mcp_url())
+            .await
+            .map_err(StartError::Keys)?;
         let docker = DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
+        let mut manager_config = ManagerConfig::new(config.instance.clone());
+        manager_config.pool = PoolConfig {
+            min_ready: config.pool.min_ready,
+            max_concurrent_starts: config.pool.max_concurrent_starts,
+        };
+        let manager = SandboxManager::start(
+            Arc::new(docker.clone()),
+            vec![config.sandbox.clone()],
+            manager_config,
+        )
+        .map_err(StartError::Sandboxes)?;
+        let node = if config.docker.host.is_empty() {
+            "local".to_owned()
+        } else {
+            config.docker.host.clone()
+        };
+        let sandboxes = SandboxService::new(
+            db.clone(),
+            manager,
+            config.sandbox.name.clone(),
+            node,
+            config.limits.clone(),
+        );
         Ok(Self {
             config: Arc::new(config),
             db,
             docker,
+            keys,
+            sandboxes,
+            shutdown: CancellationToken::new(),
         })
     }
 }
 
 /// The router with every route and the cross-cutting layers (request ids, tracing).
 pub fn router(state: AppState) -> Router {
+    let mcp_service = mcp::service(
+        &state.config,
+        state.sandboxes.clone(),
+        state.db.clone(),
+        state.shutdown.child_token(),
+    );
+    let mcp_routes = Router::new().nest_service("/mcp", mcp_service).layer(
+        axum::middleware::from_fn_with_state(state.clone(), mcp::auth::require_bearer),
+    );
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route(
+            "/.well-known/oauth-protected-resource",
+            get(mcp::auth::resource_metadata),
+        )
+        .route(
+            mcp::auth::RESOURCE_METADATA_PATH,
+            get(mcp::auth::resource_metadata),
+        )
         .with_state(state)
+        .merge(mcp_routes)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(
             TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
@@ -127,7 +200,7 @@ pub struct App {
 }
 
 impl App {
-    /// Migrates the database and binds the listen address.
+    /// Binds the listen address, then starts the state (migrations, keys, sandbox manager).
     pub async fn build(mut config: Config) -> Result<Self, StartError> {
         let addr = config.listen;
         let listener = TcpListener::bind(addr)
@@ -138,10 +211,7 @@ impl App {
         config.listen = listener
             .local_addr()
             .map_err(|source| StartError::Bind { addr, source })?;
-        let state = AppState::from_config(config)?;
-        sandgate_store::migrate(&state.db)
-            .await
-            .map_err(StartError::Migrate)?;
+        let state = AppState::start(config).await?;
         Ok(Self { listener, state })
     }
 
@@ -157,16 +227,24 @@ impl App {
             .expect("a bound listener has an address")
     }
 
-    /// Serves until `shutdown` resolves, then finishes in-flight requests.
+    /// Serves until `shutdown` resolves, then finishes in-flight requests. Leased sandboxes keep
+    /// running for the next start to re-attach to; warm ones are removed.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartError> {
+        let state = self.state.clone();
+        let stop = state.shutdown.clone();
         let app = router(self.state);
-        axum::serve(self.listener, app)
-            .with_graceful_shutdown(shutdown)
+        let result = axum::serve(self.listener, app)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                stop.cancel();
+            })
             .await
-            .map_err(StartError::Serve)
+            .map_err(StartError::Serve);
+        state.sandboxes.manager().shutdown().await;
+        result
     }
 }
 

@@ -38,3 +38,13 @@ pub async fn get(conn: &mut PgConnection, id: Uuid) -> Result<Option<Tenant>, St
             .await?,
     )
 }
+
+/// Locks a tenant's row until the transaction ends, serialising changes that must respect the
+/// tenant's limits (e.g. leasing under a concurrent-sandbox limit).
+pub async fn lock(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("SELECT 1 FROM tenants WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

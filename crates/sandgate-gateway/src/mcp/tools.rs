@@ -1,0 +1,573 @@
+//! The seven tools: their arguments, structured outputs and descriptions. The names of tools and
+//! arguments are a public contract (clients and docs depend on them).
+
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use sandgate_auth::Scope;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// `create_sandbox` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxArgs {
+    /// A key for the end-user conversation (e.g. your chat's id). Calling create_sandbox again
+    /// with the same conversation_id returns the same sandbox while it lives.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    /// Close the sandbox after this many seconds without a call (each call restarts the clock).
+    #[serde(default)]
+    pub keep_alive_seconds: Option<u32>,
+}
+
+/// `create_sandbox` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CreateSandboxOutput {
+    /// The sandbox's id: pass it as sandbox_id to the other tools.
+    pub sandbox_id: String,
+    /// False when the conversation already had this sandbox and it was returned again.
+    pub created: bool,
+    /// The conversation it is bound to, if any.
+    pub conversation_id: Option<String>,
+    /// When it will be closed at the latest (RFC 3339).
+    pub expires_at: String,
+    /// It is closed after this many seconds without a call.
+    pub idle_timeout_seconds: u32,
+}
+
+/// Fields every sandbox-reaching tool takes besides its own.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct Target {
+    /// The sandbox to use (from create_sandbox). Without it, the conversation's sandbox is used,
+    /// created on demand; the result names the sandbox_id to pass on.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// The conversation whose sandbox to use when sandbox_id is not given.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// `execute_code` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteCodeArgs {
+    /// Python source to run as one notebook cell.
+    pub code: String,
+    /// Interrupt the cell after this many seconds (default 60).
+    #[serde(default)]
+    pub timeout_seconds: Option<u32>,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// The value of a cell's last expression.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CellResult {
+    /// Plain-text representation.
+    #[serde(rename = "text/plain", skip_serializing_if = "Option::is_none")]
+    pub text_plain: Option<String>,
+    /// HTML representation (e.g. a pandas DataFrame's table), when there is one.
+    #[serde(rename = "text/html", skip_serializing_if = "Option::is_none")]
+    pub text_html: Option<String>,
+}
+
+/// An exception raised by the cell.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CellErrorOutput {
+    /// Exception class, e.g. ZeroDivisionError.
+    pub name: String,
+    /// Its message.
+    pub value: String,
+    /// Traceback, as plain-text lines.
+    pub traceback: Vec<String>,
+}
+
+/// A chart produced by the cell.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ImageOutput {
+    /// Where the PNG was saved in the sandbox (fetch it again with get_file).
+    pub path: Option<String>,
+    /// Always image/png.
+    pub mime_type: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// `execute_code` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ExecuteCodeOutput {
+    /// The sandbox the cell ran in.
+    pub sandbox_id: String,
+    /// Everything printed to stdout (including by child processes).
+    pub stdout: String,
+    /// Everything printed to stderr.
+    pub stderr: String,
+    /// The value of the last expression, or null.
+    pub result: Option<CellResult>,
+    /// The exception the cell raised, or null.
+    pub error: Option<CellErrorOutput>,
+    /// The kernel's execution counter for this cell.
+    pub execution_count: Option<u64>,
+    /// Charts (also returned as image content).
+    pub images: Vec<ImageOutput>,
+    /// Output beyond the limit was dropped.
+    pub truncated: bool,
+    /// The cell hit its timeout and was interrupted.
+    pub timed_out: bool,
+    /// The kernel had to be restarted: variables defined earlier are gone (files are kept).
+    pub state_lost: bool,
+    /// Wall time, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// `run_terminal_command` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunTerminalCommandArgs {
+    /// A bash command line (run with bash -lc as the sandbox user).
+    pub command: String,
+    /// Kill the command (and everything it started) after this many seconds (default 60).
+    #[serde(default)]
+    pub timeout_seconds: Option<u32>,
+    /// Working directory, relative to /home/user or absolute under it (default /home/user).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// `run_terminal_command` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RunTerminalCommandOutput {
+    /// The sandbox the command ran in.
+    pub sandbox_id: String,
+    /// Its stdout.
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+    /// Exit code; null when it was killed by a signal.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if any.
+    pub signal: Option<i32>,
+    /// It hit its timeout and was killed.
+    pub timed_out: bool,
+    /// Output beyond the limit was dropped.
+    pub truncated: bool,
+    /// Wall time, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// `upload_file` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UploadFileArgs {
+    /// Destination, relative to /home/user or absolute under it. Missing directories are created.
+    pub path: String,
+    /// The content, base64-encoded (for binary files). Give this or content_text.
+    #[serde(default)]
+    pub content_base64: Option<String>,
+    /// The content as UTF-8 text. Give this or content_base64.
+    #[serde(default)]
+    pub content_text: Option<String>,
+    /// Replace an existing file (default false).
+    #[serde(default)]
+    pub overwrite: Option<bool>,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// `upload_file` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct UploadFileOutput {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// Absolute path of the file.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Hex SHA-256 of the content.
+    pub sha256: String,
+}
+
+/// `get_file` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GetFileArgs {
+    /// The file, relative to /home/user or absolute under it.
+    pub path: String,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// `get_file` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct GetFileOutput {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// Absolute path of the file.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// MIME type (from the file name and content).
+    pub mime_type: String,
+    /// Hex SHA-256 of the content.
+    pub sha256: String,
+}
+
+/// `list_files` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListFilesArgs {
+    /// Directory, relative to /home/user or absolute under it (default /home/user).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// See create_sandbox.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// One directory entry.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct FileEntry {
+    /// File name.
+    pub name: String,
+    /// file, dir, symlink or other.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Last modification (RFC 3339).
+    pub modified: String,
+}
+
+/// `list_files` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListFilesOutput {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// The directory listed (absolute).
+    pub path: String,
+    /// Its entries, sorted by name.
+    pub entries: Vec<FileEntry>,
+}
+
+/// `close_sandbox` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CloseSandboxArgs {
+    /// The sandbox to close. Without it, the conversation's sandbox is closed.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// The conversation whose sandbox to close when sandbox_id is not given.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// `close_sandbox` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CloseSandboxOutput {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// True once it is closed.
+    pub closed: bool,
+}
+
+/// The tools, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolName {
+    /// `create_sandbox`.
+    CreateSandbox,
+    /// `execute_code`.
+    ExecuteCode,
+    /// `run_terminal_command`.
+    RunTerminalCommand,
+    /// `upload_file`.
+    UploadFile,
+    /// `get_file`.
+    GetFile,
+    /// `list_files`.
+    ListFiles,
+    /// `close_sandbox`.
+    CloseSandbox,
+}
+
+impl ToolName {
+    /// Every tool.
+    pub const ALL: [ToolName; 7] = [
+        ToolName::CreateSandbox,
+        ToolName::ExecuteCode,
+        ToolName::RunTerminalCommand,
+        ToolName::UploadFile,
+        ToolName::GetFile,
+        ToolName::ListFiles,
+        ToolName::CloseSandbox,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolName::CreateSandbox => "create_sandbox",
+            ToolName::ExecuteCode => "execute_code",
+            ToolName::RunTerminalCommand => "run_terminal_command",
+            ToolName::UploadFile => "upload_file",
+            ToolName::GetFile => "get_file",
+            ToolName::ListFiles => "list_files",
+            ToolName::CloseSandbox => "close_sandbox",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+
+    /// The scope a token needs to call it.
+    pub fn scope(self) -> Scope {
+        match self {
+            ToolName::CreateSandbox | ToolName::CloseSandbox => Scope::Sandbox,
+            ToolName::ExecuteCode | ToolName::RunTerminalCommand => Scope::Execute,
+            ToolName::GetFile | ToolName::ListFiles => Scope::FilesRead,
+            ToolName::UploadFile => Scope::FilesWrite,
+        }
+    }
+
+    /// Its definition as listed by `tools/list`.
+    pub fn definition(self) -> &'static Tool {
+        &DEFINITIONS[Self::ALL
+            .iter()
+            .position(|t| *t == self)
+            .expect("every tool is listed")]
+    }
+}
+
+const FILES_NOTE: &str = "Files live in /home/user inside the sandbox; paths are relative to it \
+    or absolute under it.";
+const TARGET_NOTE: &str = "Pass the sandbox_id from create_sandbox (or a conversation_id) so \
+    calls reach the same sandbox; the result always names the sandbox_id.";
+
+fn tool<A: JsonSchema + 'static, O: JsonSchema + 'static>(
+    name: &'static str,
+    title: &'static str,
+    description: String,
+    annotations: ToolAnnotations,
+) -> Tool {
+    Tool::new(name, description, JsonObject::new())
+        .with_input_schema::<A>()
+        .with_output_schema::<O>()
+        .with_title(title)
+        .with_annotations(annotations)
+}
+
+static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
+    vec![
+        tool::<CreateSandboxArgs, CreateSandboxOutput>(
+            "create_sandbox",
+            "Create sandbox",
+            "Get an isolated Python sandbox (a Linux container with no network) for this \
+             conversation, in milliseconds. numpy, pandas, matplotlib and openpyxl are installed. \
+             Calling it again with the same conversation_id returns the same sandbox (created: \
+             false). The sandbox keeps variables and files between calls until close_sandbox, or \
+             until it has been idle for idle_timeout_seconds."
+                .into(),
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(false)
+                .idempotent(true)
+                .open_world(false),
+        ),
+        tool::<ExecuteCodeArgs, ExecuteCodeOutput>(
+            "execute_code",
+            "Run Python",
+            format!(
+                "Run Python code as a Jupyter notebook cell: variables, imports and functions \
+                 persist between calls; the value of the last expression is returned (with an \
+                 HTML table for DataFrames); stdout and stderr are captured, including from \
+                 subprocesses; an exception comes back as name, value and traceback with \
+                 isError true. Charts: call plt.show() (or leave figures open) and each figure \
+                 comes back as an image and is saved as a PNG under /home/user/outputs. \
+                 Long cells are interrupted after timeout_seconds (variables survive). {FILES_NOTE} \
+                 {TARGET_NOTE}"
+            ),
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(true)
+                .idempotent(false)
+                .open_world(false),
+        ),
+        tool::<RunTerminalCommandArgs, RunTerminalCommandOutput>(
+            "run_terminal_command",
+            "Run shell command",
+            format!(
+                "Run a bash command in the sandbox as an unprivileged user (no network, no \
+                 sudo). Returns stdout, stderr and the exit code; isError is true when the exit \
+                 code is not 0. After timeout_seconds the command and everything it started are \
+                 killed. The working directory is /home/user unless cwd is given. {FILES_NOTE} \
+                 {TARGET_NOTE}"
+            ),
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(true)
+                .idempotent(false)
+                .open_world(false),
+        ),
+        tool::<UploadFileArgs, UploadFileOutput>(
+            "upload_file",
+            "Upload file",
+            format!(
+                "Put a file into the sandbox (e.g. a CSV the customer shared), as content_text \
+                 for text or content_base64 for binary data. Refuses to replace an existing file \
+                 unless overwrite is true. Returns its absolute path, size and sha256. \
+                 {FILES_NOTE} {TARGET_NOTE}"
+            ),
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(true)
+                .idempotent(true)
+                .open_world(false),
+        ),
+        tool::<GetFileArgs, GetFileOutput>(
+            "get_file",
+            "Get file",
+            format!(
+                "Fetch a file from the sandbox: images come back as image content, UTF-8 text \
+                 as text, anything else as an embedded binary resource. Use it for charts saved \
+                 under /home/user/outputs and for files your code wrote. {FILES_NOTE} {TARGET_NOTE}"
+            ),
+            ToolAnnotations::new()
+                .read_only(true)
+                .destructive(false)
+                .idempotent(true)
+                .open_world(false),
+        ),
+        tool::<ListFilesArgs, ListFilesOutput>(
+            "list_files",
+            "List files",
+            format!(
+                "List a directory of the sandbox (default /home/user): names, types, sizes and \
+                 modification times. {FILES_NOTE} {TARGET_NOTE}"
+            ),
+            ToolAnnotations::new()
+                .read_only(true)
+                .destructive(false)
+                .idempotent(true)
+                .open_world(false),
+        ),
+        tool::<CloseSandboxArgs, CloseSandboxOutput>(
+            "close_sandbox",
+            "Close sandbox",
+            "Close the sandbox when the conversation is over: its container, variables and \
+             files are deleted. A later create_sandbox gives a fresh one."
+                .into(),
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(true)
+                .idempotent(false)
+                .open_world(false),
+        ),
+    ]
+});
+
+/// Guesses a MIME type from a file name, falling back to sniffing the first bytes.
+pub fn mime_type(path: &str, head: &[u8]) -> String {
+    let ext = path
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    let by_ext: BTreeMap<&str, &str> = [
+        ("png", "image/png"),
+        ("jpg", "image/jpeg"),
+        ("jpeg", "image/jpeg"),
+        ("gif", "image/gif"),
+        ("webp", "image/webp"),
+        ("svg", "image/svg+xml"),
+        ("csv", "text/csv"),
+        ("tsv", "text/tab-separated-values"),
+        ("txt", "text/plain"),
+        ("md", "text/markdown"),
+        ("json", "application/json"),
+        ("html", "text/html"),
+        ("py", "text/x-python"),
+        ("xml", "application/xml"),
+        ("pdf", "application/pdf"),
+        ("zip", "application/zip"),
+        (
+            "xlsx",
+            "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        ),
+        ("parquet", "application/vnd.apache.parquet"),
+    ]
+    .into_iter()
+    .collect();
+    if let Some(m) = by_ext.get(ext.as_str()) {
+        return (*m).to_owned();
+    }
+    if head.starts_with(b"\x89PNG\r\n\x1a\n") {
+        "image/png".into()
+    } else if head.starts_with(b"\xff\xd8\xff") {
+        "image/jpeg".into()
+    } else if head.starts_with(b"GIF8") {
+        "image/gif".into()
+    } else if head.starts_with(b"%PDF") {
+        "application/pdf".into()
+    } else if std::str::from_utf8(head).is_ok() {
+        "text/plain".into()
+    } else {
+        "application/octet-stream".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tool_has_object_input_and_output_schemas() {
+        for name in ToolName::ALL {
+            let tool = name.definition();
+            assert_eq!(tool.name, name.as_str());
+            assert_eq!(
+                tool.input_schema.get("type").and_then(|t| t.as_str()),
+                Some("object")
+            );
+            let output = tool.output_schema.as_ref().expect("an output schema");
+            assert_eq!(
+                output.get("type").and_then(|t| t.as_str()),
+                Some("object"),
+                "{}",
+                name.as_str()
+            );
+        }
+    }
+
+    #[test]
+    fn mime_types_come_from_names_then_content() {
+        assert_eq!(mime_type("a/b.CSV", b"x,y"), "text/csv");
+        assert_eq!(mime_type("chart", b"\x89PNG\r\n\x1a\nrest"), "image/png");
+        assert_eq!(
+            mime_type("blob", &[0xff, 0xfe, 0x00, 0x80]),
+            "application/octet-stream"
+        );
+        assert_eq!(mime_type("notes", b"hello"), "text/plain");
+    }
+}

@@ -194,6 +194,7 @@ impl Gateway {
     }
 
     /// Kills the process with SIGKILL (a crash) and waits for it to be gone.
+    #[allow(dead_code)] // for the crash-recovery tests
     pub async fn kill(&mut self) {
         let mut child = self.child.take().expect("the gateway is running");
         child.kill().await.expect("SIGKILL");

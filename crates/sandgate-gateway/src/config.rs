@@ -362,6 +362,7 @@ fn empty_url_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Ur
 }
 
 #[cfg(test)]
+#[allow(clippy::result_large_err)] // figment's Jail closures must return figment::Error
 mod tests {
     use figment::Jail;
 

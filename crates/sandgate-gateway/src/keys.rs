@@ -109,10 +109,10 @@ impl KeyRing {
 
     /// Reloads when the loaded keys are older than the refresh period.
     pub async fn refresh_if_stale(&self) {
-        if self.current().at.elapsed() >= REFRESH_EVERY {
-            if let Err(err) = self.refresh().await {
-                tracing::warn!(error = %err, "refreshing signing keys failed; keeping the old ones");
-            }
+        if self.current().at.elapsed() >= REFRESH_EVERY
+            && let Err(err) = self.refresh().await
+        {
+            tracing::warn!(error = %err, "refreshing signing keys failed; keeping the old ones");
         }
     }
 

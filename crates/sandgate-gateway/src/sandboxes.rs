@@ -373,10 +373,10 @@ impl SandboxService {
         let row = sandboxes::end(&mut conn, id, state, reason).await?;
         drop(conn);
         let handle = self.live.lock().expect("live map").remove(id);
-        if let Some(sandbox) = handle {
-            if let Err(err) = self.manager.close(sandbox).await {
-                tracing::warn!(error = %err, sandbox_id = id, "removing the container failed");
-            }
+        if let Some(sandbox) = handle
+            && let Err(err) = self.manager.close(sandbox).await
+        {
+            tracing::warn!(error = %err, sandbox_id = id, "removing the container failed");
         }
         Ok(row)
     }

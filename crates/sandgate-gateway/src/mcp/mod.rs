@@ -758,12 +758,10 @@ fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String {
             text.push('\n');
         }
     }
-    if let Some(result) = &out.result {
-        if let Some(plain) = &result.text_plain {
-            match out.execution_count {
-                Some(n) => text.push_str(&format!("Out[{n}]: {plain}\n")),
-                None => text.push_str(&format!("Out: {plain}\n")),
-            }
+    if let Some(plain) = out.result.as_ref().and_then(|r| r.text_plain.as_ref()) {
+        match out.execution_count {
+            Some(n) => text.push_str(&format!("Out[{n}]: {plain}\n")),
+            None => text.push_str(&format!("Out: {plain}\n")),
         }
     }
     for image in &out.images {
@@ -860,7 +858,7 @@ async fn send_progress(
             cut -= 1;
         }
         message.truncate(cut);
-        message.push_str("…");
+        message.push('…');
     }
     let param = ProgressNotificationParam::new(token.clone(), step as f64).with_message(message);
     if let Err(err) = peer.notify_progress(param).await {

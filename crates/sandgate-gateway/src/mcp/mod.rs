@@ -771,11 +771,17 @@ fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String {
         }
     }
     if let Some(error) = &out.error {
-        if !error.traceback.is_empty() {
-            text.push_str(&error.traceback.join("\n"));
+        let summary = format!("{}: {}", error.name, error.value);
+        let traceback = error.traceback.join("\n");
+        text.push_str(&traceback);
+        if !traceback.is_empty() {
             text.push('\n');
         }
-        text.push_str(&format!("{}: {}\n", error.name, error.value));
+        // IPython's traceback already ends with "Name: value"; the plain kernel's may not.
+        if !traceback.trim_end().ends_with(summary.trim_end()) {
+            text.push_str(&summary);
+            text.push('\n');
+        }
     }
     if out.timed_out {
         text.push_str(&format!(

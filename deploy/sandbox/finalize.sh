@@ -1,0 +1,50 @@
+#!/bin/sh
+# The final steps shared by both recipes (run by the Dockerfile as root, after
+# install-packages.sh): the sandbox user, its home, a `python` command, and
+# matplotlib's font cache built once here instead of at every sandbox's first
+# import.
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+
+# uid/gid 1000, the ids the gateway runs sandboxes as (USER 1000:1000).
+getent group 1000 >/dev/null || groupadd --gid 1000 user
+getent passwd 1000 >/dev/null || useradd --uid 1000 --gid 1000 --home-dir /home/user \
+	--create-home --shell /bin/bash --comment "sandbox user" user
+install -d -o 1000 -g 1000 -m 0755 /home/user /home/user/outputs
+
+ln -sf /usr/bin/python3 /usr/local/bin/python
+
+# matplotlib reads its font list from MPLCONFIGDIR, which must be writable (a
+# read-only one makes it warn and fall back to a fresh temporary directory), so
+# at run time it is /tmp/matplotlib (tmpfs, empty when the sandbox starts).
+# Building the list scans every font file; do it once here and let
+# sandgate_mplcache.py, imported from a .pth file at interpreter start-up, copy
+# it into MPLCONFIGDIR when it is missing there.
+baked=/usr/local/share/sandgate/matplotlib
+install -d -m 0755 "$baked"
+MPLCONFIGDIR="$baked" MPLBACKEND=Agg python3 -c 'import matplotlib.font_manager'
+ls "$baked"/fontlist-*.json >/dev/null
+chmod -R a+rX "$baked"
+
+site=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+install -d -m 0755 "$site"
+install -m 0644 "$here/sandgate_mplcache.py" "$site/sandgate_mplcache.py"
+echo 'import sandgate_mplcache' >"$site/sandgate_mplcache.pth"
+python3 -m py_compile "$site/sandgate_mplcache.py"
+
+# Check what the sandbox relies on, as the sandbox user: everything imports,
+# the backend is Agg, the font cache is seeded, and nothing is printed (no
+# warning about cache directories or font scans).
+out=$(MPLCONFIGDIR=/tmp/sandgate-mplcheck HOME=/home/user runuser -u user -- python3 -c '
+import os, IPython, numpy, pandas, openpyxl, matplotlib
+import matplotlib.pyplot as plt
+assert matplotlib.get_backend().lower() == "agg", matplotlib.get_backend()
+assert os.listdir("/tmp/sandgate-mplcheck"), "font cache was not seeded"
+' 2>&1)
+rm -rf /tmp/sandgate-mplcheck
+if [ -n "$out" ]; then
+	echo "finalize: the import check printed output:" >&2
+	echo "$out" >&2
+	exit 1
+fi

@@ -27,3 +27,14 @@ step "agent tests (pytest)"
 
 step "cargo test (against the real stack)"
 cargo test --workspace --locked "$@"
+
+# The sandbox suite again under gVisor: a profile may name the runsc runtime and everything must
+# hold there too. stack.sh registers runsc when Debian's package is installable.
+if (($# == 0)); then
+	if docker info --format '{{json .Runtimes}}' | grep -q '"runsc"'; then
+		step "sandbox integration tests under gVisor (runsc)"
+		SANDGATE_TEST_RUNTIME=runsc cargo test -p sandgate-sandbox --test it --locked
+	else
+		step "warning: the Docker engine has no runsc runtime; gVisor tests not run"
+	fi
+fi

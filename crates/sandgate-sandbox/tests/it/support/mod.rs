@@ -33,12 +33,18 @@ pub fn init_tracing() {
     }
 }
 
+/// The OCI runtime the tests run under: `SANDGATE_TEST_RUNTIME` (`runc` by default, `runsc` for
+/// gVisor; scripts/test.sh runs the suite under both when runsc is registered).
+pub fn runtime() -> String {
+    std::env::var("SANDGATE_TEST_RUNTIME").unwrap_or_else(|_| "runc".into())
+}
+
 /// The profile the tests run: the defaults of `config/default.toml`.
 pub fn profile() -> SandboxProfile {
     SandboxProfile {
         name: "default".into(),
         image: image(),
-        runtime: "runc".into(),
+        runtime: runtime(),
         memory_mb: 512,
         cpus: 1.0,
         pids_limit: 256,

@@ -22,6 +22,11 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "Python test venv (scripts/py-venv.sh)"
+# The e2e test python_sdk runs the official MCP Python SDK with this interpreter.
+SANDGATE_TEST_PYTHON="$("$repo/scripts/py-venv.sh")"
+export SANDGATE_TEST_PYTHON
+
 step "agent tests (pytest)"
 "$repo/scripts/agent-tests.sh"
 

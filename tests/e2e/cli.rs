@@ -6,7 +6,7 @@ use crate::support::{self, Gateway, TcpProxy};
 
 #[tokio::test]
 async fn a_bad_listen_address_fails_naming_the_key() {
-    let output = tokio::process::Command::new(support::BIN)
+    let output = support::sandgate_command()
         .arg("serve")
         .env("SANDGATE_LISTEN", "nonsense")
         .env(

@@ -4,4 +4,5 @@
 mod cli;
 mod mcp;
 mod mcp_client;
+mod python_sdk;
 mod support;

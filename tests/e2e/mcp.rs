@@ -501,7 +501,7 @@ async fn bad_tokens_get_401_with_a_challenge_and_foreign_origins_403() {
         .await;
     let wrong_audience = {
         // Same keys and tenant, but minted for another public URL (audience).
-        let output = tokio::process::Command::new(support::BIN)
+        let output = support::sandgate_command()
             .args(["admin", "token", "issue", "--tenant", &tenant])
             .env("SANDGATE_DATABASE__URL", &gateway.database_url)
             .env("SANDGATE_PUBLIC_URL", "http://127.0.0.1:1")

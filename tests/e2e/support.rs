@@ -14,6 +14,20 @@ use tokio::task::JoinSet;
 /// The `sandgate` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
 
+/// `SANDGATE_*` variables meant for the tests, not the binary: removed from its environment,
+/// since the binary rejects unknown `SANDGATE_*` settings.
+const TEST_ONLY_ENV: &[&str] = &["SANDGATE_TEST_PYTHON"];
+
+/// A command for the `sandgate` binary, with the test-only variables removed from the
+/// environment it inherits.
+pub fn sandgate_command() -> Command {
+    let mut command = Command::new(BIN);
+    for name in TEST_ONLY_ENV {
+        command.env_remove(name);
+    }
+    command
+}
+
 /// The Postgres URL the stack provides (a superuser that may create databases).
 pub fn admin_database_url() -> String {
     std::env::var("DATABASE_URL").expect(
@@ -106,7 +120,7 @@ impl Gateway {
             env.retain(|(key, _)| key != k);
             env.push(((*k).into(), (*v).into()));
         }
-        let mut command = Command::new(BIN);
+        let mut command = sandgate_command();
         command
             .arg("serve")
             .env("SANDGATE_LISTEN", "127.0.0.1:0")
@@ -152,7 +166,7 @@ impl Gateway {
     /// Runs `sandgate <args>` with this gateway's configuration; returns stdout, trimmed.
     /// Panics with stderr when it fails.
     pub async fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new(BIN)
+        let output = sandgate_command()
             .args(args)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .output()

@@ -147,9 +147,15 @@ pub fn router(state: AppState) -> Router {
         state.db.clone(),
         state.shutdown.child_token(),
     );
-    let mcp_routes = Router::new().nest_service("/mcp", mcp_service).layer(
-        axum::middleware::from_fn_with_state(state.clone(), mcp::auth::require_bearer),
-    );
+    let mcp_routes = Router::new()
+        .nest_service("/mcp", mcp_service)
+        .layer(axum::middleware::from_fn(
+            mcp::session_deleted_is_no_content,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            mcp::auth::require_bearer,
+        ));
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

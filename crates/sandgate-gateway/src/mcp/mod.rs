@@ -98,6 +98,22 @@ pub fn service(
     StreamableHttpService::new(move || Ok(server.clone()), Arc::new(sessions), http_config)
 }
 
+/// Answers a successful session-ending `DELETE /mcp` with 204 No Content instead of rmcp's 202
+/// Accepted. The session is closed by the time rmcp answers, and RFC 9110 §9.3.5 keeps 202 for a
+/// deletion that has not been enacted yet; the official Python SDK logs "Session termination
+/// failed: 202" on every disconnect otherwise (it accepts 200 and 204).
+pub async fn session_deleted_is_no_content(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let is_delete = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if is_delete && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+    }
+    response
+}
+
 fn dedup(mut v: Vec<String>) -> Vec<String> {
     v.dedup();
     v

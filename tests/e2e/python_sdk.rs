@@ -1,0 +1,74 @@
+//! The support-analyst conversation driven by the official Python MCP SDK (PyPI `mcp` 2.x), once
+//! per protocol mode: `tests/e2e/python/support_analyst.py` against the real binary.
+//!
+//! The interpreter comes from `SANDGATE_TEST_PYTHON` (`scripts/test.sh` sets it to the venv that
+//! `scripts/py-venv.sh` builds from `tests/python-requirements.txt`).
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use crate::support::{self, Gateway};
+
+const SCRIPT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/e2e/python/support_analyst.py"
+);
+
+/// The Python interpreter that has the `mcp` SDK. Deliberately a hard failure when unset: a
+/// skipped interop test looks exactly like a passing one.
+fn python() -> String {
+    std::env::var("SANDGATE_TEST_PYTHON").expect(
+        "SANDGATE_TEST_PYTHON is not set: it must name a Python with the `mcp` 2.x SDK \
+         (scripts/test.sh sets it from scripts/py-venv.sh, which installs tests/python-requirements.txt)",
+    )
+}
+
+/// Runs the script in `mode`; panics with its output unless it exits 0.
+async fn run_script(python: &str, gateway: &Gateway, token: &str, mode: &str) {
+    let script = Path::new(SCRIPT);
+    assert!(script.is_file(), "{} exists", script.display());
+    let child = Command::new(python)
+        .arg(script)
+        .args(["--mode", mode])
+        .env("SANDGATE_MCP_URL", gateway.mcp_url())
+        .env("SANDGATE_MCP_TOKEN", token)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("SANDGATE_TEST_PYTHON={python} could not be started: {e}"));
+    let output = tokio::time::timeout(Duration::from_secs(360), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("the Python SDK conversation ({mode}) finished within 6 min"))
+        .expect("the script's output can be read");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the Python SDK conversation in mode {mode} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        output.status
+    );
+    assert!(
+        stdout.contains(&format!("ok ({mode}")),
+        "the script reported success for {mode}:\n{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn official_python_sdk_plays_the_support_analyst_conversation() {
+    let python = python();
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(&database, &[]).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    // `legacy`: 2025-11-25 with an Mcp-Session-Id session; `2026-07-28`: stateless, pinned;
+    // `auto`: the SDK's default, which probes server/discover and must land on 2026-07-28.
+    for mode in ["legacy", "2026-07-28", "auto"] {
+        run_script(&python, &gateway, &token, mode).await;
+    }
+}

@@ -599,6 +599,33 @@ impl McpServer {
         }
     }
 
+    /// Runs a cell or command: its output streams as progress when the client asked for it, a
+    /// cancelled request stops it (dropping the call interrupts the cell or kills the command),
+    /// and a sandbox that died underneath is recorded and explained.
+    async fn run_streaming<T, Fut>(
+        &self,
+        resolved: &Resolved,
+        ctx: &RequestContext<RoleServer>,
+        start: impl FnOnce(Option<mpsc::Sender<OutputEvent>>) -> Fut,
+    ) -> Result<T, CallError>
+    where
+        Fut: Future<Output = Result<T, sandgate_sandbox::SandboxError>>,
+    {
+        let (events, progress) = progress_forwarder(ctx);
+        let outcome = tokio::select! {
+            outcome = start(events) => outcome,
+            () = ctx.ct.cancelled() => return Err(CallError::Cancelled),
+        };
+        // All output notifications go out before the result.
+        if let Some(progress) = progress {
+            let _ = progress.await;
+        }
+        match outcome {
+            Ok(outcome) => Ok(outcome),
+            Err(err) => Err(self.inner.sandboxes.check_death(resolved, err).await.into()),
+        }
+    }
+
     async fn execute_code(
         &self,
         resolved: &Resolved,
@@ -611,19 +638,11 @@ impl McpServer {
             output_limit: self.inner.limits.output_limit_bytes,
             ..ExecOptions::default()
         };
-        let (events, progress) = progress_forwarder(ctx);
-        let run = resolved.sandbox.exec(code, options, events);
-        let outcome = tokio::select! {
-            outcome = run => outcome,
-            () = ctx.ct.cancelled() => return Err(CallError::Cancelled),
-        };
-        if let Some(progress) = progress {
-            let _ = progress.await;
-        }
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(err) => return Err(self.inner.sandboxes.check_death(resolved, err).await.into()),
-        };
+        let outcome = self
+            .run_streaming(resolved, ctx, |events| {
+                resolved.sandbox.exec(code, options, events)
+            })
+            .await?;
         let sandbox_id = resolved.row.id.clone();
         let mut images = Vec::new();
         let mut blocks = Vec::new();
@@ -678,19 +697,11 @@ impl McpServer {
             output_limit: self.inner.limits.output_limit_bytes,
             cwd,
         };
-        let (events, progress) = progress_forwarder(ctx);
-        let run = resolved.sandbox.command(command, options, events);
-        let outcome = tokio::select! {
-            outcome = run => outcome,
-            () = ctx.ct.cancelled() => return Err(CallError::Cancelled),
-        };
-        if let Some(progress) = progress {
-            let _ = progress.await;
-        }
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(err) => return Err(self.inner.sandboxes.check_death(resolved, err).await.into()),
-        };
+        let outcome = self
+            .run_streaming(resolved, ctx, |events| {
+                resolved.sandbox.command(command, options, events)
+            })
+            .await?;
         let out = RunTerminalCommandOutput {
             sandbox_id: resolved.row.id.clone(),
             stdout: outcome.stdout,
@@ -702,20 +713,7 @@ impl McpServer {
             duration_ms: outcome.duration.as_millis() as u64,
         };
         let is_error = out.timed_out || out.exit_code != Some(0);
-        let mut text = String::new();
-        if !out.stdout.is_empty() {
-            text.push_str(&out.stdout);
-            if !out.stdout.ends_with('\n') {
-                text.push('\n');
-            }
-        }
-        if !out.stderr.is_empty() {
-            text.push_str("[stderr]\n");
-            text.push_str(&out.stderr);
-            if !out.stderr.ends_with('\n') {
-                text.push('\n');
-            }
-        }
+        let mut text = render_streams(&out.stdout, &out.stderr);
         if out.timed_out {
             text.push_str(&format!(
                 "[timed out after {} s; the command and its children were killed]\n",
@@ -758,22 +756,24 @@ fn absolute(path: &str) -> String {
     }
 }
 
+/// stdout as it was printed, then stderr under a marker, each ending in a newline.
+fn render_streams(stdout: &str, stderr: &str) -> String {
+    let mut text = String::new();
+    for (marker, stream) in [("", stdout), ("[stderr]\n", stderr)] {
+        if !stream.is_empty() {
+            text.push_str(marker);
+            text.push_str(stream);
+            if !stream.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+    }
+    text
+}
+
 /// A notebook-like rendering of a cell's outcome for the text block.
 fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String {
-    let mut text = String::new();
-    if !out.stdout.is_empty() {
-        text.push_str(&out.stdout);
-        if !out.stdout.ends_with('\n') {
-            text.push('\n');
-        }
-    }
-    if !out.stderr.is_empty() {
-        text.push_str("[stderr]\n");
-        text.push_str(&out.stderr);
-        if !out.stderr.ends_with('\n') {
-            text.push('\n');
-        }
-    }
+    let mut text = render_streams(&out.stdout, &out.stderr);
     if let Some(plain) = out.result.as_ref().and_then(|r| r.text_plain.as_ref()) {
         match out.execution_count {
             Some(n) => text.push_str(&format!("Out[{n}]: {plain}\n")),

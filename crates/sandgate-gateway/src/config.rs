@@ -37,6 +37,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// The MCP endpoint.
     pub mcp: McpConfig,
+    /// The OAuth 2.1 authorization server (DESIGN §6).
+    pub oauth: OAuthConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -103,6 +105,42 @@ pub struct McpConfig {
     pub sse_keep_alive_seconds: u64,
     /// Extra allowed Origins.
     pub allowed_origins: Vec<String>,
+}
+
+/// OAuth authorization-server settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthConfig {
+    /// Access token lifetime, seconds.
+    pub access_token_ttl_seconds: u64,
+    /// Refresh token lifetime, seconds (each rotation starts a new one).
+    pub refresh_token_ttl_seconds: u64,
+    /// Authorization code lifetime, seconds.
+    pub code_ttl_seconds: u64,
+    /// Browser session lifetime, seconds.
+    pub session_ttl_seconds: u64,
+    /// Key for signing session cookies; empty: a random key per process.
+    pub cookie_secret: SecretString,
+    /// Whether clients may register themselves (RFC 7591).
+    pub dynamic_registration: bool,
+    /// Client-ID metadata documents.
+    pub client_metadata: ClientMetadataConfig,
+}
+
+/// Fetching client-ID metadata documents.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientMetadataConfig {
+    /// Whether `client_id` URLs are accepted at all.
+    pub enabled: bool,
+    /// Allow http URLs and private, loopback and link-local addresses (tests only).
+    pub allow_private_addresses: bool,
+    /// Whole-fetch timeout, milliseconds.
+    pub fetch_timeout_ms: u64,
+    /// Largest document, bytes.
+    pub max_bytes: usize,
+    /// How long a fetched document is used before it is fetched again, seconds.
+    pub cache_seconds: u64,
 }
 
 /// Log settings.
@@ -291,6 +329,49 @@ impl Config {
                 ));
             }
         }
+        let o = &self.oauth;
+        for (key, value) in [
+            ("oauth.access_token_ttl_seconds", o.access_token_ttl_seconds),
+            ("oauth.refresh_token_ttl_seconds", o.refresh_token_ttl_seconds),
+            ("oauth.code_ttl_seconds", o.code_ttl_seconds),
+            ("oauth.session_ttl_seconds", o.session_ttl_seconds),
+            (
+                "oauth.client_metadata.fetch_timeout_ms",
+                o.client_metadata.fetch_timeout_ms,
+            ),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1".into()));
+            }
+        }
+        if o.access_token_ttl_seconds > crate::keys::RETIRED_KEY_GRACE.as_secs() {
+            return Err(invalid(
+                "oauth.access_token_ttl_seconds",
+                format!(
+                    "must be at most {} (a rotated key verifies that long)",
+                    crate::keys::RETIRED_KEY_GRACE.as_secs()
+                ),
+            ));
+        }
+        if o.code_ttl_seconds > 600 {
+            return Err(invalid(
+                "oauth.code_ttl_seconds",
+                "must be at most 600 (codes are short-lived)".into(),
+            ));
+        }
+        let secret = o.cookie_secret.expose_secret();
+        if !secret.is_empty() && secret.len() < 32 {
+            return Err(invalid(
+                "oauth.cookie_secret",
+                "must be empty or at least 32 characters".into(),
+            ));
+        }
+        if o.client_metadata.max_bytes < 512 {
+            return Err(invalid(
+                "oauth.client_metadata.max_bytes",
+                "must be at least 512".into(),
+            ));
+        }
         if self.pool.max_concurrent_starts == 0 {
             return Err(invalid(
                 "pool.max_concurrent_starts",
@@ -315,6 +396,24 @@ impl Config {
     /// The MCP endpoint URL (`<public_url>/mcp`), also the access tokens' audience.
     pub fn mcp_url(&self) -> String {
         format!("{}/mcp", self.public_url())
+    }
+
+    /// Whether the public URL is https (cookies are then `Secure` in any case).
+    pub fn is_https(&self) -> bool {
+        self.public_url.as_ref().is_some_and(|u| u.scheme() == "https")
+    }
+
+    /// Whether the public host is a loopback address or `localhost`.
+    pub fn is_loopback(&self) -> bool {
+        match &self.public_url {
+            Some(url) => match url.host() {
+                Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+                Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+                Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+                None => false,
+            },
+            None => self.listen.ip().is_loopback(),
+        }
     }
 
     /// The Postgres pool settings.

@@ -6,6 +6,7 @@
 //! - [`keys`]: the signing-key ring (access tokens).
 //! - [`sandboxes`]: tenant-scoped sandboxes (Postgres rows + the sandbox manager).
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
+//! - [`oauth`]: the OAuth 2.1 authorization server, consent and connected-apps pages.
 //! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`App`]: build the state and router, bind, run until a shutdown signal.
 
@@ -30,6 +31,7 @@ pub mod config;
 pub mod health;
 pub mod keys;
 pub mod mcp;
+pub mod oauth;
 pub mod sandboxes;
 pub mod telemetry;
 
@@ -51,6 +53,8 @@ pub struct AppState {
     pub keys: KeyRing,
     /// Tenant-scoped sandboxes.
     pub sandboxes: SandboxService,
+    /// The authorization server's own state (cookie key, metadata-document fetcher).
+    pub oauth: oauth::OAuthState,
     /// Cancelled at shutdown: ends open MCP streams so shutdown is not held up by them.
     pub shutdown: CancellationToken,
 }
@@ -82,6 +86,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// The authorization server could not be set up.
+    #[error("cannot set up the OAuth authorization server")]
+    OAuth(#[source] oauth::SetupError),
     /// The server failed while running.
     #[error("the HTTP server failed")]
     Serve(#[source] std::io::Error),
@@ -128,12 +135,14 @@ impl AppState {
             node,
             config.limits.clone(),
         );
+        let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
         Ok(Self {
             config: Arc::new(config),
             db,
             docker,
             keys,
             sandboxes,
+            oauth,
             shutdown: CancellationToken::new(),
         })
     }
@@ -167,6 +176,7 @@ pub fn router(state: AppState) -> Router {
             mcp::auth::RESOURCE_METADATA_PATH,
             get(mcp::auth::resource_metadata),
         )
+        .merge(oauth::routes())
         .with_state(state)
         .merge(mcp_routes)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))

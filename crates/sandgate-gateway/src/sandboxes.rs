@@ -22,6 +22,8 @@ pub struct Caller {
     pub subject: String,
     /// The token's id (audit).
     pub token_id: String,
+    /// The OAuth grant the token was issued under, recorded on sandboxes it leases.
+    pub grant: Option<Uuid>,
 }
 
 /// Why a sandbox operation could not be done. The gateway turns each into a tool error whose
@@ -188,6 +190,7 @@ impl SandboxService {
             conversation_id: conversation,
             idle_timeout_seconds: idle,
             expires_at,
+            grant_id: caller.grant,
         };
         match self.record_lease(&sandbox, &lease).await {
             Ok(row) => {
@@ -408,6 +411,30 @@ impl SandboxService {
             let _ = self.manager.close(sandbox).await;
         }
         Ok(ended.unwrap_or(row))
+    }
+
+    /// Closes every live sandbox leased under `grant_id` (its app was disconnected). Returns
+    /// how many were closed.
+    #[tracing::instrument(skip_all, fields(grant_id = %grant_id))]
+    pub async fn close_grant(&self, grant_id: Uuid) -> Result<usize, ServiceError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let rows = sandboxes::live_of_grant(&mut conn, grant_id).await?;
+        drop(conn);
+        let mut closed = 0;
+        for row in rows {
+            if self
+                .end(&row.id, SandboxState::Closed, "disconnected")
+                .await?
+                .is_some()
+            {
+                closed += 1;
+            }
+            // A container that was not live in this process is removed by id.
+            if let Ok(sandbox) = self.manager.adopt(&row.container_id).await {
+                let _ = self.manager.close(sandbox).await;
+            }
+        }
+        Ok(closed)
     }
 
     /// The live sandbox bound to a tenant's conversation, if any.

@@ -10,9 +10,12 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 pub mod audit;
+pub mod clients;
+pub mod grants;
 pub mod keys;
 pub mod sandboxes;
 pub mod tenants;
+pub mod users;
 
 /// What went wrong talking to Postgres.
 #[derive(Debug, thiserror::Error)]

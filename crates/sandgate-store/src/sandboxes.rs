@@ -54,6 +54,8 @@ pub struct SandboxRow {
     pub closed_at: Option<DateTime<Utc>>,
     /// Why it ended (`closed`, `idle`, `lifetime`, `lost`, `disconnected`…).
     pub close_reason: Option<String>,
+    /// The OAuth grant (connection) whose token leased it, if any: disconnecting the app closes it.
+    pub grant_id: Option<Uuid>,
 }
 
 impl SandboxRow {
@@ -65,7 +67,7 @@ impl SandboxRow {
 }
 
 const COLUMNS: &str = "id, profile, container_id, node, state, tenant_id, conversation_id, \
-     created_at, leased_at, last_used_at, idle_timeout_seconds, expires_at, closed_at, close_reason";
+     created_at, leased_at, last_used_at, idle_timeout_seconds, expires_at, closed_at, close_reason, grant_id";
 
 /// A sandbox being leased to a tenant.
 #[derive(Debug, Clone)]
@@ -78,6 +80,8 @@ pub struct NewLease<'a> {
     pub idle_timeout_seconds: i32,
     /// Hard end of life.
     pub expires_at: DateTime<Utc>,
+    /// The grant whose token asked for it, if any.
+    pub grant_id: Option<Uuid>,
 }
 
 /// Records a container this process created as a warm pool member.
@@ -110,7 +114,7 @@ pub async fn lease_warm(
 ) -> Result<Option<SandboxRow>, StoreError> {
     let row = sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET state = 'leased', tenant_id = $3, conversation_id = $4,
-                leased_at = now(), last_used_at = now(), idle_timeout_seconds = $5, expires_at = $6
+                leased_at = now(), last_used_at = now(), idle_timeout_seconds = $5, expires_at = $6, grant_id = $7
          WHERE id = (SELECT id FROM sandboxes WHERE state = 'warm' AND profile = $1 AND node = $2
                      ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1)
          RETURNING {COLUMNS}"
@@ -121,6 +125,7 @@ pub async fn lease_warm(
     .bind(lease.conversation_id)
     .bind(lease.idle_timeout_seconds)
     .bind(lease.expires_at)
+    .bind(lease.grant_id)
     .fetch_optional(conn)
     .await
     .map_err(conflict_on_unique("conversation already has a sandbox"))?;
@@ -138,8 +143,8 @@ pub async fn insert_leased(
 ) -> Result<SandboxRow, StoreError> {
     sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "INSERT INTO sandboxes (id, profile, container_id, node, state, tenant_id, conversation_id,
-                                leased_at, last_used_at, idle_timeout_seconds, expires_at)
-         VALUES ($1, $2, $3, $4, 'leased', $5, $6, now(), now(), $7, $8)
+                                leased_at, last_used_at, idle_timeout_seconds, expires_at, grant_id)
+         VALUES ($1, $2, $3, $4, 'leased', $5, $6, now(), now(), $7, $8, $9)
          RETURNING {COLUMNS}"
     )))
     .bind(id)
@@ -150,6 +155,7 @@ pub async fn insert_leased(
     .bind(lease.conversation_id)
     .bind(lease.idle_timeout_seconds)
     .bind(lease.expires_at)
+    .bind(lease.grant_id)
     .fetch_one(conn)
     .await
     .map_err(conflict_on_unique("conversation already has a sandbox"))
@@ -250,6 +256,19 @@ pub async fn count_live(conn: &mut PgConnection, tenant_id: Uuid) -> Result<i64,
     )
     .bind(tenant_id)
     .fetch_one(conn)
+    .await?)
+}
+
+/// Live sandboxes leased under a grant (closed when the grant's app is disconnected).
+pub async fn live_of_grant(
+    conn: &mut PgConnection,
+    grant_id: Uuid,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes WHERE grant_id = $1 AND state = 'leased'"
+    )))
+    .bind(grant_id)
+    .fetch_all(conn)
     .await?)
 }
 

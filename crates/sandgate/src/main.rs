@@ -26,7 +26,7 @@ enum Command {
     Serve,
     /// Apply database migrations and exit.
     Migrate,
-    /// Operator commands: tenants, tokens, keys.
+    /// Operator commands: tenants, users, clients, tokens, keys.
     #[command(subcommand)]
     Admin(Admin),
 }
@@ -36,6 +36,12 @@ enum Admin {
     /// Manage tenants.
     #[command(subcommand)]
     Tenant(TenantCommand),
+    /// Manage the people of a tenant who approve apps.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// Manage OAuth clients.
+    #[command(subcommand)]
+    Client(ClientCommand),
     /// Issue access tokens for integrations and tests.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -50,6 +56,39 @@ enum TenantCommand {
     Create {
         /// A unique, human name.
         name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum UserCommand {
+    /// Create a user; the password is read from standard input (first line). Prints the id.
+    Create {
+        /// The tenant id.
+        #[arg(long)]
+        tenant: uuid::Uuid,
+        /// Login email.
+        #[arg(long)]
+        email: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ClientCommand {
+    /// Create a confidential client for server-to-server use (client credentials) and, with
+    /// redirect URIs, the authorization code flow. Prints `client_id` and `client_secret`.
+    Create {
+        /// The tenant its client-credentials tokens act for.
+        #[arg(long)]
+        tenant: uuid::Uuid,
+        /// Name shown on consent and connected-apps pages.
+        #[arg(long)]
+        name: String,
+        /// Allowed redirect URI (repeatable).
+        #[arg(long = "redirect-uri")]
+        redirect_uris: Vec<String>,
+        /// Scopes, space- or comma-separated.
+        #[arg(long, default_value = "sandbox execute files:read files:write")]
+        scopes: String,
     },
 }
 
@@ -119,6 +158,27 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Admin(Admin::Tenant(TenantCommand::Create { name })) => {
             let tenant = admin::create_tenant(&config, &name).await?;
             println!("{}", tenant.id);
+        }
+        Command::Admin(Admin::User(UserCommand::Create { tenant, email })) => {
+            let mut password = String::new();
+            std::io::stdin()
+                .read_line(&mut password)
+                .context("reading the password from standard input")?;
+            let password = password.trim_end_matches(['\r', '\n']);
+            let id = admin::create_user(&config, tenant, &email, password).await?;
+            println!("{id}");
+        }
+        Command::Admin(Admin::Client(ClientCommand::Create {
+            tenant,
+            name,
+            redirect_uris,
+            scopes,
+        })) => {
+            let scopes = Scope::parse_list(&scopes.replace(',', " "))?;
+            let created =
+                admin::create_client(&config, tenant, &name, &redirect_uris, &scopes).await?;
+            println!("client_id={}", created.client_id);
+            println!("client_secret={}", created.client_secret);
         }
         Command::Admin(Admin::Token(TokenCommand::Issue {
             tenant,

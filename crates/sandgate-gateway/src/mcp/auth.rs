@@ -4,15 +4,23 @@
 //! (signature, issuer, audience = this MCP URL, expiry) on every request and its claims are put
 //! into the request's extensions for the tool handlers. A refused request gets 401 with a
 //! `WWW-Authenticate` challenge pointing at the protected-resource metadata.
+//!
+//! A token issued under an OAuth grant works only while the grant is live (disconnecting the
+//! app stops it at once), and a revoked token (RFC 7009) stops too. A `tools/call` for a tool
+//! outside the token's scopes gets 403 with an `insufficient_scope` challenge (RFC 6750 §3.1,
+//! MCP authorization spec "scope challenge"), naming the scopes that would suffice.
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use sandgate_auth::{Scope, TokenError};
+use base64::Engine;
+use sandgate_auth::{AccessClaims, Scope};
 
 use crate::AppState;
+use crate::mcp::tools::ToolName;
 
 /// The path of the protected-resource metadata for `/mcp` (RFC 9728 §3.1: the resource's path is
 /// appended to the well-known prefix).
@@ -21,7 +29,7 @@ pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource/
 /// The axum middleware in front of the MCP service.
 pub async fn require_bearer(
     State(state): State<AppState>,
-    mut request: Request,
+    request: Request,
     next: Next,
 ) -> Response {
     let token = request
@@ -36,19 +44,155 @@ pub async fn require_bearer(
     let Some(token) = token else {
         return unauthorized(&state, None);
     };
-    match state.keys.verify(token).await {
-        Ok(claims) => {
-            request.extensions_mut().insert(claims);
-            next.run(request).await
-        }
+    let claims = match state.keys.verify(token).await {
+        Ok(claims) => claims,
         Err(err) => {
             tracing::info!(reason = %err, "refused an access token");
-            unauthorized(&state, Some(&err))
+            return unauthorized(&state, Some(&err.to_string()));
+        }
+    };
+    let active = async {
+        let mut conn = state.db.acquire().await?;
+        sandgate_store::grants::token_is_active(&mut conn, claims.grant, &claims.jti).await
+    }
+    .await;
+    match active {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::info!(grant_id = ?claims.grant, "refused a revoked token");
+            return unauthorized(
+                &state,
+                Some("the access token was revoked or its app was disconnected"),
+            );
+        }
+        Err(err) => {
+            tracing::error!(error = ?err, "checking the token's grant failed");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({
+                    "error": "temporarily_unavailable",
+                    "error_description": "sandgate's database is unavailable; retry in a few seconds",
+                })),
+            )
+                .into_response();
         }
     }
+    let (request, tool) = match called_tool(request, state.config.mcp.max_request_bytes).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    if let Some(tool) = tool {
+        if !claims.has_scope(tool.scope()) {
+            tracing::info!(tool = tool.as_str(), "refused a call outside the token's scopes");
+            return insufficient_scope(&state, &claims, tool);
+        }
+    }
+    let mut request = request;
+    request.extensions_mut().insert(claims);
+    next.run(request).await
 }
 
-fn unauthorized(state: &AppState, err: Option<&TokenError>) -> Response {
+/// The tool a `tools/call` request names, if it is one of ours. Under 2026-07-28 the
+/// `Mcp-Method`/`Mcp-Name` headers say it (rmcp checks they match the body); otherwise the
+/// JSON-RPC body is read (bounded by `mcp.max_request_bytes`) and put back for rmcp.
+async fn called_tool(
+    request: Request,
+    max_bytes: usize,
+) -> Result<(Request, Option<ToolName>), Response> {
+    if request.method() != Method::POST {
+        return Ok((request, None));
+    }
+    if let Some(name) = header_tool_name(request.headers()) {
+        return Ok((request, name.as_deref().and_then(ToolName::parse)));
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, max_bytes).await.map_err(|_| {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Json(serde_json::json!({
+                "error": "request_too_large",
+                "error_description": format!("the request body exceeds {max_bytes} bytes"),
+            })),
+        )
+            .into_response()
+    })?;
+    #[derive(serde::Deserialize)]
+    struct Call<'a> {
+        #[serde(borrow)]
+        method: Option<&'a str>,
+        params: Option<Params>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params {
+        name: Option<String>,
+    }
+    let tool = serde_json::from_slice::<Call<'_>>(&bytes)
+        .ok()
+        .filter(|c| c.method == Some("tools/call"))
+        .and_then(|c| c.params?.name)
+        .and_then(|n| ToolName::parse(&n));
+    Ok((Request::from_parts(parts, Body::from(bytes)), tool))
+}
+
+/// `Some(name)` when the 2026-07-28 headers mark a `tools/call`; `None` when they do not apply.
+fn header_tool_name(headers: &HeaderMap) -> Option<Option<String>> {
+    let method = headers.get("mcp-method")?.to_str().ok()?;
+    if method != "tools/call" {
+        // Another method: nothing to check, and no need to read the body.
+        return Some(None);
+    }
+    let raw = headers.get("mcp-name")?.to_str().ok()?;
+    let name = match raw
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    {
+        Some(b64) => String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .ok()?,
+        )
+        .ok()?,
+        None => raw.to_owned(),
+    };
+    Some(Some(name))
+}
+
+fn insufficient_scope(state: &AppState, claims: &AccessClaims, tool: ToolName) -> Response {
+    let metadata = format!("{}{}", state.config.public_url(), RESOURCE_METADATA_PATH);
+    let needed = tool.scope();
+    // The token's scopes plus the missing one: re-authorizing for these keeps what the client
+    // already has.
+    let mut scopes = claims.scopes();
+    scopes.push(needed);
+    scopes.sort();
+    scopes.dedup();
+    let scope_list = scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ");
+    let description = format!(
+        "calling {} needs the {} scope, which this token does not hold",
+        tool.as_str(),
+        needed.as_str()
+    );
+    let challenge = format!(
+        r#"Bearer error="insufficient_scope", scope="{scope_list}", resource_metadata="{metadata}", error_description="{description}""#
+    );
+    let mut response = (
+        StatusCode::FORBIDDEN,
+        Json(serde_json::json!({
+            "error": "insufficient_scope",
+            "error_description": description,
+            "scope": scope_list,
+        })),
+    )
+        .into_response();
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, value);
+    }
+    response
+}
+
+fn unauthorized(state: &AppState, err: Option<&str>) -> Response {
     let metadata = format!("{}{}", state.config.public_url(), RESOURCE_METADATA_PATH);
     let scopes = Scope::ALL.map(Scope::as_str).join(" ");
     // RFC 6750 §3: no error code when the request had no credentials at all.
@@ -64,7 +208,7 @@ fn unauthorized(state: &AppState, err: Option<&TokenError>) -> Response {
             "error": if err.is_some() { "invalid_token" } else { "unauthorized" },
             "error_description": err.map_or_else(
                 || "this endpoint needs an access token: Authorization: Bearer <token>".to_owned(),
-                ToString::to_string,
+                str::to_owned,
             ),
         })),
     )

@@ -229,6 +229,7 @@ impl ServerHandler for McpServer {
             tenant: claims.tenant,
             subject: claims.sub.clone(),
             token_id: claims.jti.clone(),
+            grant: claims.grant,
         };
         let started = Instant::now();
         let conversation_arg = request

@@ -1,0 +1,148 @@
+//! The connected-apps page: each app the user connected (name, scopes, when, last used) with a
+//! Disconnect button. Disconnecting revokes the grant (its tokens stop on their next request,
+//! its refresh tokens are dead) and closes the sandboxes it leased.
+
+use axum::extract::{Form, OriginalUri, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use sandgate_auth::Scope;
+use sandgate_auth::secret;
+use sandgate_store::StoreError;
+use sandgate_store::grants;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::html::{self, escape, see_other};
+use super::{paths, session};
+use crate::AppState;
+
+fn when(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%d %H:%M UTC").to_string()
+}
+
+fn unavailable(err: &StoreError) -> Response {
+    super::log_store(err);
+    html::error_page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Temporarily unavailable",
+        "sandgate could not load this page; please retry in a moment.",
+    )
+}
+
+async fn page_handler(state: &AppState, headers: &HeaderMap, here: &str) -> Response {
+    let session = match session::current(state, headers).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return session::login_redirect(here),
+        Err(err) => return unavailable(&err),
+    };
+    let connections = async {
+        let mut conn = state.db.acquire().await?;
+        grants::connections_of_user(&mut conn, session.user_id).await
+    }
+    .await;
+    let connections = match connections {
+        Ok(c) => c,
+        Err(err) => return unavailable(&err),
+    };
+    let mut list = String::new();
+    for c in &connections {
+        let scopes: Vec<String> = Scope::parse_list(&c.scopes)
+            .unwrap_or_default()
+            .iter()
+            .map(|s| escape(s.describe()))
+            .collect();
+        list.push_str(&format!(
+            "<div class=\"app\" data-grant=\"{id}\"><strong class=\"app-name\">{name}</strong>\
+             <p class=\"muted\">Can {scopes}.</p>\
+             <p class=\"muted\">Connected {created} · last used {used}</p>\
+             <form method=\"post\" action=\"{action}\">\
+             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+             <input type=\"hidden\" name=\"grant_id\" value=\"{id}\">\
+             <div class=\"actions\"><button type=\"submit\" class=\"disconnect\">Disconnect</button></div>\
+             </form></div>",
+            id = c.id,
+            name = escape(&c.client_name),
+            scopes = scopes.join("; "),
+            created = when(c.created_at),
+            used = c.last_used_at.map_or_else(|| "never".to_owned(), when),
+            action = paths::DISCONNECT,
+            csrf = escape(&session.csrf_token),
+        ));
+    }
+    if connections.is_empty() {
+        list.push_str("<p class=\"muted\" id=\"no-apps\">No apps are connected.</p>");
+    }
+    let body = format!(
+        "<h1>Connected apps</h1>\
+         <p class=\"muted\">Signed in as {email}. Apps listed here can use sandgate for you. \
+         Disconnecting one stops its access at once and closes its sandboxes.</p>{list}\
+         <form method=\"post\" action=\"{logout}\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
+         <div class=\"actions\"><button type=\"submit\">Sign out</button></div></form>",
+        email = escape(&session.email),
+        logout = paths::LOGOUT,
+        csrf = escape(&session.csrf_token),
+    );
+    html::page(StatusCode::OK, "Connected apps · sandgate", &body)
+}
+
+/// `GET /apps`.
+pub async fn page(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+) -> Response {
+    page_handler(&state, &headers, uri.path()).await
+}
+
+/// The disconnect form.
+#[derive(Debug, Deserialize)]
+pub struct DisconnectForm {
+    #[serde(default)]
+    csrf: Option<String>,
+    grant_id: Uuid,
+}
+
+/// `POST /apps/disconnect`: revokes the grant and closes its sandboxes, then back to the list.
+pub async fn disconnect(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<DisconnectForm>,
+) -> Response {
+    let session = match session::current(&state, &headers).await {
+        Ok(Some(s)) => s,
+        Ok(None) => return session::login_redirect(paths::APPS),
+        Err(err) => return unavailable(&err),
+    };
+    if !form
+        .csrf
+        .as_deref()
+        .is_some_and(|c| secret::constant_time_eq(c, &session.csrf_token))
+    {
+        return html::error_page(
+            StatusCode::FORBIDDEN,
+            "Form expired",
+            "This form expired or did not come from sandgate. Reload the page and try again.",
+        );
+    }
+    let revoked = async {
+        let mut tx = state.db.begin().await?;
+        let done = grants::revoke(&mut tx, form.grant_id, Some(session.user_id), "disconnected by the user").await?;
+        tx.commit().await?;
+        Ok::<_, StoreError>(done)
+    }
+    .await;
+    match revoked {
+        Ok(true) => {
+            tracing::info!(grant_id = %form.grant_id, user_id = %session.user_id, "app disconnected");
+            match state.sandboxes.close_grant(form.grant_id).await {
+                Ok(n) => tracing::info!(grant_id = %form.grant_id, closed = n, "closed the app's sandboxes"),
+                Err(err) => tracing::error!(error = ?err, grant_id = %form.grant_id, "closing the app's sandboxes failed"),
+            }
+        }
+        // Not this user's, or already gone: the page shows the truth either way.
+        Ok(false) => {}
+        Err(err) => return unavailable(&err),
+    }
+    see_other(paths::APPS).into_response()
+}

@@ -1,0 +1,454 @@
+//! The authorization endpoint (OAuth 2.1 §4.1) and the consent page.
+//!
+//! Until the client and its redirect URI are known to be genuine, errors are shown as a page and
+//! never redirected (OAuth 2.1 §4.1.2.1: no open redirector). After that, errors go back to the
+//! client with `state` and `iss` (RFC 9207). A user who already approved the client for at least
+//! the requested scopes is not asked again ("connect once").
+
+use axum::extract::{Form, OriginalUri, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use chrono::Utc;
+use sandgate_auth::secret::{self, SecretKind};
+use sandgate_auth::{Scope, client as client_rules, pkce};
+use sandgate_store::clients::Client;
+use sandgate_store::grants::{self, NewAuthCode};
+use sandgate_store::users::Session;
+use sandgate_store::{StoreError, tenants};
+use serde::Deserialize;
+
+use super::clients::{ClientLookupError, join_scopes, lookup};
+use super::html::{self, escape, page, see_other};
+use super::{paths, session};
+use crate::AppState;
+
+/// The parameters of an authorization request (query of GET, fields of the consent POST).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct AuthorizeParams {
+    response_type: Option<String>,
+    client_id: Option<String>,
+    redirect_uri: Option<String>,
+    code_challenge: Option<String>,
+    code_challenge_method: Option<String>,
+    state: Option<String>,
+    scope: Option<String>,
+    resource: Option<String>,
+}
+
+/// A request that passed every check.
+#[derive(Debug)]
+struct Valid {
+    client: Client,
+    redirect_uri: String,
+    challenge: String,
+    scopes: Vec<Scope>,
+    resource: String,
+    state: Option<String>,
+}
+
+/// How a request failed: a page (client or redirect URI untrusted) or an error sent back to the
+/// client's redirect URI.
+enum Failure {
+    Page(Response),
+    Redirect(Response),
+}
+
+impl Failure {
+    fn into_response(self) -> Response {
+        match self {
+            Failure::Page(r) | Failure::Redirect(r) => r,
+        }
+    }
+}
+
+/// Builds the redirect back to the client with `params` added to the redirect URI's query.
+fn redirect_to_client(
+    state: &AppState,
+    redirect_uri: &str,
+    client_state: Option<&str>,
+    params: &[(&str, &str)],
+) -> Response {
+    let Ok(mut url) = url::Url::parse(redirect_uri) else {
+        return html::error_page(
+            StatusCode::BAD_REQUEST,
+            "Invalid redirect URI",
+            "The app's redirect URI is not a valid URL.",
+        );
+    };
+    {
+        let mut query = url.query_pairs_mut();
+        for (k, v) in params {
+            query.append_pair(k, v);
+        }
+        if let Some(s) = client_state {
+            query.append_pair("state", s);
+        }
+        query.append_pair("iss", &state.config.public_url());
+    }
+    see_other(url.as_str())
+}
+
+fn error_to_client(state: &AppState, valid_uri: &str, client_state: Option<&str>, error: &str, description: &str) -> Failure {
+    Failure::Redirect(redirect_to_client(
+        state,
+        valid_uri,
+        client_state,
+        &[("error", error), ("error_description", description)],
+    ))
+}
+
+fn unavailable(err: &StoreError) -> Failure {
+    super::log_store(err);
+    Failure::Page(html::error_page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Temporarily unavailable",
+        "sandgate could not process this request; please retry in a moment.",
+    ))
+}
+
+async fn validate(state: &AppState, p: &AuthorizeParams) -> Result<Valid, Failure> {
+    let Some(client_id) = p.client_id.as_deref().filter(|c| !c.is_empty()) else {
+        return Err(Failure::Page(html::error_page(
+            StatusCode::BAD_REQUEST,
+            "Invalid request",
+            "The app did not say who it is (client_id is missing).",
+        )));
+    };
+    let client = match lookup(state, client_id).await {
+        Ok(client) => client,
+        Err(ClientLookupError::Store(err)) => return Err(unavailable(&err)),
+        Err(err) => {
+            tracing::info!(error = %err, "authorization request from an unknown client");
+            return Err(Failure::Page(html::error_page(
+                StatusCode::BAD_REQUEST,
+                "Unknown app",
+                &format!("This app is not registered with sandgate ({err})."),
+            )));
+        }
+    };
+    let redirect_uri = match p.redirect_uri.as_deref() {
+        Some(uri) if client_rules::redirect_uri_matches(&client.redirect_uris, uri) => uri.to_owned(),
+        None if client.redirect_uris.len() == 1 => client.redirect_uris[0].clone(),
+        _ => {
+            return Err(Failure::Page(html::error_page(
+                StatusCode::BAD_REQUEST,
+                "Invalid redirect URI",
+                "The redirect URI does not exactly match one registered for this app, so sandgate will not send you there.",
+            )));
+        }
+    };
+    let cs = p.state.as_deref();
+    if p.response_type.as_deref() != Some("code") {
+        return Err(error_to_client(
+            state,
+            &redirect_uri,
+            cs,
+            "unsupported_response_type",
+            "response_type must be code",
+        ));
+    }
+    let challenge = pkce::check_challenge(p.code_challenge.as_deref(), p.code_challenge_method.as_deref())
+        .map_err(|e| error_to_client(state, &redirect_uri, cs, "invalid_request", &e.to_string()))?;
+    let allowed = match &client.scopes {
+        Some(s) => Scope::parse_list(s).unwrap_or_default(),
+        None => Scope::ALL.to_vec(),
+    };
+    let scopes = match p.scope.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+        None => allowed.clone(),
+        Some(s) => Scope::parse_list(s)
+            .map_err(|e| error_to_client(state, &redirect_uri, cs, "invalid_scope", &e.to_string()))?,
+    };
+    if let Some(extra) = scopes.iter().find(|s| !allowed.contains(s)) {
+        return Err(error_to_client(
+            state,
+            &redirect_uri,
+            cs,
+            "invalid_scope",
+            &format!("this app may not ask for the {extra} scope"),
+        ));
+    }
+    let mcp_url = state.config.mcp_url();
+    let resource = match p.resource.as_deref() {
+        None => mcp_url,
+        Some(r) if r == mcp_url => mcp_url,
+        Some(r) => {
+            return Err(error_to_client(
+                state,
+                &redirect_uri,
+                cs,
+                "invalid_target",
+                &format!("unknown resource {r:?}; this server protects {mcp_url}"),
+            ));
+        }
+    };
+    Ok(Valid {
+        client,
+        redirect_uri,
+        challenge,
+        scopes,
+        resource,
+        state: p.state.clone(),
+    })
+}
+
+/// Issues a code under `grant_id` and redirects the browser to the client with it.
+async fn issue_code(state: &AppState, valid: &Valid, grant_id: uuid::Uuid) -> Result<Response, StoreError> {
+    let code = secret::generate(SecretKind::AuthorizationCode);
+    let ttl = i64::try_from(state.config.oauth.code_ttl_seconds).unwrap_or(60);
+    let scopes = join_scopes(&valid.scopes);
+    let mut conn = state.db.acquire().await?;
+    grants::insert_code(
+        &mut conn,
+        &NewAuthCode {
+            code_hash: &secret::hash(&code),
+            grant_id,
+            client_id: &valid.client.id,
+            redirect_uri: &valid.redirect_uri,
+            code_challenge: &valid.challenge,
+            resource: &valid.resource,
+            scopes: &scopes,
+            expires_at: Utc::now() + chrono::Duration::seconds(ttl),
+        },
+    )
+    .await?;
+    Ok(redirect_to_client(
+        state,
+        &valid.redirect_uri,
+        valid.state.as_deref(),
+        &[("code", &code)],
+    ))
+}
+
+/// `GET /oauth/authorize`.
+pub async fn authorize(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+    Query(params): Query<AuthorizeParams>,
+) -> Response {
+    let valid = match validate(&state, &params).await {
+        Ok(valid) => valid,
+        Err(failure) => return failure.into_response(),
+    };
+    let session = match session::current(&state, &headers).await {
+        Ok(Some(session)) => session,
+        Ok(None) => {
+            let here = uri.path_and_query().map_or(paths::AUTHORIZE, |pq| pq.as_str());
+            return session::login_redirect(here);
+        }
+        Err(err) => return unavailable(&err).into_response(),
+    };
+    // Connect once: an approval covering these scopes skips the screen.
+    let existing = async {
+        let mut conn = state.db.acquire().await?;
+        grants::live_for(&mut conn, session.tenant_id, Some(session.user_id), &valid.client.id).await
+    }
+    .await;
+    match existing {
+        Ok(Some(grant)) => {
+            let granted = Scope::parse_list(&grant.scopes).unwrap_or_default();
+            if valid.scopes.iter().all(|s| granted.contains(s)) {
+                tracing::info!(client_id = %valid.client.id, grant_id = %grant.id, "already approved; skipping consent");
+                return issue_code(&state, &valid, grant.id)
+                    .await
+                    .unwrap_or_else(|err| unavailable(&err).into_response());
+            }
+        }
+        Ok(None) => {}
+        Err(err) => return unavailable(&err).into_response(),
+    }
+    consent_page(&state, &valid, &session).await
+}
+
+async fn consent_page(state: &AppState, valid: &Valid, session: &Session) -> Response {
+    let tenant = async {
+        let mut conn = state.db.acquire().await?;
+        tenants::get(&mut conn, session.tenant_id).await
+    }
+    .await;
+    let tenant_name = match tenant {
+        Ok(Some(t)) => t.name,
+        Ok(None) => session.tenant_id.to_string(),
+        Err(err) => return unavailable(&err).into_response(),
+    };
+    let redirect_host = url::Url::parse(&valid.redirect_uri)
+        .ok()
+        .map(|u| match u.host_str() {
+            Some(h) => match u.port() {
+                Some(p) => format!("{h}:{p}"),
+                None => h.to_owned(),
+            },
+            None => format!("{}:", u.scheme()),
+        })
+        .unwrap_or_default();
+    let name = &valid.client.name;
+    let identity = match valid.client.kind.as_str() {
+        "cimd" => format!(
+            "<p class=\"muted\">App identity verified by its web address: <strong>{}</strong></p>",
+            escape(url::Url::parse(&valid.client.id).ok().and_then(|u| u.host_str().map(str::to_owned)).as_deref().unwrap_or(""))
+        ),
+        "confidential" => "<p class=\"muted\">This app was registered by your administrator.</p>".to_owned(),
+        _ => "<p class=\"muted\">This app registered itself; sandgate has not verified its name. Only continue if you started this connection.</p>".to_owned(),
+    };
+    let scopes: String = valid
+        .scopes
+        .iter()
+        .map(|s| {
+            let d = s.describe();
+            let mut chars = d.chars();
+            let sentence = chars.next().map(|c| c.to_uppercase().chain(chars).collect::<String>()).unwrap_or_default();
+            format!("<li>{} <code>{}</code></li>", escape(&sentence), escape(s.as_str()))
+        })
+        .collect();
+    let hidden = |k: &str, v: Option<&str>| match v {
+        Some(v) => format!("<input type=\"hidden\" name=\"{k}\" value=\"{}\">", escape(v)),
+        None => String::new(),
+    };
+    let scope_string = join_scopes(&valid.scopes);
+    let fields = [
+        hidden("csrf", Some(&session.csrf_token)),
+        hidden("response_type", Some("code")),
+        hidden("client_id", Some(&valid.client.id)),
+        hidden("redirect_uri", Some(&valid.redirect_uri)),
+        hidden("code_challenge", Some(&valid.challenge)),
+        hidden("code_challenge_method", Some("S256")),
+        hidden("scope", Some(&scope_string)),
+        hidden("resource", Some(&valid.resource)),
+        hidden("state", valid.state.as_deref()),
+    ]
+    .concat();
+    let body = format!(
+        "<h1 id=\"title\"><span id=\"client-name\">{name}</span> wants to use your sandgate account</h1>\
+         {identity}\
+         <p>Account: <strong id=\"tenant\">{tenant}</strong> <span class=\"muted\">(signed in as {email})</span></p>\
+         <p>If you allow it, <strong>{name}</strong> will be able to:</p>\
+         <ul class=\"scopes\" id=\"scopes\">{scopes}</ul>\
+         <p class=\"muted\">You will then be sent to <strong id=\"redirect-host\">{redirect_host}</strong>. \
+         You can disconnect this app at any time under <a href=\"{apps}\">Connected apps</a>.</p>\
+         <form method=\"post\" action=\"{action}\">{fields}\
+         <div class=\"actions\">\
+         <button type=\"submit\" name=\"decision\" value=\"deny\" id=\"deny\">Deny</button>\
+         <button class=\"primary\" type=\"submit\" name=\"decision\" value=\"approve\" id=\"approve\">Allow</button>\
+         </div></form>",
+        name = escape(name),
+        tenant = escape(&tenant_name),
+        email = escape(&session.email),
+        redirect_host = escape(&redirect_host),
+        apps = paths::APPS,
+        action = paths::AUTHORIZE,
+    );
+    page(StatusCode::OK, &format!("Allow {name}? · sandgate"), &body)
+}
+
+/// The consent form: the authorization request again, the CSRF token and the decision.
+#[derive(Debug, Deserialize)]
+pub struct ConsentForm {
+    #[serde(default)]
+    csrf: Option<String>,
+    #[serde(default)]
+    decision: Option<String>,
+    #[serde(default)]
+    response_type: Option<String>,
+    #[serde(default)]
+    client_id: Option<String>,
+    #[serde(default)]
+    redirect_uri: Option<String>,
+    #[serde(default)]
+    code_challenge: Option<String>,
+    #[serde(default)]
+    code_challenge_method: Option<String>,
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    scope: Option<String>,
+    #[serde(default)]
+    resource: Option<String>,
+}
+
+/// `POST /oauth/authorize`: the user's decision on the consent page. Answers 303.
+pub async fn consent(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<ConsentForm>,
+) -> Response {
+    let session = match session::current(&state, &headers).await {
+        Ok(Some(session)) => session,
+        Ok(None) => {
+            return html::error_page(
+                StatusCode::UNAUTHORIZED,
+                "Signed out",
+                "Your session ended before you decided. Go back to the app and connect again.",
+            );
+        }
+        Err(err) => return unavailable(&err).into_response(),
+    };
+    // The token proves the form came from our consent page in this session (no CSRF).
+    let csrf_ok = form
+        .csrf
+        .as_deref()
+        .is_some_and(|c| secret::constant_time_eq(c, &session.csrf_token));
+    if !csrf_ok {
+        tracing::warn!(user_id = %session.user_id, "consent POST without a valid CSRF token");
+        return html::error_page(
+            StatusCode::FORBIDDEN,
+            "Form expired",
+            "This form expired or did not come from sandgate. Go back to the app and connect again.",
+        );
+    }
+    let params = AuthorizeParams {
+        response_type: form.response_type,
+        client_id: form.client_id,
+        redirect_uri: form.redirect_uri,
+        code_challenge: form.code_challenge,
+        code_challenge_method: form.code_challenge_method,
+        state: form.state,
+        scope: form.scope,
+        resource: form.resource,
+    };
+    let valid = match validate(&state, &params).await {
+        Ok(valid) => valid,
+        Err(failure) => return failure.into_response(),
+    };
+    if form.decision.as_deref() != Some("approve") {
+        tracing::info!(client_id = %valid.client.id, "the user denied access");
+        return error_to_client(
+            &state,
+            &valid.redirect_uri,
+            valid.state.as_deref(),
+            "access_denied",
+            "the user denied access",
+        )
+        .into_response();
+    }
+    let approved = async {
+        let mut tx = state.db.begin().await?;
+        let existing =
+            grants::live_for(&mut tx, session.tenant_id, Some(session.user_id), &valid.client.id).await?;
+        // Approving more scopes adds to the connection; it never silently drops earlier ones.
+        let mut scopes = existing
+            .map(|g| Scope::parse_list(&g.scopes).unwrap_or_default())
+            .unwrap_or_default();
+        scopes.extend(valid.scopes.iter().copied());
+        scopes.sort();
+        scopes.dedup();
+        let grant = grants::approve(
+            &mut tx,
+            session.tenant_id,
+            Some(session.user_id),
+            &valid.client.id,
+            &join_scopes(&scopes),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok::<_, StoreError>(grant)
+    }
+    .await;
+    let grant = match approved {
+        Ok(grant) => grant,
+        Err(err) => return unavailable(&err).into_response(),
+    };
+    tracing::info!(client_id = %valid.client.id, grant_id = %grant.id, user_id = %session.user_id, "the user approved an app");
+    issue_code(&state, &valid, grant.id)
+        .await
+        .unwrap_or_else(|err| unavailable(&err).into_response())
+}

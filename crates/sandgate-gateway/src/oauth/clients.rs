@@ -1,0 +1,300 @@
+//! Clients: dynamic client registration (RFC 7591), client-ID metadata documents fetched from
+//! the client's URL (with SSRF guards), and the lookup the other endpoints share.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use chrono::Utc;
+use sandgate_auth::client::{self, AuthMethod, ClientMetadata, ValidClient};
+use sandgate_auth::secret::{self, SecretKind};
+use sandgate_store::clients::{self as store, Client, NewClient};
+use sandgate_store::StoreError;
+
+use crate::AppState;
+
+/// Why a client id could not be turned into a client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientLookupError {
+    /// No such client, and it is not a metadata-document URL.
+    #[error("unknown client_id {0:?}")]
+    Unknown(String),
+    /// Its metadata document could not be fetched or is invalid.
+    #[error("the client's metadata document could not be used: {0}")]
+    Document(String),
+    /// Postgres failed.
+    #[error("database error")]
+    Store(#[from] StoreError),
+}
+
+/// Finds a client by id; a client id that is a metadata-document URL is fetched (and cached for
+/// `oauth.client_metadata.cache_seconds`).
+pub async fn lookup(state: &AppState, client_id: &str) -> Result<Client, ClientLookupError> {
+    let meta = &state.config.oauth.client_metadata;
+    let mut conn = state.db.acquire().await.map_err(StoreError::from)?;
+    let existing = store::get(&mut conn, client_id).await?;
+    drop(conn);
+    match existing {
+        Some(c) if c.kind != "cimd" => return Ok(c),
+        Some(c)
+            if c.fetched_at.is_some_and(|t| {
+                (Utc::now() - t).num_seconds() < i64::try_from(meta.cache_seconds).unwrap_or(i64::MAX)
+            }) =>
+        {
+            return Ok(c);
+        }
+        _ => {}
+    }
+    if !meta.enabled || !client::is_metadata_document_url(client_id, meta.allow_private_addresses)
+    {
+        return Err(ClientLookupError::Unknown(client_id.to_owned()));
+    }
+    let document = fetch_document(state, client_id).await?;
+    let valid = client::validate_metadata_document(client_id, &document)
+        .map_err(|e| ClientLookupError::Document(e.to_string()))?;
+    let mut conn = state.db.acquire().await.map_err(StoreError::from)?;
+    Ok(store::upsert(&mut conn, &new_client(client_id, "cimd", &valid, None)).await?)
+}
+
+fn new_client<'a>(
+    id: &'a str,
+    kind: &'a str,
+    valid: &'a ValidClient,
+    secret_hash: Option<&'a [u8]>,
+) -> NewClient<'a> {
+    NewClient {
+        id,
+        kind,
+        name: &valid.name,
+        redirect_uris: &valid.redirect_uris,
+        auth_method: valid.auth_method.as_str(),
+        secret_hash,
+        grant_types: &valid.grant_types,
+        scopes: None,
+        tenant_id: None,
+    }
+}
+
+#[tracing::instrument(skip_all, fields(client_id = url))]
+async fn fetch_document(state: &AppState, url: &str) -> Result<ClientMetadata, ClientLookupError> {
+    let meta = &state.config.oauth.client_metadata;
+    let fail = |why: String| ClientLookupError::Document(why);
+    let parsed = url::Url::parse(url).map_err(|e| fail(e.to_string()))?;
+    // An IP literal never reaches the resolver, so it is checked here.
+    if let Some(url::Host::Ipv4(ip)) = parsed.host() {
+        if !meta.allow_private_addresses && !is_public(IpAddr::V4(ip)) {
+            return Err(fail("its address is not a public one".into()));
+        }
+    }
+    if let Some(url::Host::Ipv6(ip)) = parsed.host() {
+        if !meta.allow_private_addresses && !is_public(IpAddr::V6(ip)) {
+            return Err(fail("its address is not a public one".into()));
+        }
+    }
+    let mut response = state
+        .oauth
+        .metadata_http
+        .get(url)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .map_err(|e| fail(format!("fetching it failed: {e}")))?;
+    if !response.status().is_success() {
+        return Err(fail(format!("fetching it returned HTTP {}", response.status())));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| fail(format!("reading it failed: {e}")))?
+    {
+        if body.len() + chunk.len() > meta.max_bytes {
+            return Err(fail(format!("it is larger than {} bytes", meta.max_bytes)));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body).map_err(|e| fail(format!("it is not valid JSON metadata: {e}")))
+}
+
+/// The HTTP client for metadata documents: no redirects, no proxies, a whole-request timeout,
+/// and (unless `allow_private`) a resolver that refuses names resolving to private, loopback,
+/// link-local or otherwise non-public addresses (DNS rebinding cannot slip past: the
+/// connection uses exactly the addresses checked).
+pub fn metadata_client(allow_private: bool, timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .user_agent(concat!("sandgate/", env!("CARGO_PKG_VERSION")));
+    if !allow_private {
+        builder = builder.dns_resolver(Arc::new(PublicOnlyResolver));
+    }
+    builder.build()
+}
+
+struct PublicOnlyResolver;
+
+impl reqwest::dns::Resolve for PublicOnlyResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|a| is_public(a.ip()))
+                .collect();
+            if addrs.is_empty() {
+                return Err(format!("{host} resolves to no public address").into());
+            }
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Whether an address is on the public internet (not loopback, private, link-local, shared,
+/// documentation, multicast, reserved…).
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || v4.is_multicast()
+                || o[0] == 0
+                || (o[0] == 100 && (64..128).contains(&o[1])) // shared address space (CGNAT)
+                || (o[0] == 192 && o[1] == 0 && o[2] == 0) // IETF protocol assignments
+                || (o[0] == 198 && (18..20).contains(&o[1])) // benchmarking
+                || o[0] >= 240)
+        }
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let s = v6.segments();
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00 // unique local
+                || (s[0] & 0xffc0) == 0xfe80 // link-local
+                || (s[0] == 0x2001 && s[1] == 0x0db8) // documentation
+                || (s[0] == 0x64 && s[1] == 0xff9b)) // NAT64: may reach IPv4 private space
+        }
+    }
+}
+
+/// `POST /oauth/register` (RFC 7591 §3).
+pub async fn register(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+    if !state.config.oauth.dynamic_registration {
+        return registration_error(
+            StatusCode::FORBIDDEN,
+            "access_denied",
+            "dynamic client registration is disabled on this server",
+        );
+    }
+    let meta: ClientMetadata = match serde_json::from_slice(&body) {
+        Ok(meta) => meta,
+        Err(e) => {
+            return registration_error(
+                StatusCode::BAD_REQUEST,
+                "invalid_client_metadata",
+                &format!("the body must be a JSON object of client metadata: {e}"),
+            );
+        }
+    };
+    let valid = match client::validate(&meta, true) {
+        Ok(valid) => valid,
+        Err(e) => return registration_error(StatusCode::BAD_REQUEST, e.code(), &e.to_string()),
+    };
+    let client_id = format!("sgcl_{}", uuid::Uuid::new_v4().simple());
+    let client_secret =
+        (valid.auth_method != AuthMethod::None).then(|| secret::generate(SecretKind::ClientSecret));
+    let secret_hash = client_secret.as_deref().map(secret::hash);
+    let mut row = new_client(&client_id, "dcr", &valid, secret_hash.as_deref());
+    let scopes = valid.scopes.as_ref().map(|s| join_scopes(s));
+    row.scopes = scopes.as_deref();
+    let stored = async {
+        let mut conn = state.db.acquire().await?;
+        store::upsert(&mut conn, &row).await
+    }
+    .await;
+    let client = match stored {
+        Ok(client) => client,
+        Err(err) => {
+            super::log_store(&err);
+            return registration_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "registration failed; retry later",
+            );
+        }
+    };
+    tracing::info!(client_id = %client.id, name = %client.name, "registered a client");
+    let mut answer = serde_json::json!({
+        "client_id": client.id,
+        "client_id_issued_at": client.created_at.timestamp(),
+        "client_name": client.name,
+        "redirect_uris": client.redirect_uris,
+        "grant_types": client.grant_types,
+        "response_types": ["code"],
+        "token_endpoint_auth_method": client.auth_method,
+    });
+    if let Some(scopes) = &client.scopes {
+        answer["scope"] = scopes.clone().into();
+    }
+    if let Some(secret) = client_secret {
+        answer["client_secret"] = secret.into();
+        answer["client_secret_expires_at"] = 0.into();
+    }
+    let mut response = (StatusCode::CREATED, Json(answer)).into_response();
+    super::html::protect(&mut response);
+    response
+}
+
+/// Scopes as a space-separated string.
+pub fn join_scopes(scopes: &[sandgate_auth::Scope]) -> String {
+    scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ")
+}
+
+fn registration_error(status: StatusCode, code: &str, description: &str) -> Response {
+    (
+        status,
+        Json(serde_json::json!({ "error": code, "error_description": description })),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_public_addresses_pass() {
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(!is_public(ip.parse().unwrap()), "{ip} must be refused");
+        }
+        for ip in ["93.184.216.34", "2606:4700:4700::1111", "1.1.1.1"] {
+            assert!(is_public(ip.parse().unwrap()), "{ip} is public");
+        }
+    }
+}

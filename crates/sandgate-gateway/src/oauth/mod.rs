@@ -1,0 +1,140 @@
+//! The OAuth 2.1 authorization server (DESIGN §6, MCP authorization spec): metadata and JWKS,
+//! client registration and metadata documents, login, the consent page, the token and
+//! revocation endpoints, and the connected-apps page where a user disconnects an app.
+//!
+//! - [`metadata`]: RFC 8414 authorization-server metadata and the JWKS.
+//! - [`clients`]: dynamic registration (RFC 7591) and client-ID metadata documents.
+//! - [`session`]: the login page and the signed session cookie.
+//! - [`authorize`]: the authorization endpoint and the consent page.
+//! - [`token`]: the token endpoint (code, refresh, client credentials) and revocation (RFC 7009).
+//! - [`apps`]: the connected-apps page and disconnect.
+//! - [`html`]: the pages' shared layout and the headers that keep them out of frames.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use sandgate_store::StoreError;
+use secrecy::ExposeSecret;
+
+use crate::AppState;
+use crate::config::Config;
+
+pub mod apps;
+pub mod authorize;
+pub mod clients;
+pub mod html;
+pub mod metadata;
+pub mod session;
+pub mod token;
+
+/// Largest form or JSON body the OAuth endpoints accept.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Paths of the authorization server's endpoints.
+pub mod paths {
+    /// RFC 8414 metadata.
+    pub const METADATA: &str = "/.well-known/oauth-authorization-server";
+    /// Authorization endpoint (GET: the request; POST: the consent form).
+    pub const AUTHORIZE: &str = "/oauth/authorize";
+    /// Token endpoint.
+    pub const TOKEN: &str = "/oauth/token";
+    /// Dynamic client registration.
+    pub const REGISTER: &str = "/oauth/register";
+    /// Token revocation.
+    pub const REVOKE: &str = "/oauth/revoke";
+    /// The signing keys.
+    pub const JWKS: &str = "/oauth/jwks";
+    /// Login page.
+    pub const LOGIN: &str = "/login";
+    /// Logout.
+    pub const LOGOUT: &str = "/logout";
+    /// Connected apps.
+    pub const APPS: &str = "/apps";
+    /// Disconnect an app.
+    pub const DISCONNECT: &str = "/apps/disconnect";
+}
+
+/// What the authorization server keeps beside the shared state.
+#[derive(Clone)]
+pub struct OAuthState {
+    /// HMAC key of the session cookie.
+    cookie_key: Arc<[u8; 32]>,
+    /// Client for fetching client-ID metadata documents (SSRF-guarded resolver, no redirects).
+    metadata_http: reqwest::Client,
+}
+
+impl std::fmt::Debug for OAuthState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthState").finish_non_exhaustive()
+    }
+}
+
+/// The authorization server could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// The HTTP client for metadata documents could not be built.
+    #[error("cannot build the HTTP client for client metadata documents")]
+    Http(#[source] reqwest::Error),
+}
+
+impl OAuthState {
+    /// Builds the state from the configuration.
+    pub fn new(config: &Config) -> Result<Self, SetupError> {
+        let secret = config.oauth.cookie_secret.expose_secret();
+        let cookie_key: [u8; 32] = if secret.is_empty() {
+            tracing::warn!(
+                "oauth.cookie_secret is empty: using a random key, so login sessions end when \
+                 this process stops and are not shared between replicas"
+            );
+            rand_key()
+        } else {
+            use sha2::Digest;
+            sha2::Sha256::digest(secret.as_bytes()).into()
+        };
+        let meta = &config.oauth.client_metadata;
+        let metadata_http = clients::metadata_client(
+            meta.allow_private_addresses,
+            Duration::from_millis(meta.fetch_timeout_ms),
+        )
+        .map_err(SetupError::Http)?;
+        Ok(Self {
+            cookie_key: Arc::new(cookie_key),
+            metadata_http,
+        })
+    }
+}
+
+fn rand_key() -> [u8; 32] {
+    // A generated secret carries 256 bits of the OS's randomness.
+    use sandgate_auth::secret::{SecretKind, generate, hash};
+    hash(&generate(SecretKind::Session))
+        .try_into()
+        .expect("SHA-256 is 32 bytes")
+}
+
+/// The authorization server's routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route(paths::METADATA, get(metadata::authorization_server))
+        .route(paths::JWKS, get(metadata::jwks))
+        .route(paths::REGISTER, post(clients::register))
+        .route(
+            paths::AUTHORIZE,
+            get(authorize::authorize).post(authorize::consent),
+        )
+        .route(paths::TOKEN, post(token::token))
+        .route(paths::REVOKE, post(token::revoke))
+        .route(paths::LOGIN, get(session::login_page).post(session::login))
+        .route(paths::LOGOUT, post(session::logout))
+        .route(paths::APPS, get(apps::page))
+        .route(paths::DISCONNECT, post(apps::disconnect))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+/// A database failure inside an OAuth handler: logged with its cause, shown as a plain 500/503.
+pub(crate) fn log_store(err: &StoreError) {
+    tracing::error!(error = ?err, "OAuth storage failed");
+}

@@ -4,5 +4,6 @@
 mod cli;
 mod mcp;
 mod mcp_client;
+mod oauth;
 mod python_sdk;
 mod support;

@@ -183,6 +183,32 @@ impl Gateway {
             .to_owned()
     }
 
+    /// Like [`Gateway::cli`], writing `input` to the command's standard input.
+    pub async fn cli_stdin(&self, args: &[&str], input: &str) -> String {
+        use tokio::io::AsyncWriteExt;
+        let mut child = Command::new(BIN)
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the sandgate binary runs");
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        stdin.write_all(input.as_bytes()).await.expect("stdin takes the input");
+        drop(stdin);
+        let output = child.wait_with_output().await.expect("the command finishes");
+        assert!(
+            output.status.success(),
+            "sandgate {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout)
+            .expect("UTF-8 output")
+            .trim()
+            .to_owned()
+    }
+
     /// Creates a tenant and returns its id.
     pub async fn create_tenant(&self) -> String {
         let name = format!("tenant-{}", uuid::Uuid::new_v4().simple());

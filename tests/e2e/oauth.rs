@@ -1,0 +1,802 @@
+//! "Connect once" end to end: the OAuth 2.1 authorization server of the real binary, driven the
+//! way an MCP client and a person with a browser drive it (discovery, registration, login,
+//! consent, PKCE, tokens on /mcp, refresh rotation, disconnect), plus the refusals each step
+//! owes an attacker, with the exact errors.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use reqwest::StatusCode;
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::mcp_client::{Client, Era};
+use crate::support::{self, Gateway, eventually};
+
+pub const PASSWORD: &str = "correct horse battery staple";
+pub const REDIRECT: &str = "http://127.0.0.1:9/callback";
+
+/// A gateway with a tenant and a user who can log in.
+pub struct Stack {
+    pub gateway: Gateway,
+    pub tenant: String,
+    pub email: String,
+    pub http: reqwest::Client,
+}
+
+impl Stack {
+    pub async fn start(extra_env: &[(&str, &str)]) -> Stack {
+        let database = support::fresh_database().await;
+        let gateway = Gateway::start(&database, extra_env).await;
+        let tenant = gateway.create_tenant().await;
+        let email = format!("ana-{}@example.com", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        gateway
+            .cli_stdin(
+                &["admin", "user", "create", "--tenant", &tenant, "--email", &email],
+                &format!("{PASSWORD}\n"),
+            )
+            .await;
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("an HTTP client");
+        Stack {
+            gateway,
+            tenant,
+            email,
+            http,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.gateway.base_url)
+    }
+
+    /// Registers a public client (RFC 7591) and returns the registration response.
+    pub async fn register(&self, name: &str, redirect: &str) -> Value {
+        let response = self
+            .http
+            .post(self.url("/oauth/register"))
+            .json(&json!({
+                "client_name": name,
+                "redirect_uris": [redirect],
+                "token_endpoint_auth_method": "none",
+                "grant_types": ["authorization_code", "refresh_token"],
+                "response_types": ["code"],
+            }))
+            .send()
+            .await
+            .expect("registration answers");
+        assert_eq!(response.status(), StatusCode::CREATED, "registration succeeds");
+        response.json().await.expect("JSON registration")
+    }
+
+    /// Exchanges a code at the token endpoint; returns the status and JSON body.
+    pub async fn exchange(&self, client_id: &str, code: &str, verifier: &str) -> (StatusCode, Value) {
+        self.token_request(&[
+            ("grant_type", "authorization_code"),
+            ("code", code),
+            ("redirect_uri", REDIRECT),
+            ("code_verifier", verifier),
+            ("client_id", client_id),
+            ("resource", &self.gateway.mcp_url()),
+        ])
+        .await
+    }
+
+    pub async fn token_request(&self, form: &[(&str, &str)]) -> (StatusCode, Value) {
+        let response = self
+            .http
+            .post(self.url("/oauth/token"))
+            .form(form)
+            .send()
+            .await
+            .expect("the token endpoint answers");
+        let status = response.status();
+        assert_eq!(
+            response.headers().get("cache-control").and_then(|v| v.to_str().ok()),
+            Some("no-store"),
+            "token responses are never cached"
+        );
+        (status, response.json().await.expect("a JSON token response"))
+    }
+
+    /// A raw MCP request with a token: the status, the challenge header and the body.
+    pub async fn mcp_status(&self, token: &str) -> (StatusCode, String, Value) {
+        let response = self
+            .http
+            .post(self.gateway.mcp_url())
+            .bearer_auth(token)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/list")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {
+                "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}}))
+            .send()
+            .await
+            .expect("/mcp answers");
+        let status = response.status();
+        let challenge = header(response.headers(), "www-authenticate");
+        let body = response.json().await.unwrap_or(Value::Null);
+        (status, challenge, body)
+    }
+}
+
+pub fn header(headers: &HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A PKCE pair, computed here independently of the server's code.
+pub struct Pkce {
+    pub verifier: String,
+    pub challenge: String,
+}
+
+impl Pkce {
+    pub fn new() -> Pkce {
+        let verifier = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let challenge = URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()));
+        Pkce { verifier, challenge }
+    }
+}
+
+/// The authorization URL a client would send the browser to.
+pub fn authorize_url(stack: &Stack, client_id: &str, redirect: &str, pkce: &Pkce, state: &str, scope: &str) -> String {
+    let mut url = reqwest::Url::parse(&stack.url("/oauth/authorize")).expect("a URL");
+    url.query_pairs_mut()
+        .append_pair("response_type", "code")
+        .append_pair("client_id", client_id)
+        .append_pair("redirect_uri", redirect)
+        .append_pair("code_challenge", &pkce.challenge)
+        .append_pair("code_challenge_method", "S256")
+        .append_pair("state", state)
+        .append_pair("scope", scope)
+        .append_pair("resource", &stack.gateway.mcp_url());
+    url.to_string()
+}
+
+/// A response as a browser sees it.
+#[derive(Debug)]
+pub struct Page {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: String,
+    /// The Location header, made absolute.
+    pub location: Option<String>,
+}
+
+/// A cookie-keeping, non-redirecting HTTP client: a browser whose every step the test sees.
+pub struct Browser {
+    http: reqwest::Client,
+    base: String,
+    cookies: HashMap<String, String>,
+}
+
+impl Browser {
+    pub fn new(stack: &Stack) -> Browser {
+        Browser {
+            http: stack.http.clone(),
+            base: stack.gateway.base_url.clone(),
+            cookies: HashMap::new(),
+        }
+    }
+
+    fn cookie_header(&self) -> String {
+        self.cookies
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    async fn finish(&mut self, response: reqwest::Response) -> Page {
+        for set in response.headers().get_all("set-cookie") {
+            let set = set.to_str().expect("ASCII cookie");
+            let (pair, attributes) = set.split_once(';').unwrap_or((set, ""));
+            let (name, value) = pair.split_once('=').expect("name=value");
+            if value.is_empty() || attributes.contains("Max-Age=0") {
+                self.cookies.remove(name);
+            } else {
+                self.cookies.insert(name.to_owned(), value.to_owned());
+            }
+        }
+        let status = response.status();
+        let headers = response.headers().clone();
+        let location = headers
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .map(|l| {
+                if l.starts_with('/') {
+                    format!("{}{l}", self.base)
+                } else {
+                    l.to_owned()
+                }
+            });
+        let body = response.text().await.unwrap_or_default();
+        Page {
+            status,
+            headers,
+            body,
+            location,
+        }
+    }
+
+    pub async fn get(&mut self, url: &str) -> Page {
+        let response = self
+            .http
+            .get(url)
+            .header("cookie", self.cookie_header())
+            .send()
+            .await
+            .expect("the gateway answers");
+        self.finish(response).await
+    }
+
+    pub async fn post(&mut self, url: &str, form: &[(&str, &str)]) -> Page {
+        let response = self
+            .http
+            .post(url)
+            .header("cookie", self.cookie_header())
+            .form(form)
+            .send()
+            .await
+            .expect("the gateway answers");
+        self.finish(response).await
+    }
+
+    /// From a redirect to the login page: fills in the form and follows to where it leads.
+    pub async fn log_in(&mut self, login_url: &str, email: &str, password: &str) -> Page {
+        let form = self.get(login_url).await;
+        assert_eq!(form.status, StatusCode::OK, "the login page loads");
+        let csrf = hidden(&form.body, "csrf").expect("the login form has a CSRF token");
+        let next = hidden(&form.body, "next").expect("the login form keeps where to go next");
+        let done = self
+            .post(
+                &format!("{}/login", self.base),
+                &[("email", email), ("password", password), ("csrf", &csrf), ("next", &next)],
+            )
+            .await;
+        assert_eq!(done.status, StatusCode::SEE_OTHER, "login answers 303: {}", done.body);
+        done
+    }
+}
+
+/// The value of a hidden input named `name` in a page.
+pub fn hidden(body: &str, name: &str) -> Option<String> {
+    let marker = format!("name=\"{name}\" value=\"");
+    let start = body.find(&marker)? + marker.len();
+    let end = body[start..].find('"')? + start;
+    Some(
+        body[start..end]
+            .replace("&quot;", "\"")
+            .replace("&#39;", "'")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&"),
+    )
+}
+
+/// The query parameters of a URL.
+pub fn query_of(url: &str) -> HashMap<String, String> {
+    reqwest::Url::parse(url)
+        .expect("a URL")
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+/// Walks authorize → login → consent (approve) and returns the final redirect's query and the
+/// consent page.
+pub async fn connect(stack: &Stack, browser: &mut Browser, client_id: &str, pkce: &Pkce, scope: &str) -> (HashMap<String, String>, Page) {
+    let start = browser
+        .get(&authorize_url(stack, client_id, REDIRECT, pkce, "st-123", scope))
+        .await;
+    let consent = match start.status {
+        StatusCode::SEE_OTHER if start.location.as_deref().is_some_and(|l| l.contains("/login?")) => {
+            let after = browser
+                .log_in(start.location.as_deref().unwrap(), &stack.email, PASSWORD)
+                .await;
+            browser.get(after.location.as_deref().expect("login redirects back")).await
+        }
+        _ => start,
+    };
+    assert_eq!(consent.status, StatusCode::OK, "the consent page shows: {}", consent.body);
+    let csrf = hidden(&consent.body, "csrf").expect("the consent form has a CSRF token");
+    let mut fields: Vec<(String, String)> = [
+        "response_type",
+        "client_id",
+        "redirect_uri",
+        "code_challenge",
+        "code_challenge_method",
+        "scope",
+        "resource",
+        "state",
+    ]
+    .iter()
+    .filter_map(|k| hidden(&consent.body, k).map(|v| (k.to_string(), v)))
+    .collect();
+    fields.push(("csrf".into(), csrf));
+    fields.push(("decision".into(), "approve".into()));
+    let form: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let approved = browser.post(&stack.url("/oauth/authorize"), &form).await;
+    assert_eq!(approved.status, StatusCode::SEE_OTHER, "approving answers 303: {}", approved.body);
+    let location = approved.location.expect("a redirect to the client");
+    assert!(location.starts_with(REDIRECT), "the redirect goes to the client: {location}");
+    (query_of(&location), consent)
+}
+
+#[tokio::test]
+async fn an_mcp_client_connects_once_with_pkce_and_refresh_tokens_rotate() {
+    let stack = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    // Discovery: 401 → protected-resource metadata → authorization-server metadata.
+    let (status, challenge, _) = stack.mcp_status("").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(challenge.contains("resource_metadata="), "{challenge}");
+    let prm: Value = stack
+        .http
+        .get(stack.url("/.well-known/oauth-protected-resource/mcp"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(prm["authorization_servers"][0], stack.gateway.base_url);
+    let meta: Value = stack
+        .http
+        .get(stack.url("/.well-known/oauth-authorization-server"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(meta["issuer"], stack.gateway.base_url);
+    assert_eq!(meta["code_challenge_methods_supported"], json!(["S256"]));
+    assert_eq!(meta["authorization_response_iss_parameter_supported"], true);
+    for endpoint in ["authorization_endpoint", "token_endpoint", "registration_endpoint", "revocation_endpoint", "jwks_uri"] {
+        assert!(
+            meta[endpoint].as_str().is_some_and(|u| u.starts_with(&stack.gateway.base_url)),
+            "{endpoint} is advertised: {meta}"
+        );
+    }
+    let jwks: Value = stack.http.get(meta["jwks_uri"].as_str().unwrap()).send().await.unwrap().json().await.unwrap();
+    assert_eq!(jwks["keys"][0]["kty"], "OKP");
+
+    let registered = stack.register("Support Copilot", REDIRECT).await;
+    let client_id = registered["client_id"].as_str().expect("a client id").to_owned();
+    assert!(registered.get("client_secret").is_none(), "a public client gets no secret");
+
+    let mut browser = Browser::new(&stack);
+    let pkce = Pkce::new();
+    let (query, consent) = connect(&stack, &mut browser, &client_id, &pkce, "sandbox execute").await;
+    assert!(consent.body.contains("Support Copilot"), "the consent page names the client");
+    assert!(consent.body.contains("Run Python code and shell commands in them"), "scopes in plain words");
+    assert!(consent.body.contains("127.0.0.1:9"), "the redirect host is shown");
+    assert_eq!(query["state"], "st-123", "state round-trips");
+    assert_eq!(query["iss"], stack.gateway.base_url, "RFC 9207 iss");
+    let code = &query["code"];
+
+    let (status, tokens) = stack.exchange(&client_id, code, &pkce.verifier).await;
+    assert_eq!(status, StatusCode::OK, "{tokens}");
+    assert_eq!(tokens["token_type"], "Bearer");
+    assert_eq!(tokens["scope"], "sandbox execute");
+    let access = tokens["access_token"].as_str().unwrap().to_owned();
+    let claims: Value = serde_json::from_slice(
+        &URL_SAFE_NO_PAD.decode(access.split('.').nth(1).unwrap()).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(claims["aud"], stack.gateway.mcp_url(), "resource is bound into aud");
+    assert_eq!(claims["client_id"], client_id.as_str());
+    assert!(claims["grant"].is_string(), "the token names its grant");
+
+    // The token works on /mcp and shows exactly the granted tools.
+    let client = Client::connect(&stack.gateway.mcp_url(), &access, Era::Stateless)
+        .await
+        .expect("the OAuth token opens /mcp");
+    let mut tools: Vec<String> = client
+        .service
+        .list_all_tools()
+        .await
+        .expect("tools/list")
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    tools.sort();
+    assert_eq!(
+        tools,
+        ["close_sandbox", "create_sandbox", "execute_code", "run_terminal_command"],
+        "the token's scopes decide the tools"
+    );
+
+    // Connect once: the same client asking for the same scopes skips the consent screen.
+    let again = Pkce::new();
+    let skipped = browser
+        .get(&authorize_url(&stack, &client_id, REDIRECT, &again, "st-2", "sandbox execute"))
+        .await;
+    assert_eq!(skipped.status, StatusCode::SEE_OTHER, "no consent page the second time");
+    let second = query_of(skipped.location.as_deref().unwrap());
+    assert!(second.contains_key("code"), "straight back with a code: {second:?}");
+    let (status, _) = stack.exchange(&client_id, &second["code"], &again.verifier).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // Refresh rotation: each refresh token works once; reusing one revokes the family.
+    let first_refresh = tokens["refresh_token"].as_str().expect("a refresh token").to_owned();
+    let refresh = |token: String| {
+        let stack = &stack;
+        let client_id = client_id.clone();
+        async move {
+            stack
+                .token_request(&[
+                    ("grant_type", "refresh_token"),
+                    ("refresh_token", &token),
+                    ("client_id", &client_id),
+                ])
+                .await
+        }
+    };
+    let (status, rotated) = refresh(first_refresh.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{rotated}");
+    let second_refresh = rotated["refresh_token"].as_str().unwrap().to_owned();
+    assert_ne!(second_refresh, first_refresh, "refresh tokens rotate");
+    let (status, reused) = refresh(first_refresh).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        reused,
+        json!({"error": "invalid_grant", "error_description": "the refresh token was already used; every refresh token of this sign-in is revoked"})
+    );
+    let (status, family) = refresh(second_refresh).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        family,
+        json!({"error": "invalid_grant", "error_description": "the refresh token was revoked"}),
+        "the newest token of the family is dead too"
+    );
+}
+
+#[tokio::test]
+async fn the_authorization_code_flow_refuses_what_an_attacker_tries() {
+    let stack = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let client_id = stack.register("Ticket Bot", REDIRECT).await["client_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut browser = Browser::new(&stack);
+
+    // Redirect URI variants never get a redirect: a page says no, and no Location leaks the code.
+    for variant in [
+        "http://127.0.0.1:9/callback/",
+        "http://127.0.0.1:9/CALLBACK",
+        "http://127.0.0.1:9/callback?extra=1",
+        "http://user@127.0.0.1:9/callback",
+        "http://127.0.0.2:9/callback",
+        "https://evil.example/callback",
+    ] {
+        let page = browser
+            .get(&authorize_url(&stack, &client_id, variant, &Pkce::new(), "s", "sandbox"))
+            .await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{variant}");
+        assert!(page.location.is_none(), "{variant} is not redirected to");
+        assert!(
+            page.body.contains("The redirect URI does not exactly match one registered for this app"),
+            "{variant}: {}",
+            page.body
+        );
+    }
+
+    // `plain` and a missing challenge go back to the (genuine) client as errors.
+    let pkce = Pkce::new();
+    let mut plain = authorize_url(&stack, &client_id, REDIRECT, &pkce, "s-plain", "sandbox");
+    plain = plain.replace("code_challenge_method=S256", "code_challenge_method=plain");
+    let refused = browser.get(&plain).await;
+    assert_eq!(refused.status, StatusCode::SEE_OTHER);
+    let q = query_of(refused.location.as_deref().unwrap());
+    assert_eq!(q["error"], "invalid_request");
+    assert_eq!(q["error_description"], "code_challenge_method must be S256");
+    assert_eq!(q["state"], "s-plain");
+    assert_eq!(q["iss"], stack.gateway.base_url);
+    let no_challenge = authorize_url(&stack, &client_id, REDIRECT, &pkce, "s", "sandbox")
+        .replace(&format!("code_challenge={}", pkce.challenge), "");
+    let refused = browser.get(&no_challenge).await;
+    let q = query_of(refused.location.as_deref().unwrap());
+    assert_eq!(q["error_description"], "code_challenge is required (PKCE with S256)");
+
+    // A foreign resource is refused (RFC 8707).
+    let foreign = authorize_url(&stack, &client_id, REDIRECT, &pkce, "s", "sandbox").replace(
+        &url_encode(&stack.gateway.mcp_url()),
+        &url_encode("https://other.example/mcp"),
+    );
+    let refused = browser.get(&foreign).await;
+    let q = query_of(refused.location.as_deref().expect("an error redirect"));
+    assert_eq!(q["error"], "invalid_target");
+
+    // Wrong verifier: refused, and the code is burnt.
+    let (query, _) = connect(&stack, &mut browser, &client_id, &pkce, "sandbox").await;
+    let (status, body) = stack.exchange(&client_id, &query["code"], &Pkce::new().verifier).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        body,
+        json!({"error": "invalid_grant", "error_description": "code_verifier does not match the code_challenge"})
+    );
+    let (_, body) = stack.exchange(&client_id, &query["code"], &pkce.verifier).await;
+    assert_eq!(
+        body,
+        json!({"error": "invalid_grant", "error_description": "the authorization code is invalid"}),
+        "a code that failed once cannot be retried"
+    );
+
+    // Replay: the second redemption is refused and the first one's tokens stop working.
+    let pkce = Pkce::new();
+    let skipped = browser
+        .get(&authorize_url(&stack, &client_id, REDIRECT, &pkce, "s", "sandbox"))
+        .await;
+    let code = query_of(skipped.location.as_deref().unwrap())["code"].clone();
+    let (status, tokens) = stack.exchange(&client_id, &code, &pkce.verifier).await;
+    assert_eq!(status, StatusCode::OK);
+    let access = tokens["access_token"].as_str().unwrap();
+    let client = Client::connect(&stack.gateway.mcp_url(), access, Era::Stateless)
+        .await
+        .expect("the token works before the replay");
+    client.service.list_all_tools().await.expect("tools/list works before the replay");
+    let (status, body) = stack.exchange(&client_id, &code, &pkce.verifier).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        body,
+        json!({"error": "invalid_grant", "error_description": "the authorization code was already used; the tokens issued with it are revoked"})
+    );
+    let (status, challenge, body) = stack.mcp_status(access).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "the replayed code's token is revoked");
+    assert!(challenge.contains(r#"error="invalid_token""#), "{challenge}");
+    assert_eq!(body["error_description"], "the access token was revoked or its app was disconnected");
+    let (status, body) = stack
+        .token_request(&[
+            ("grant_type", "refresh_token"),
+            ("refresh_token", tokens["refresh_token"].as_str().unwrap()),
+            ("client_id", &client_id),
+        ])
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error_description"], "the refresh token was revoked");
+}
+
+fn url_encode(s: &str) -> String {
+    reqwest::Url::parse_with_params("http://x/", &[("v", s)])
+        .unwrap()
+        .query()
+        .unwrap()
+        .trim_start_matches("v=")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn the_consent_page_cannot_be_framed_or_forged() {
+    let stack = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let client_id = stack.register("Frame Test", REDIRECT).await["client_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut browser = Browser::new(&stack);
+    let pkce = Pkce::new();
+    let start = browser
+        .get(&authorize_url(&stack, &client_id, REDIRECT, &pkce, "st", "files:read"))
+        .await;
+    let login = start.location.clone().expect("sent to log in first");
+    assert!(login.contains("/login?next="), "{login}");
+    let cookie_page = browser.get(&login).await;
+    let set_cookie = header(&cookie_page.headers, "set-cookie");
+    assert!(set_cookie.starts_with("__Host-"), "loopback gets __Host- cookies: {set_cookie}");
+    assert!(set_cookie.contains("Secure") && set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Lax"), "{set_cookie}");
+
+    // Wrong password: refused without saying which part was wrong.
+    let csrf = hidden(&cookie_page.body, "csrf").unwrap();
+    let wrong = browser
+        .post(&stack.url("/login"), &[("email", &stack.email), ("password", "not the password"), ("csrf", &csrf)])
+        .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.body.contains("Wrong email or password."));
+
+    let after = browser.log_in(&login, &stack.email, PASSWORD).await;
+    let consent = browser.get(after.location.as_deref().unwrap()).await;
+    assert_eq!(consent.status, StatusCode::OK);
+    assert_eq!(header(&consent.headers, "x-frame-options"), "DENY");
+    assert!(
+        header(&consent.headers, "content-security-policy").contains("frame-ancestors 'none'"),
+        "CSP forbids framing"
+    );
+    assert_eq!(header(&consent.headers, "cache-control"), "no-store");
+    assert!(consent.body.contains("Read and list files in them"), "{}", consent.body);
+    assert!(consent.body.contains("name=\"viewport\""), "readable on a phone");
+
+    let field = |k: &str| hidden(&consent.body, k).unwrap_or_default();
+    let base: Vec<(String, String)> = ["response_type", "client_id", "redirect_uri", "code_challenge", "code_challenge_method", "scope", "resource", "state"]
+        .iter()
+        .map(|k| (k.to_string(), field(k)))
+        .collect();
+    let post = |extra: Vec<(&'static str, String)>| {
+        let mut form = base.clone();
+        form.extend(extra.into_iter().map(|(k, v)| (k.to_owned(), v)));
+        form
+    };
+    let as_refs = |form: &Vec<(String, String)>| -> Vec<(String, String)> { form.clone() };
+    // No CSRF token, and a wrong one: 403, no code.
+    for form in [
+        post(vec![("decision", "approve".into())]),
+        post(vec![("decision", "approve".into()), ("csrf", "sgx_forged".into())]),
+    ] {
+        let form = as_refs(&form);
+        let refs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let forged = browser.post(&stack.url("/oauth/authorize"), &refs).await;
+        assert_eq!(forged.status, StatusCode::FORBIDDEN);
+        assert!(forged.location.is_none());
+        assert!(
+            forged.body.contains("This form expired or did not come from sandgate"),
+            "{}",
+            forged.body
+        );
+    }
+    // Deny: 303 back to the client with access_denied, state and iss.
+    let form = post(vec![("decision", "deny".into()), ("csrf", field("csrf"))]);
+    let refs: Vec<(&str, &str)> = form.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let denied = browser.post(&stack.url("/oauth/authorize"), &refs).await;
+    assert_eq!(denied.status, StatusCode::SEE_OTHER);
+    let q = query_of(denied.location.as_deref().unwrap());
+    assert_eq!(q["error"], "access_denied");
+    assert_eq!(q["state"], "st");
+    assert_eq!(q["iss"], stack.gateway.base_url);
+}
+
+/// Signs a token with the gateway's own key (read from its database) but other claims.
+async fn forge(stack: &Stack, audience: &str, ttl: Duration) -> String {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&stack.gateway.database_url).await.unwrap();
+    let (kid, seed): (String, Vec<u8>) = sqlx::query_as(
+        "SELECT kid, seed FROM signing_keys WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let key = sandgate_auth::KeyPair::from_seed(kid, seed.try_into().unwrap());
+    sandgate_auth::TokenIssuer::new(key, stack.gateway.base_url.clone())
+        .issue(
+            "u",
+            stack.tenant.parse().unwrap(),
+            &sandgate_auth::Scope::ALL,
+            audience,
+            ttl,
+            None,
+            None,
+        )
+        .unwrap()
+        .0
+}
+
+#[tokio::test]
+async fn tokens_for_other_resources_expired_or_short_of_scope_are_refused() {
+    let stack = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let foreign = forge(&stack, "https://other.example/mcp", Duration::from_secs(600)).await;
+    let (status, challenge, body) = stack.mcp_status(&foreign).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(challenge.contains(r#"error="invalid_token""#));
+    assert_eq!(body["error_description"], "the access token was issued for another resource");
+
+    let short = forge(&stack, &stack.gateway.mcp_url(), Duration::from_secs(1)).await;
+    let body = eventually(Duration::from_secs(5), "the 1 s token to expire", || async {
+        let (status, _, body) = stack.mcp_status(&short).await;
+        (status == StatusCode::UNAUTHORIZED).then_some(body)
+    })
+    .await;
+    assert_eq!(body["error_description"], "the access token has expired");
+
+    // A token with only `sandbox`: tools/list hides the rest, and calling one is 403.
+    let token = stack
+        .gateway
+        .cli(&["admin", "token", "issue", "--tenant", &stack.tenant, "--scopes", "sandbox"])
+        .await;
+    let client = Client::connect(&stack.gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("connects");
+    let tools = client.service.list_all_tools().await.expect("tools/list");
+    let mut names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["close_sandbox", "create_sandbox"], "only the sandbox tools are listed");
+    for (era, headers) in [
+        ("2025-11-25", vec![]),
+        ("2026-07-28", vec![("mcp-method", "tools/call"), ("mcp-name", "execute_code")]),
+    ] {
+        let mut request = stack
+            .http
+            .post(stack.gateway.mcp_url())
+            .bearer_auth(&token)
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", era)
+            .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                          "params": {"name": "execute_code", "arguments": {"code": "1+1"}}}));
+        for (k, v) in headers {
+            request = request.header(k, v);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{era}");
+        let challenge = header(response.headers(), "www-authenticate");
+        assert!(
+            challenge.starts_with(r#"Bearer error="insufficient_scope", scope="sandbox execute""#)
+                && challenge.contains("resource_metadata="),
+            "{era}: {challenge}"
+        );
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"], "insufficient_scope");
+        assert_eq!(body["error_description"], "calling execute_code needs the execute scope, which this token does not hold");
+    }
+}
+
+#[tokio::test]
+async fn disconnecting_an_app_stops_its_tokens_and_closes_its_sandboxes() {
+    let stack = Stack::start(&[]).await;
+    let client_id = stack.register("Disconnect Me", REDIRECT).await["client_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut browser = Browser::new(&stack);
+    let pkce = Pkce::new();
+    let (query, _) = connect(&stack, &mut browser, &client_id, &pkce, "sandbox execute").await;
+    let (_, tokens) = stack.exchange(&client_id, &query["code"], &pkce.verifier).await;
+    let access = tokens["access_token"].as_str().unwrap().to_owned();
+    let client = Client::connect(&stack.gateway.mcp_url(), &access, Era::Stateless)
+        .await
+        .expect("connects");
+    let created = client.ok("create_sandbox", json!({"conversation_id": "c-1"})).await;
+    let sandbox_id = created.structured["sandbox_id"].as_str().unwrap().to_owned();
+    client.ok("execute_code", json!({"sandbox_id": sandbox_id, "code": "x = 1"})).await;
+
+    let apps = browser.get(&stack.url("/apps")).await;
+    assert_eq!(apps.status, StatusCode::OK);
+    assert!(apps.body.contains("Disconnect Me"), "{}", apps.body);
+    assert!(apps.body.contains("run Python code and shell commands in them"));
+    assert!(!apps.body.contains("last used never"), "the app's use is shown");
+    assert_eq!(header(&apps.headers, "x-frame-options"), "DENY");
+    let grant = hidden(&apps.body, "grant_id").unwrap();
+    let csrf = hidden(&apps.body, "csrf").unwrap();
+    let done = browser
+        .post(&stack.url("/apps/disconnect"), &[("csrf", &csrf), ("grant_id", &grant)])
+        .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER);
+    let apps = browser.get(&stack.url("/apps")).await;
+    assert!(!apps.body.contains("Disconnect Me"), "the app is gone from the list");
+
+    let (status, _, body) = stack.mcp_status(&access).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "the next MCP call is refused");
+    assert_eq!(body["error_description"], "the access token was revoked or its app was disconnected");
+
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&stack.gateway.database_url).await.unwrap();
+    let (state, reason, container): (String, Option<String>, String) =
+        sqlx::query_as("SELECT state, close_reason, container_id FROM sandboxes WHERE id = $1")
+            .bind(&sandbox_id)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!((state.as_str(), reason.as_deref()), ("closed", Some("disconnected")));
+    eventually(Duration::from_secs(20), "the sandbox's container to be removed", || async {
+        (!support::containers_of(&stack.gateway.instance).contains(&container)).then_some(())
+    })
+    .await;
+    let (status, body) = stack
+        .token_request(&[
+            ("grant_type", "refresh_token"),
+            ("refresh_token", tokens["refresh_token"].as_str().unwrap()),
+            ("client_id", &client_id),
+        ])
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error_description"], "the refresh token was revoked");
+}

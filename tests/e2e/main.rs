@@ -7,3 +7,4 @@ mod mcp_client;
 mod oauth;
 mod python_sdk;
 mod support;
+mod webdriver;

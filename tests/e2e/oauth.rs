@@ -800,3 +800,100 @@ async fn disconnecting_an_app_stops_its_tokens_and_closes_its_sandboxes() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body["error_description"], "the refresh token was revoked");
 }
+
+/// A one-shot HTTP server on loopback standing in for the client's redirect endpoint: answers
+/// every request with a small page and reports each request target.
+async fn callback_server() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let n = socket.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                if let Some(target) = head.lines().next().and_then(|l| l.split(' ').nth(1)) {
+                    let _ = tx.send(target.to_owned());
+                }
+                let body = "<!doctype html><title>Connected</title><h1>Connected</h1>";
+                let _ = socket
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}/callback"), rx)
+}
+
+#[tokio::test]
+async fn a_person_connects_an_app_in_a_real_browser() {
+    let stack = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let (redirect, mut hits) = callback_server().await;
+    let client_id = stack.register("Acme Support Copilot", &redirect).await["client_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let pkce = Pkce::new();
+    let browser = crate::webdriver::Browser::start().await;
+    browser
+        .goto(&authorize_url(&stack, &client_id, &redirect, &pkce, "browser-state", "sandbox execute files:read"))
+        .await;
+    // Sent to the login page first.
+    browser.type_into("#email", &stack.email).await;
+    browser.type_into("#password", PASSWORD).await;
+    browser.click("#sign-in").await;
+    // The consent page, with who asks and for what.
+    let title = browser.text("#title").await;
+    assert_eq!(title, "Acme Support Copilot wants to use your sandgate account");
+    let scopes = browser.text("#scopes").await;
+    for words in [
+        "Create and close sandboxes",
+        "Run Python code and shell commands in them",
+        "Read and list files in them",
+    ] {
+        assert!(scopes.contains(words), "the consent page lists {words:?}: {scopes}");
+    }
+    assert!(browser.text("#redirect-host").await.starts_with("127.0.0.1:"));
+    let png = browser.screenshot().await;
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let path = crate::webdriver::artifacts_dir().join("oauth-consent.png");
+    std::fs::write(&path, &png).expect("the screenshot is saved");
+    println!("consent page screenshot: {}", path.display());
+
+    browser.click("#approve").await;
+    let target = tokio::time::timeout(Duration::from_secs(20), hits.recv())
+        .await
+        .expect("the browser arrives at the client's redirect URI")
+        .expect("a request");
+    let landed = browser.url().await;
+    assert!(landed.starts_with(&redirect), "the browser ends at the client: {landed}");
+    let query = query_of(&format!("http://x{target}"));
+    assert_eq!(query["state"], "browser-state");
+    assert_eq!(query["iss"], stack.gateway.base_url);
+    browser.quit().await;
+
+    let (status, tokens) = stack
+        .token_request(&[
+            ("grant_type", "authorization_code"),
+            ("code", &query["code"]),
+            ("redirect_uri", &redirect),
+            ("code_verifier", &pkce.verifier),
+            ("client_id", &client_id),
+        ])
+        .await;
+    assert_eq!(status, StatusCode::OK, "{tokens}");
+    let client = Client::connect(&stack.gateway.mcp_url(), tokens["access_token"].as_str().unwrap(), Era::Sessions)
+        .await
+        .expect("the browser-approved token opens /mcp");
+    let tools = client.service.list_all_tools().await.expect("tools/list");
+    assert_eq!(tools.len(), 6, "sandbox, execute and files:read open six tools: {tools:?}");
+}

@@ -31,6 +31,7 @@ body{margin:0;font:16px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,sans-serif
 main{max-width:440px;margin:0 auto;padding:24px 16px}
 .card{background:#fff;border-radius:12px;box-shadow:0 1px 3px rgba(0,0,0,.12);padding:24px}
 h1{font-size:1.3rem;margin:0 0 12px}
+strong,h1{overflow-wrap:anywhere}
 p{margin:8px 0}
 .muted{color:#5b6475;font-size:.92rem}
 .brand{font-weight:600;color:#3b4bd8;margin-bottom:16px}

@@ -897,3 +897,52 @@ async fn a_person_connects_an_app_in_a_real_browser() {
     let tools = client.service.list_all_tools().await.expect("tools/list");
     assert_eq!(tools.len(), 6, "sandbox, execute and files:read open six tools: {tools:?}");
 }
+
+#[tokio::test]
+async fn the_python_sdk_oauth_provider_connects_and_calls_a_tool() {
+    let stack = Stack::start(&[]).await;
+    let python = std::env::var("SANDGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/e2e/python/oauth_connect.py");
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(&python)
+            .arg(script)
+            .arg(stack.gateway.mcp_url())
+            .env("SANDGATE_TEST_EMAIL", &stack.email)
+            .env("SANDGATE_TEST_PASSWORD", PASSWORD)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the Python client finishes within 120 s")
+    .unwrap_or_else(|e| panic!("{python} runs (set SANDGATE_TEST_PYTHON to a Python with the `mcp` package): {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the Python SDK flow succeeds:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("a JSON report ({e}): {stdout}"));
+    // The SDK asks for the scopes the 401 challenge names (MCP spec scope selection), i.e. all.
+    assert_eq!(
+        report["tools"],
+        json!(["close_sandbox", "create_sandbox", "execute_code", "get_file", "list_files", "run_terminal_command", "upload_file"])
+    );
+    assert_eq!(report["consent_mentions_client"], true, "the SDK's person saw the consent page");
+    assert_eq!(report["has_refresh_token"], true);
+    assert_eq!(report["create_error"], false);
+    assert_eq!(report["result"], "45", "the tool ran in the sandbox");
+
+    // The sandbox records the grant the SDK's token came from.
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(&stack.gateway.database_url).await.unwrap();
+    let (client_id,): (String,) = sqlx::query_as(
+        "SELECT g.client_id FROM sandboxes s JOIN grants g ON g.id = s.grant_id WHERE s.id = $1",
+    )
+    .bind(report["sandbox_id"].as_str().expect("a sandbox id"))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the sandbox names its grant");
+    assert_eq!(report["client_id"], client_id.as_str());
+}

@@ -189,11 +189,11 @@ impl Config {
 
     /// The `SANDGATE_*` environment provider. Variables that belong to the scripts and the CLI
     /// rather than to the configuration (`SANDGATE_CONFIG`, `SANDGATE_CACHE`,
-    /// `SANDGATE_PG_PORT`) are skipped; any other unknown one is an error (a typo must not
+    /// `SANDGATE_PG_PORT`, and the tests' `SANDGATE_TEST_PYTHON`) are skipped; any other unknown one is an error (a typo must not
     /// silently do nothing).
     pub fn env() -> Env {
         Env::prefixed("SANDGATE_")
-            .ignore(&["config", "cache", "pg_port"])
+            .ignore(&["config", "cache", "pg_port", "test_python"])
             .split("__")
     }
 

@@ -946,3 +946,222 @@ async fn the_python_sdk_oauth_provider_connects_and_calls_a_tool() {
     .expect("the sandbox names its grant");
     assert_eq!(report["client_id"], client_id.as_str());
 }
+
+/// Serves `body` as JSON at every path on a loopback port; reports each request.
+async fn document_server(body: String) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let tx = tx.clone();
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let n = socket.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let _ = tx.send(head.lines().next().unwrap_or_default().to_owned());
+                let _ = socket
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    (format!("http://{addr}"), rx)
+}
+
+#[tokio::test]
+async fn client_id_metadata_documents_are_fetched_cached_and_guarded() {
+    // A gateway allowed to fetch from loopback (tests only) uses the document.
+    let stack = Stack::start(&[
+        ("SANDGATE_POOL__MIN_READY", "0"),
+        ("SANDGATE_OAUTH__CLIENT_METADATA__ALLOW_PRIVATE_ADDRESSES", "true"),
+    ])
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let client_id = format!("http://127.0.0.1:{port}/oauth/client.json");
+    let document = json!({
+        "client_id": client_id,
+        "client_name": "Metadata Agent",
+        "redirect_uris": [REDIRECT],
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+        "token_endpoint_auth_method": "none",
+    })
+    .to_string();
+    let (base, mut fetches) = {
+        // Bind the document server on the port the client id names.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let body = document.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buf = vec![0u8; 8192];
+                let n = socket.read(&mut buf).await.unwrap_or(0);
+                let _ = tx.send(String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or_default().to_owned());
+                let _ = socket
+                    .write_all(format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len()).as_bytes())
+                    .await;
+            }
+        });
+        (format!("http://127.0.0.1:{port}"), rx)
+    };
+    assert!(client_id.starts_with(&base));
+    let meta: Value = stack.http.get(stack.url("/.well-known/oauth-authorization-server")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(meta["client_id_metadata_document_supported"], true);
+
+    let mut browser = Browser::new(&stack);
+    let pkce = Pkce::new();
+    let (query, consent) = connect(&stack, &mut browser, &client_id, &pkce, "sandbox").await;
+    assert!(consent.body.contains("Metadata Agent"), "the document's name is shown");
+    assert!(consent.body.contains("App identity verified by its web address"), "{}", consent.body);
+    let (status, tokens) = stack.exchange(&client_id, &query["code"], &pkce.verifier).await;
+    assert_eq!(status, StatusCode::OK, "{tokens}");
+    assert_eq!(fetches.recv().await.unwrap(), "GET /oauth/client.json HTTP/1.1");
+    assert!(fetches.try_recv().is_err(), "the document was fetched once and then cached");
+
+    // A document whose client_id is not its own URL is refused.
+    let (liar, _) = document_server(document.clone()).await;
+    let page = browser
+        .get(&authorize_url(&stack, &format!("{liar}/other.json"), REDIRECT, &Pkce::new(), "s", "sandbox"))
+        .await;
+    assert_eq!(page.status, StatusCode::BAD_REQUEST);
+    assert!(page.body.contains("client_id must be its own URL"), "{}", page.body);
+    // An oversized document is refused.
+    let huge = json!({"client_id": "x", "padding": "a".repeat(20_000)}).to_string();
+    let (big, _) = document_server(huge).await;
+    let page = browser
+        .get(&authorize_url(&stack, &format!("{big}/c.json"), REDIRECT, &Pkce::new(), "s", "sandbox"))
+        .await;
+    assert!(page.body.contains("it is larger than 16384 bytes"), "{}", page.body);
+
+    // With the default configuration, loopback and private targets are never fetched.
+    let guarded = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let (_, mut untouched) = document_server(document).await;
+    let mut browser = Browser::new(&guarded);
+    for (id, why) in [
+        (format!("https://127.0.0.1:{port}/oauth/client.json"), "its address is not a public one"),
+        (format!("https://localhost:{port}/oauth/client.json"), "resolves to no public address"),
+        (format!("https://169.254.169.254/latest/meta-data.json"), "its address is not a public one"),
+    ] {
+        let page = browser
+            .get(&authorize_url(&guarded, &id, REDIRECT, &Pkce::new(), "s", "sandbox"))
+            .await;
+        assert_eq!(page.status, StatusCode::BAD_REQUEST, "{id}");
+        assert!(page.body.contains(why), "{id}: {}", page.body);
+    }
+    assert!(untouched.try_recv().is_err(), "nothing reached a loopback server");
+    assert!(fetches.try_recv().is_err(), "nothing reached the loopback document server");
+}
+
+#[tokio::test]
+async fn confidential_clients_use_client_credentials_and_tokens_can_be_revoked() {
+    let stack = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let created = stack
+        .gateway
+        .cli(&["admin", "client", "create", "--tenant", &stack.tenant, "--name", "Nightly Reports", "--scopes", "sandbox files:read"])
+        .await;
+    let field = |k: &str| {
+        created
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("{k} printed: {created}"))
+            .to_owned()
+    };
+    let (id, secret) = (field("client_id"), field("client_secret"));
+    let credentials = |id: &str, secret: &str| {
+        stack
+            .http
+            .post(stack.url("/oauth/token"))
+            .basic_auth(id.to_owned(), Some(secret.to_owned()))
+            .form(&[("grant_type", "client_credentials")])
+            .send()
+    };
+    let response = credentials(&id, &secret).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let tokens: Value = response.json().await.unwrap();
+    assert_eq!(tokens["scope"], "sandbox files:read");
+    assert!(tokens.get("refresh_token").is_none(), "no refresh token for client credentials");
+    let access = tokens["access_token"].as_str().unwrap().to_owned();
+    let client = Client::connect(&stack.gateway.mcp_url(), &access, Era::Stateless).await.expect("connects");
+    assert_eq!(client.service.list_all_tools().await.unwrap().len(), 4, "sandbox + files:read tools");
+
+    let wrong = credentials(&id, "sgk_wrongwrongwrongwrongwrongwrongwrongwrongwro").await.unwrap();
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        wrong.json::<Value>().await.unwrap(),
+        json!({"error": "invalid_client", "error_description": "client authentication failed"})
+    );
+    let public = stack.register("Public", REDIRECT).await["client_id"].as_str().unwrap().to_owned();
+    let (status, body) = stack.token_request(&[("grant_type", "client_credentials"), ("client_id", &public)]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"], "unauthorized_client");
+
+    // RFC 7009: revoking the access token stops it at once.
+    let revoked = stack
+        .http
+        .post(stack.url("/oauth/revoke"))
+        .basic_auth(id.clone(), Some(secret.clone()))
+        .form(&[("token", access.as_str()), ("token_type_hint", "access_token")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoked.status(), StatusCode::OK);
+    let (status, _, body) = stack.mcp_status(&access).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(body["error_description"], "the access token was revoked or its app was disconnected");
+
+    // Revoking a refresh token ends its family.
+    let mut browser = Browser::new(&stack);
+    let pkce = Pkce::new();
+    let (query, _) = connect(&stack, &mut browser, &public, &pkce, "sandbox").await;
+    let (_, tokens) = stack.exchange(&public, &query["code"], &pkce.verifier).await;
+    let refresh = tokens["refresh_token"].as_str().unwrap();
+    let (status, _) = {
+        let r = stack.http.post(stack.url("/oauth/revoke")).form(&[("token", refresh), ("client_id", &public)]).send().await.unwrap();
+        (r.status(), ())
+    };
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = stack
+        .token_request(&[("grant_type", "refresh_token"), ("refresh_token", refresh), ("client_id", &public)])
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error_description"], "the refresh token was revoked");
+}
+
+#[tokio::test]
+async fn tokens_signed_before_a_key_rotation_keep_working() {
+    let stack = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let public = stack.register("Rotation", REDIRECT).await["client_id"].as_str().unwrap().to_owned();
+    let mut browser = Browser::new(&stack);
+    let pkce = Pkce::new();
+    let (query, _) = connect(&stack, &mut browser, &public, &pkce, "sandbox").await;
+    let (_, tokens) = stack.exchange(&public, &query["code"], &pkce.verifier).await;
+    let old = tokens["access_token"].as_str().unwrap().to_owned();
+    let kid = |token: &str| -> String {
+        let header: Value = serde_json::from_slice(&URL_SAFE_NO_PAD.decode(token.split('.').next().unwrap()).unwrap()).unwrap();
+        header["kid"].as_str().unwrap().to_owned()
+    };
+    let new_kid = stack.gateway.cli(&["admin", "keys", "rotate"]).await;
+    assert_ne!(new_kid, kid(&old));
+    // A token signed with the new key (by another process) is accepted: the ring reloads.
+    let fresh = stack.gateway.token(&stack.tenant).await;
+    assert_eq!(kid(&fresh), new_kid);
+    Client::connect(&stack.gateway.mcp_url(), &fresh, Era::Stateless).await.expect("the new key verifies");
+    // The old key still verifies the tokens it signed.
+    let client = Client::connect(&stack.gateway.mcp_url(), &old, Era::Stateless).await.expect("the old key still verifies");
+    client.service.list_all_tools().await.expect("tools/list with the old token");
+    let jwks: Value = stack.http.get(stack.url("/oauth/jwks")).send().await.unwrap().json().await.unwrap();
+    let kids: Vec<&str> = jwks["keys"].as_array().unwrap().iter().map(|k| k["kid"].as_str().unwrap()).collect();
+    assert!(kids.contains(&new_kid.as_str()) && kids.contains(&kid(&old).as_str()), "JWKS publishes both: {kids:?}");
+}

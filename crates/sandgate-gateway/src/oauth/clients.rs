@@ -102,7 +102,7 @@ async fn fetch_document(state: &AppState, url: &str) -> Result<ClientMetadata, C
         .header("accept", "application/json")
         .send()
         .await
-        .map_err(|e| fail(format!("fetching it failed: {e}")))?;
+        .map_err(|e| fail(format!("fetching it failed: {}", causes(&e))))?;
     if !response.status().is_success() {
         return Err(fail(format!("fetching it returned HTTP {}", response.status())));
     }
@@ -118,6 +118,19 @@ async fn fetch_document(state: &AppState, url: &str) -> Result<ClientMetadata, C
         body.extend_from_slice(&chunk);
     }
     serde_json::from_slice(&body).map_err(|e| fail(format!("it is not valid JSON metadata: {e}")))
+}
+
+/// An error with its causes, `outer: inner: innermost` (reqwest hides the resolver's reason in
+/// the chain).
+fn causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
 }
 
 /// The HTTP client for metadata documents: no redirects, no proxies, a whole-request timeout,

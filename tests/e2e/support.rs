@@ -195,9 +195,15 @@ impl Gateway {
             .spawn()
             .expect("the sandgate binary runs");
         let mut stdin = child.stdin.take().expect("stdin is piped");
-        stdin.write_all(input.as_bytes()).await.expect("stdin takes the input");
+        stdin
+            .write_all(input.as_bytes())
+            .await
+            .expect("stdin takes the input");
         drop(stdin);
-        let output = child.wait_with_output().await.expect("the command finishes");
+        let output = child
+            .wait_with_output()
+            .await
+            .expect("the command finishes");
         assert!(
             output.status.success(),
             "sandgate {args:?} failed: {}",

@@ -43,7 +43,8 @@ impl Browser {
         let driver = which("chromedriver").unwrap_or_else(|| {
             panic!("chromedriver is not installed; run scripts/ensure-chromium.sh (apt-get install chromium chromium-driver)")
         });
-        let chromium = which("chromium").expect("chromium is installed (scripts/ensure-chromium.sh)");
+        let chromium =
+            which("chromium").expect("chromium is installed (scripts/ensure-chromium.sh)");
         let port = free_port();
         let child = Command::new(driver)
             .arg(format!("--port={port}"))
@@ -55,12 +56,26 @@ impl Browser {
             .expect("chromedriver starts");
         let base = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::new();
-        eventually(Duration::from_secs(20), "chromedriver to be ready", || async {
-            let status: Value = http.get(format!("{base}/status")).send().await.ok()?.json().await.ok()?;
-            (status["value"]["ready"] == true).then_some(())
-        })
+        eventually(
+            Duration::from_secs(20),
+            "chromedriver to be ready",
+            || async {
+                let status: Value = http
+                    .get(format!("{base}/status"))
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                (status["value"]["ready"] == true).then_some(())
+            },
+        )
         .await;
-        let profile = std::env::temp_dir().join(format!("sandgate-chromium-{}", uuid::Uuid::new_v4().simple()));
+        let profile = std::env::temp_dir().join(format!(
+            "sandgate-chromium-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
         std::fs::create_dir_all(&profile).expect("a profile directory");
         let args = [
             "--headless",
@@ -121,7 +136,8 @@ impl Browser {
 
     /// Navigates to `url` and waits for the page to load.
     pub async fn goto(&self, url: &str) {
-        self.command(reqwest::Method::POST, "/url", Some(json!({"url": url}))).await;
+        self.command(reqwest::Method::POST, "/url", Some(json!({"url": url})))
+            .await;
     }
 
     /// The current URL.
@@ -136,19 +152,23 @@ impl Browser {
     /// The element matching a CSS selector, waiting up to 10 s for it to appear.
     pub async fn find(&self, css: &str) -> String {
         let url = format!("{}/session/{}/element", self.base, self.session);
-        eventually(Duration::from_secs(10), &format!("element {css}"), || async {
-            let answer: Value = self
-                .http
-                .post(&url)
-                .json(&json!({"using": "css selector", "value": css}))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            answer["value"][ELEMENT].as_str().map(str::to_owned)
-        })
+        eventually(
+            Duration::from_secs(10),
+            &format!("element {css}"),
+            || async {
+                let answer: Value = self
+                    .http
+                    .post(&url)
+                    .json(&json!({"using": "css selector", "value": css}))
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                answer["value"][ELEMENT].as_str().map(str::to_owned)
+            },
+        )
         .await
     }
 
@@ -166,23 +186,33 @@ impl Browser {
     /// Clicks an element.
     pub async fn click(&self, css: &str) {
         let element = self.find(css).await;
-        self.command(reqwest::Method::POST, &format!("/element/{element}/click"), Some(json!({})))
-            .await;
+        self.command(
+            reqwest::Method::POST,
+            &format!("/element/{element}/click"),
+            Some(json!({})),
+        )
+        .await;
     }
 
     /// The visible text of an element.
     pub async fn text(&self, css: &str) -> String {
         let element = self.find(css).await;
-        self.command(reqwest::Method::GET, &format!("/element/{element}/text"), None)
-            .await
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        self.command(
+            reqwest::Method::GET,
+            &format!("/element/{element}/text"),
+            None,
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
     }
 
     /// A PNG screenshot of the viewport.
     pub async fn screenshot(&self) -> Vec<u8> {
-        let b64 = self.command(reqwest::Method::GET, "/screenshot", None).await;
+        let b64 = self
+            .command(reqwest::Method::GET, "/screenshot", None)
+            .await;
         base64::engine::general_purpose::STANDARD
             .decode(b64.as_str().unwrap_or_default())
             .expect("a base64 PNG")

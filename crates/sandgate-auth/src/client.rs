@@ -208,12 +208,14 @@ pub fn validate(meta: &ClientMetadata, secret_allowed: bool) -> Result<ValidClie
         }
     }
     if !grant_types.iter().any(|g| g == "authorization_code") {
-        return Err(invalid("grant_types must include authorization_code".into()));
+        return Err(invalid(
+            "grant_types must include authorization_code".into(),
+        ));
     }
-    if let Some(types) = &meta.response_types {
-        if types.iter().any(|t| t != "code") {
-            return Err(invalid("response_types must be [\"code\"]".into()));
-        }
+    if let Some(types) = &meta.response_types
+        && types.iter().any(|t| t != "code")
+    {
+        return Err(invalid("response_types must be [\"code\"]".into()));
     }
     let scopes = match &meta.scope {
         Some(s) => Some(Scope::parse_list(s).map_err(|e| invalid(e.to_string()))?),
@@ -232,7 +234,9 @@ pub fn validate(meta: &ClientMetadata, secret_allowed: bool) -> Result<ValidClie
         )));
     }
     if name.chars().any(char::is_control) {
-        return Err(invalid("client_name must not contain control characters".into()));
+        return Err(invalid(
+            "client_name must not contain control characters".into(),
+        ));
     }
     Ok(ValidClient {
         name,
@@ -264,7 +268,10 @@ pub fn is_metadata_document_url(client_id: &str, allow_http: bool) -> bool {
 }
 
 /// Validates a fetched client-ID metadata document for `url`: its `client_id` must be that URL.
-pub fn validate_metadata_document(url: &str, meta: &ClientMetadata) -> Result<ValidClient, ClientError> {
+pub fn validate_metadata_document(
+    url: &str,
+    meta: &ClientMetadata,
+) -> Result<ValidClient, ClientError> {
     if meta.client_id.as_deref() != Some(url) {
         return Err(ClientError::InvalidMetadata(format!(
             "the metadata document's client_id must be its own URL {url:?}"
@@ -328,22 +335,40 @@ mod tests {
         assert_eq!(client.grant_types, vec!["authorization_code".to_owned()]);
         let mut bad = meta.clone();
         bad.grant_types = Some(vec!["password".into()]);
-        assert_eq!(validate(&bad, true).unwrap_err().code(), "invalid_client_metadata");
+        assert_eq!(
+            validate(&bad, true).unwrap_err().code(),
+            "invalid_client_metadata"
+        );
         let mut bad = meta.clone();
         bad.redirect_uris = vec![];
-        assert_eq!(validate(&bad, true).unwrap_err().code(), "invalid_redirect_uri");
+        assert_eq!(
+            validate(&bad, true).unwrap_err().code(),
+            "invalid_redirect_uri"
+        );
         let mut secret = meta.clone();
         secret.token_endpoint_auth_method = Some("client_secret_post".into());
-        assert!(validate(&secret, false).is_err(), "CIMD clients hold no secret");
+        assert!(
+            validate(&secret, false).is_err(),
+            "CIMD clients hold no secret"
+        );
     }
 
     #[test]
     fn metadata_document_urls() {
-        assert!(is_metadata_document_url("https://app.example/oauth/client.json", false));
+        assert!(is_metadata_document_url(
+            "https://app.example/oauth/client.json",
+            false
+        ));
         assert!(!is_metadata_document_url("https://app.example/", false));
-        assert!(!is_metadata_document_url("http://app.example/c.json", false));
+        assert!(!is_metadata_document_url(
+            "http://app.example/c.json",
+            false
+        ));
         assert!(is_metadata_document_url("http://127.0.0.1:9/c.json", true));
-        assert!(!is_metadata_document_url("https://app.example/a/../c.json", false));
+        assert!(!is_metadata_document_url(
+            "https://app.example/a/../c.json",
+            false
+        ));
         assert!(!is_metadata_document_url("not a url", false));
     }
 }

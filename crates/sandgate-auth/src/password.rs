@@ -1,8 +1,8 @@
 //! Passwords: argon2id hashes (PHC strings), never the password itself.
 
+use argon2::Argon2;
 use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::Argon2;
 
 /// A password could not be hashed, or a stored hash is unreadable.
 #[derive(Debug, thiserror::Error)]

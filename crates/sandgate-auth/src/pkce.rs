@@ -17,7 +17,9 @@ pub enum PkceError {
     #[error("code_challenge_method must be S256")]
     UnsupportedMethod,
     /// The challenge is not a base64url SHA-256.
-    #[error("code_challenge must be the base64url-encoded SHA-256 of the code verifier (43 characters)")]
+    #[error(
+        "code_challenge must be the base64url-encoded SHA-256 of the code verifier (43 characters)"
+    )]
     MalformedChallenge,
     /// No `code_verifier` in the token request.
     #[error("code_verifier is required")]
@@ -83,7 +85,10 @@ mod tests {
     #[test]
     fn a_known_pair_verifies() {
         assert_eq!(challenge_of(VERIFIER), CHALLENGE);
-        assert_eq!(check_challenge(Some(CHALLENGE), Some("S256")).unwrap(), CHALLENGE);
+        assert_eq!(
+            check_challenge(Some(CHALLENGE), Some("S256")).unwrap(),
+            CHALLENGE
+        );
         verify(Some(VERIFIER), CHALLENGE).unwrap();
     }
 
@@ -97,13 +102,19 @@ mod tests {
             check_challenge(Some(CHALLENGE), None),
             Err(PkceError::UnsupportedMethod)
         );
-        assert_eq!(check_challenge(None, Some("S256")), Err(PkceError::MissingChallenge));
+        assert_eq!(
+            check_challenge(None, Some("S256")),
+            Err(PkceError::MissingChallenge)
+        );
         assert_eq!(
             check_challenge(Some("short"), Some("S256")),
             Err(PkceError::MalformedChallenge)
         );
         assert_eq!(verify(None, CHALLENGE), Err(PkceError::MissingVerifier));
-        assert_eq!(verify(Some("abc"), CHALLENGE), Err(PkceError::MalformedVerifier));
+        assert_eq!(
+            verify(Some("abc"), CHALLENGE),
+            Err(PkceError::MalformedVerifier)
+        );
         let other = "A".repeat(43);
         assert_eq!(verify(Some(&other), CHALLENGE), Err(PkceError::Mismatch));
     }

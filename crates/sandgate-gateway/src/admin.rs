@@ -153,7 +153,11 @@ pub async fn create_client(
     }
     let client_id = format!("sgcl_{}", Uuid::new_v4().simple());
     let client_secret = secret::generate(SecretKind::ClientSecret);
-    let scope_string = scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ");
+    let scope_string = scopes
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(" ");
     let grant_types: Vec<String> = ["authorization_code", "refresh_token", "client_credentials"]
         .map(str::to_owned)
         .to_vec();

@@ -332,7 +332,10 @@ impl Config {
         let o = &self.oauth;
         for (key, value) in [
             ("oauth.access_token_ttl_seconds", o.access_token_ttl_seconds),
-            ("oauth.refresh_token_ttl_seconds", o.refresh_token_ttl_seconds),
+            (
+                "oauth.refresh_token_ttl_seconds",
+                o.refresh_token_ttl_seconds,
+            ),
             ("oauth.code_ttl_seconds", o.code_ttl_seconds),
             ("oauth.session_ttl_seconds", o.session_ttl_seconds),
             (
@@ -400,7 +403,9 @@ impl Config {
 
     /// Whether the public URL is https (cookies are then `Secure` in any case).
     pub fn is_https(&self) -> bool {
-        self.public_url.as_ref().is_some_and(|u| u.scheme() == "https")
+        self.public_url
+            .as_ref()
+            .is_some_and(|u| u.scheme() == "https")
     }
 
     /// Whether the public host is a loopback address or `localhost`.

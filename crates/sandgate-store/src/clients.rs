@@ -62,7 +62,7 @@ pub struct NewClient<'a> {
 
 /// Stores a client; a metadata document's row is replaced (refetched) when it exists.
 pub async fn upsert(conn: &mut PgConnection, c: &NewClient<'_>) -> Result<Client, StoreError> {
-    Ok(sqlx::query_as::<_, Client>(sqlx::AssertSqlSafe(format!(
+    let row = sqlx::query_as::<_, Client>(sqlx::AssertSqlSafe(format!(
         "INSERT INTO oauth_clients (id, kind, name, redirect_uris, auth_method, secret_hash, grant_types,
                                     scopes, tenant_id, fetched_at)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, CASE WHEN $2 = 'cimd' THEN now() END)
@@ -82,8 +82,8 @@ pub async fn upsert(conn: &mut PgConnection, c: &NewClient<'_>) -> Result<Client
     .bind(c.scopes)
     .bind(c.tenant_id)
     .fetch_optional(conn)
-    .await?
-    .ok_or(StoreError::Conflict("a client with that id exists already"))?)
+    .await?;
+    row.ok_or(StoreError::Conflict("a client with that id exists already"))
 }
 
 /// A client by id.

@@ -173,12 +173,11 @@ pub async fn token_is_active(
     let Some(grant_id) = grant_id else {
         return Ok(true);
     };
-    let live: Option<(Option<DateTime<Utc>>,)> = sqlx::query_as(
-        "SELECT last_used_at FROM grants WHERE id = $1 AND revoked_at IS NULL",
-    )
-    .bind(grant_id)
-    .fetch_optional(&mut *conn)
-    .await?;
+    let live: Option<(Option<DateTime<Utc>>,)> =
+        sqlx::query_as("SELECT last_used_at FROM grants WHERE id = $1 AND revoked_at IS NULL")
+            .bind(grant_id)
+            .fetch_optional(&mut *conn)
+            .await?;
     match live {
         None => Ok(false),
         Some((last_used,)) => {

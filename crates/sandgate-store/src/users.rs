@@ -93,7 +93,10 @@ pub async fn create_session(
 }
 
 /// The unexpired session with this id hash, if any.
-pub async fn session(conn: &mut PgConnection, id_hash: &[u8]) -> Result<Option<Session>, StoreError> {
+pub async fn session(
+    conn: &mut PgConnection,
+    id_hash: &[u8],
+) -> Result<Option<Session>, StoreError> {
     Ok(sqlx::query_as::<_, Session>(
         "SELECT s.user_id, u.tenant_id, u.email, s.csrf_token, s.expires_at
          FROM user_sessions s JOIN users u ON u.id = s.user_id

@@ -81,11 +81,14 @@ pub async fn require_bearer(
         Ok(found) => found,
         Err(response) => return response,
     };
-    if let Some(tool) = tool {
-        if !claims.has_scope(tool.scope()) {
-            tracing::info!(tool = tool.as_str(), "refused a call outside the token's scopes");
-            return insufficient_scope(&state, &claims, tool);
-        }
+    if let Some(tool) = tool
+        && !claims.has_scope(tool.scope())
+    {
+        tracing::info!(
+            tool = tool.as_str(),
+            "refused a call outside the token's scopes"
+        );
+        return insufficient_scope(&state, &claims, tool);
     }
     let mut request = request;
     request.extensions_mut().insert(claims);
@@ -146,12 +149,9 @@ fn header_tool_name(headers: &HeaderMap) -> Option<Option<String>> {
         .strip_prefix("=?base64?")
         .and_then(|r| r.strip_suffix("?="))
     {
-        Some(b64) => String::from_utf8(
-            base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .ok()?,
-        )
-        .ok()?,
+        Some(b64) => {
+            String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).ok()?).ok()?
+        }
         None => raw.to_owned(),
     };
     Some(Some(name))
@@ -166,7 +166,11 @@ fn insufficient_scope(state: &AppState, claims: &AccessClaims, tool: ToolName) -
     scopes.push(needed);
     scopes.sort();
     scopes.dedup();
-    let scope_list = scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ");
+    let scope_list = scopes
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(" ");
     let description = format!(
         "calling {} needs the {} scope, which this token does not hold",
         tool.as_str(),

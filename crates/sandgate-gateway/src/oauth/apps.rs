@@ -127,7 +127,13 @@ pub async fn disconnect(
     }
     let revoked = async {
         let mut tx = state.db.begin().await?;
-        let done = grants::revoke(&mut tx, form.grant_id, Some(session.user_id), "disconnected by the user").await?;
+        let done = grants::revoke(
+            &mut tx,
+            form.grant_id,
+            Some(session.user_id),
+            "disconnected by the user",
+        )
+        .await?;
         tx.commit().await?;
         Ok::<_, StoreError>(done)
     }
@@ -136,8 +142,12 @@ pub async fn disconnect(
         Ok(true) => {
             tracing::info!(grant_id = %form.grant_id, user_id = %session.user_id, "app disconnected");
             match state.sandboxes.close_grant(form.grant_id).await {
-                Ok(n) => tracing::info!(grant_id = %form.grant_id, closed = n, "closed the app's sandboxes"),
-                Err(err) => tracing::error!(error = ?err, grant_id = %form.grant_id, "closing the app's sandboxes failed"),
+                Ok(n) => {
+                    tracing::info!(grant_id = %form.grant_id, closed = n, "closed the app's sandboxes")
+                }
+                Err(err) => {
+                    tracing::error!(error = ?err, grant_id = %form.grant_id, "closing the app's sandboxes failed")
+                }
             }
         }
         // Not this user's, or already gone: the page shows the truth either way.

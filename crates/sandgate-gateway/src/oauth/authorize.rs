@@ -88,7 +88,13 @@ fn redirect_to_client(
     see_other(url.as_str())
 }
 
-fn error_to_client(state: &AppState, valid_uri: &str, client_state: Option<&str>, error: &str, description: &str) -> Failure {
+fn error_to_client(
+    state: &AppState,
+    valid_uri: &str,
+    client_state: Option<&str>,
+    error: &str,
+    description: &str,
+) -> Failure {
     Failure::Redirect(redirect_to_client(
         state,
         valid_uri,
@@ -127,7 +133,9 @@ async fn validate(state: &AppState, p: &AuthorizeParams) -> Result<Valid, Failur
         }
     };
     let redirect_uri = match p.redirect_uri.as_deref() {
-        Some(uri) if client_rules::redirect_uri_matches(&client.redirect_uris, uri) => uri.to_owned(),
+        Some(uri) if client_rules::redirect_uri_matches(&client.redirect_uris, uri) => {
+            uri.to_owned()
+        }
         None if client.redirect_uris.len() == 1 => client.redirect_uris[0].clone(),
         _ => {
             return Err(Failure::Page(html::error_page(
@@ -147,16 +155,20 @@ async fn validate(state: &AppState, p: &AuthorizeParams) -> Result<Valid, Failur
             "response_type must be code",
         ));
     }
-    let challenge = pkce::check_challenge(p.code_challenge.as_deref(), p.code_challenge_method.as_deref())
-        .map_err(|e| error_to_client(state, &redirect_uri, cs, "invalid_request", &e.to_string()))?;
+    let challenge = pkce::check_challenge(
+        p.code_challenge.as_deref(),
+        p.code_challenge_method.as_deref(),
+    )
+    .map_err(|e| error_to_client(state, &redirect_uri, cs, "invalid_request", &e.to_string()))?;
     let allowed = match &client.scopes {
         Some(s) => Scope::parse_list(s).unwrap_or_default(),
         None => Scope::ALL.to_vec(),
     };
     let scopes = match p.scope.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
         None => allowed.clone(),
-        Some(s) => Scope::parse_list(s)
-            .map_err(|e| error_to_client(state, &redirect_uri, cs, "invalid_scope", &e.to_string()))?,
+        Some(s) => Scope::parse_list(s).map_err(|e| {
+            error_to_client(state, &redirect_uri, cs, "invalid_scope", &e.to_string())
+        })?,
     };
     if let Some(extra) = scopes.iter().find(|s| !allowed.contains(s)) {
         return Err(error_to_client(
@@ -192,7 +204,11 @@ async fn validate(state: &AppState, p: &AuthorizeParams) -> Result<Valid, Failur
 }
 
 /// Issues a code under `grant_id` and redirects the browser to the client with it.
-async fn issue_code(state: &AppState, valid: &Valid, grant_id: uuid::Uuid) -> Result<Response, StoreError> {
+async fn issue_code(
+    state: &AppState,
+    valid: &Valid,
+    grant_id: uuid::Uuid,
+) -> Result<Response, StoreError> {
     let code = secret::generate(SecretKind::AuthorizationCode);
     let ttl = i64::try_from(state.config.oauth.code_ttl_seconds).unwrap_or(60);
     let scopes = join_scopes(&valid.scopes);
@@ -233,7 +249,9 @@ pub async fn authorize(
     let session = match session::current(&state, &headers).await {
         Ok(Some(session)) => session,
         Ok(None) => {
-            let here = uri.path_and_query().map_or(paths::AUTHORIZE, |pq| pq.as_str());
+            let here = uri
+                .path_and_query()
+                .map_or(paths::AUTHORIZE, |pq| pq.as_str());
             return session::login_redirect(here);
         }
         Err(err) => return unavailable(&err).into_response(),
@@ -241,7 +259,13 @@ pub async fn authorize(
     // Connect once: an approval covering these scopes skips the screen.
     let existing = async {
         let mut conn = state.db.acquire().await?;
-        grants::live_for(&mut conn, session.tenant_id, Some(session.user_id), &valid.client.id).await
+        grants::live_for(
+            &mut conn,
+            session.tenant_id,
+            Some(session.user_id),
+            &valid.client.id,
+        )
+        .await
     }
     .await;
     match existing {
@@ -296,12 +320,22 @@ async fn consent_page(state: &AppState, valid: &Valid, session: &Session) -> Res
         .map(|s| {
             let d = s.describe();
             let mut chars = d.chars();
-            let sentence = chars.next().map(|c| c.to_uppercase().chain(chars).collect::<String>()).unwrap_or_default();
-            format!("<li>{} <code>{}</code></li>", escape(&sentence), escape(s.as_str()))
+            let sentence = chars
+                .next()
+                .map(|c| c.to_uppercase().chain(chars).collect::<String>())
+                .unwrap_or_default();
+            format!(
+                "<li>{} <code>{}</code></li>",
+                escape(&sentence),
+                escape(s.as_str())
+            )
         })
         .collect();
     let hidden = |k: &str, v: Option<&str>| match v {
-        Some(v) => format!("<input type=\"hidden\" name=\"{k}\" value=\"{}\">", escape(v)),
+        Some(v) => format!(
+            "<input type=\"hidden\" name=\"{k}\" value=\"{}\">",
+            escape(v)
+        ),
         None => String::new(),
     };
     let scope_string = join_scopes(&valid.scopes);
@@ -422,8 +456,13 @@ pub async fn consent(
     }
     let approved = async {
         let mut tx = state.db.begin().await?;
-        let existing =
-            grants::live_for(&mut tx, session.tenant_id, Some(session.user_id), &valid.client.id).await?;
+        let existing = grants::live_for(
+            &mut tx,
+            session.tenant_id,
+            Some(session.user_id),
+            &valid.client.id,
+        )
+        .await?;
         // Approving more scopes adds to the connection; it never silently drops earlier ones.
         let mut scopes = existing
             .map(|g| Scope::parse_list(&g.scopes).unwrap_or_default())

@@ -12,8 +12,8 @@ use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use sandgate_auth::client::{self, AuthMethod, ClientMetadata, ValidClient};
 use sandgate_auth::secret::{self, SecretKind};
-use sandgate_store::clients::{self as store, Client, NewClient};
 use sandgate_store::StoreError;
+use sandgate_store::clients::{self as store, Client, NewClient};
 
 use crate::AppState;
 
@@ -42,15 +42,15 @@ pub async fn lookup(state: &AppState, client_id: &str) -> Result<Client, ClientL
         Some(c) if c.kind != "cimd" => return Ok(c),
         Some(c)
             if c.fetched_at.is_some_and(|t| {
-                (Utc::now() - t).num_seconds() < i64::try_from(meta.cache_seconds).unwrap_or(i64::MAX)
+                (Utc::now() - t).num_seconds()
+                    < i64::try_from(meta.cache_seconds).unwrap_or(i64::MAX)
             }) =>
         {
             return Ok(c);
         }
         _ => {}
     }
-    if !meta.enabled || !client::is_metadata_document_url(client_id, meta.allow_private_addresses)
-    {
+    if !meta.enabled || !client::is_metadata_document_url(client_id, meta.allow_private_addresses) {
         return Err(ClientLookupError::Unknown(client_id.to_owned()));
     }
     let document = fetch_document(state, client_id).await?;
@@ -85,15 +85,16 @@ async fn fetch_document(state: &AppState, url: &str) -> Result<ClientMetadata, C
     let fail = |why: String| ClientLookupError::Document(why);
     let parsed = url::Url::parse(url).map_err(|e| fail(e.to_string()))?;
     // An IP literal never reaches the resolver, so it is checked here.
-    if let Some(url::Host::Ipv4(ip)) = parsed.host() {
-        if !meta.allow_private_addresses && !is_public(IpAddr::V4(ip)) {
-            return Err(fail("its address is not a public one".into()));
-        }
-    }
-    if let Some(url::Host::Ipv6(ip)) = parsed.host() {
-        if !meta.allow_private_addresses && !is_public(IpAddr::V6(ip)) {
-            return Err(fail("its address is not a public one".into()));
-        }
+    let literal = match parsed.host() {
+        Some(url::Host::Ipv4(ip)) => Some(IpAddr::V4(ip)),
+        Some(url::Host::Ipv6(ip)) => Some(IpAddr::V6(ip)),
+        _ => None,
+    };
+    if let Some(ip) = literal
+        && !meta.allow_private_addresses
+        && !is_public(ip)
+    {
+        return Err(fail("its address is not a public one".into()));
     }
     let mut response = state
         .oauth
@@ -104,7 +105,10 @@ async fn fetch_document(state: &AppState, url: &str) -> Result<ClientMetadata, C
         .await
         .map_err(|e| fail(format!("fetching it failed: {}", causes(&e))))?;
     if !response.status().is_success() {
-        return Err(fail(format!("fetching it returned HTTP {}", response.status())));
+        return Err(fail(format!(
+            "fetching it returned HTTP {}",
+            response.status()
+        )));
     }
     let mut body = Vec::new();
     while let Some(chunk) = response
@@ -273,7 +277,11 @@ pub async fn register(State(state): State<AppState>, body: axum::body::Bytes) ->
 
 /// Scopes as a space-separated string.
 pub fn join_scopes(scopes: &[sandgate_auth::Scope]) -> String {
-    scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" ")
+    scopes
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn registration_error(status: StatusCode, code: &str, description: &str) -> Response {

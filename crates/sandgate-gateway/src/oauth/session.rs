@@ -69,7 +69,10 @@ type HmacSha256 = Hmac<Sha256>;
 fn sign(key: &[u8; 32], value: &str) -> String {
     let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
     mac.update(value.as_bytes());
-    format!("{value}.{}", URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes()))
+    format!(
+        "{value}.{}",
+        URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+    )
 }
 
 fn unsign<'a>(key: &[u8; 32], signed: &'a str) -> Option<&'a str> {
@@ -212,9 +215,10 @@ pub async fn login(
     };
     // argon2 is deliberately slow: keep it off the async workers. A missing user is checked
     // against a dummy hash so both failures take as long.
-    let hash = user
-        .as_ref()
-        .map_or_else(|| password::dummy_hash().to_owned(), |u| u.password_hash.clone());
+    let hash = user.as_ref().map_or_else(
+        || password::dummy_hash().to_owned(),
+        |u| u.password_hash.clone(),
+    );
     let password = form.password;
     let matches = tokio::task::spawn_blocking(move || password::verify_password(&password, &hash))
         .await
@@ -233,7 +237,8 @@ pub async fn login(
     let id = secret::generate(SecretKind::Session);
     let csrf = secret::generate(SecretKind::Csrf);
     let ttl = state.config.oauth.session_ttl_seconds;
-    let expires = Utc::now() + chrono::Duration::seconds(i64::try_from(ttl).unwrap_or(i64::MAX / 4));
+    let expires =
+        Utc::now() + chrono::Duration::seconds(i64::try_from(ttl).unwrap_or(i64::MAX / 4));
     let created = async {
         let mut conn = state.db.acquire().await?;
         users::create_session(&mut conn, &secret::hash(&id), user.id, &csrf, expires).await
@@ -279,12 +284,11 @@ pub async fn logout(
             .as_deref()
             .is_some_and(|c| secret::constant_time_eq(c, &session.csrf_token))
         {
-            if let Some(id) = cookie(&headers, policy.session)
-                .and_then(|c| unsign(&state.oauth.cookie_key, c))
+            if let Some(id) =
+                cookie(&headers, policy.session).and_then(|c| unsign(&state.oauth.cookie_key, c))
+                && let Ok(mut conn) = state.db.acquire().await
             {
-                if let Ok(mut conn) = state.db.acquire().await {
-                    let _ = users::delete_session(&mut conn, &secret::hash(id)).await;
-                }
+                let _ = users::delete_session(&mut conn, &secret::hash(id)).await;
             }
         } else {
             return html::error_page(
@@ -317,7 +321,10 @@ mod tests {
 
     #[test]
     fn only_local_paths_are_followed() {
-        assert_eq!(safe_next(Some("/oauth/authorize?x=1")), "/oauth/authorize?x=1");
+        assert_eq!(
+            safe_next(Some("/oauth/authorize?x=1")),
+            "/oauth/authorize?x=1"
+        );
         assert_eq!(safe_next(Some("//evil.example/")), paths::APPS);
         assert_eq!(safe_next(Some("https://evil.example/")), paths::APPS);
         assert_eq!(safe_next(Some("/\\evil.example")), paths::APPS);

@@ -12,9 +12,9 @@ use base64::engine::general_purpose::STANDARD;
 use chrono::Utc;
 use sandgate_auth::secret::{self, SecretKind};
 use sandgate_auth::{Scope, pkce};
+use sandgate_store::StoreError;
 use sandgate_store::clients::Client;
 use sandgate_store::grants::{self, Grant, NewRefreshToken};
-use sandgate_store::StoreError;
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -132,16 +132,21 @@ async fn authenticate(
     let basic = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic ")))
+        .and_then(|v| {
+            v.strip_prefix("Basic ")
+                .or_else(|| v.strip_prefix("basic "))
+        })
         .map(|b64| {
             let decoded = STANDARD
                 .decode(b64.trim())
                 .ok()
                 .and_then(|d| String::from_utf8(d).ok())
-                .ok_or_else(|| TokenEndpointError::InvalidClient("malformed Basic credentials".into()))?;
-            let (id, secret) = decoded
-                .split_once(':')
-                .ok_or_else(|| TokenEndpointError::InvalidClient("malformed Basic credentials".into()))?;
+                .ok_or_else(|| {
+                    TokenEndpointError::InvalidClient("malformed Basic credentials".into())
+                })?;
+            let (id, secret) = decoded.split_once(':').ok_or_else(|| {
+                TokenEndpointError::InvalidClient("malformed Basic credentials".into())
+            })?;
             // RFC 6749 §2.3.1: both parts are form-urlencoded.
             let unescape = |s: &str| {
                 url::form_urlencoded::parse(format!("x={s}").as_bytes())
@@ -167,10 +172,14 @@ async fn authenticate(
         (None, None) => (form.client_id.clone().unwrap_or_default(), None, "none"),
     };
     if client_id.is_empty() {
-        return Err(TokenEndpointError::InvalidClient("client authentication is required (client_id)".into()));
+        return Err(TokenEndpointError::InvalidClient(
+            "client authentication is required (client_id)".into(),
+        ));
     }
     if basic.is_some() && form.client_id.as_deref().is_some_and(|f| f != client_id) {
-        return Err(TokenEndpointError::InvalidClient("client_id does not match the credentials".into()));
+        return Err(TokenEndpointError::InvalidClient(
+            "client_id does not match the credentials".into(),
+        ));
     }
     let client = lookup(state, &client_id).await.map_err(|e| match e {
         ClientLookupError::Store(err) => TokenEndpointError::Store(err),
@@ -188,13 +197,17 @@ async fn authenticate(
             let ok = secret::is_kind(&presented, SecretKind::ClientSecret)
                 && subtle_eq(stored, &secret::hash(&presented));
             if !ok {
-                return Err(TokenEndpointError::InvalidClient("client authentication failed".into()));
+                return Err(TokenEndpointError::InvalidClient(
+                    "client authentication failed".into(),
+                ));
             }
             if client.auth_method != method
                 && !(client.auth_method == "client_secret_basic" && method == "client_secret_post")
                 && !(client.auth_method == "client_secret_post" && method == "client_secret_basic")
             {
-                return Err(TokenEndpointError::InvalidClient("client authentication failed".into()));
+                return Err(TokenEndpointError::InvalidClient(
+                    "client authentication failed".into(),
+                ));
             }
             Ok(client)
         }
@@ -220,7 +233,9 @@ pub async fn token(
             Some(other) => Err(TokenEndpointError::UnsupportedGrantType(format!(
                 "grant_type {other:?} is not supported"
             ))),
-            None => Err(TokenEndpointError::InvalidRequest("grant_type is required".into())),
+            None => Err(TokenEndpointError::InvalidRequest(
+                "grant_type is required".into(),
+            )),
         }
     }
     .await;
@@ -259,7 +274,9 @@ async fn authorization_code(
     let mut tx = state.db.begin().await.map_err(StoreError::from)?;
     let row = grants::lock_code(&mut tx, &secret::hash(code))
         .await?
-        .ok_or_else(|| TokenEndpointError::InvalidGrant("the authorization code is invalid".into()))?;
+        .ok_or_else(|| {
+            TokenEndpointError::InvalidGrant("the authorization code is invalid".into())
+        })?;
     if row.used_at.is_some() {
         // OAuth 2.1 §4.1.3: a code used twice means it leaked; what it issued is revoked.
         grants::revoke(&mut tx, row.grant_id, None, "authorization code replayed").await?;
@@ -270,7 +287,9 @@ async fn authorization_code(
         ));
     }
     let refusal = if row.expires_at <= Utc::now() {
-        Some(TokenEndpointError::InvalidGrant("the authorization code has expired".into()))
+        Some(TokenEndpointError::InvalidGrant(
+            "the authorization code has expired".into(),
+        ))
     } else if row.client_id != client.id {
         Some(TokenEndpointError::InvalidGrant(
             "the authorization code was issued to another client".into(),
@@ -281,10 +300,8 @@ async fn authorization_code(
         ))
     } else if let Err(e) = pkce::verify(form.code_verifier.as_deref(), &row.code_challenge) {
         Some(TokenEndpointError::InvalidGrant(e.to_string()))
-    } else if let Err(e) = check_resource(form.resource.as_deref(), &row.resource) {
-        Some(e)
     } else {
-        None
+        check_resource(form.resource.as_deref(), &row.resource).err()
     };
     if let Some(refusal) = refusal {
         // A failed redemption burns the code: it cannot be retried, by anyone.
@@ -300,12 +317,24 @@ async fn authorization_code(
         .iter()
         .any(|g| g == "refresh_token")
         .then(Uuid::now_v7);
-    let body = issue(state, &mut tx, client, &grant, &scopes, &row.resource, refresh).await?;
+    let body = issue(
+        state,
+        &mut tx,
+        client,
+        &grant,
+        &scopes,
+        &row.resource,
+        refresh,
+    )
+    .await?;
     tx.commit().await.map_err(StoreError::from)?;
     Ok(body)
 }
 
-async fn live_grant(conn: &mut sandgate_store::PgConnection, id: Uuid) -> Result<Grant, TokenEndpointError> {
+async fn live_grant(
+    conn: &mut sandgate_store::PgConnection,
+    id: Uuid,
+) -> Result<Grant, TokenEndpointError> {
     grants::get(conn, id)
         .await?
         .filter(|g| g.revoked_at.is_none())
@@ -383,7 +412,9 @@ async fn refresh(
         ));
     }
     if row.revoked_at.is_some() {
-        return Err(TokenEndpointError::InvalidGrant("the refresh token was revoked".into()));
+        return Err(TokenEndpointError::InvalidGrant(
+            "the refresh token was revoked".into(),
+        ));
     }
     if row.used_at.is_some() {
         // OAuth 2.1 §4.3.1 / BCP for refresh rotation: reuse means one copy was stolen; neither
@@ -392,18 +423,27 @@ async fn refresh(
         tx.commit().await.map_err(StoreError::from)?;
         tracing::warn!(family_id = %row.family_id, revoked, client_id = %client.id, "refresh token reused; family revoked");
         return Err(TokenEndpointError::InvalidGrant(
-            "the refresh token was already used; every refresh token of this sign-in is revoked".into(),
+            "the refresh token was already used; every refresh token of this sign-in is revoked"
+                .into(),
         ));
     }
     if row.expires_at <= Utc::now() {
-        return Err(TokenEndpointError::InvalidGrant("the refresh token has expired".into()));
+        return Err(TokenEndpointError::InvalidGrant(
+            "the refresh token has expired".into(),
+        ));
     }
     check_resource(form.resource.as_deref(), &row.resource)?;
     let held = Scope::parse_list(&row.scopes).unwrap_or_default();
-    let scopes = match form.scope.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+    let scopes = match form
+        .scope
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         None => held.clone(),
         Some(s) => {
-            let asked = Scope::parse_list(s).map_err(|e| TokenEndpointError::InvalidScope(e.to_string()))?;
+            let asked = Scope::parse_list(s)
+                .map_err(|e| TokenEndpointError::InvalidScope(e.to_string()))?;
             if let Some(extra) = asked.iter().find(|s| !held.contains(s)) {
                 return Err(TokenEndpointError::InvalidScope(format!(
                     "the refresh token does not hold the {extra} scope"
@@ -413,7 +453,16 @@ async fn refresh(
         }
     };
     let grant = live_grant(&mut tx, row.grant_id).await?;
-    let body = issue(state, &mut tx, client, &grant, &scopes, &row.resource, Some(row.family_id)).await?;
+    let body = issue(
+        state,
+        &mut tx,
+        client,
+        &grant,
+        &scopes,
+        &row.resource,
+        Some(row.family_id),
+    )
+    .await?;
     tx.commit().await.map_err(StoreError::from)?;
     Ok(body)
 }
@@ -425,7 +474,8 @@ async fn client_credentials(
 ) -> Result<serde_json::Value, TokenEndpointError> {
     let Some(tenant) = client.tenant_id.filter(|_| client.kind == "confidential") else {
         return Err(TokenEndpointError::UnauthorizedClient(
-            "only clients created with `sandgate admin client create` may use client_credentials".into(),
+            "only clients created with `sandgate admin client create` may use client_credentials"
+                .into(),
         ));
     };
     let resource = state.config.mcp_url();
@@ -433,12 +483,20 @@ async fn client_credentials(
     let mut tx = state.db.begin().await.map_err(StoreError::from)?;
     let grant = grants::live_for(&mut tx, tenant, None, &client.id)
         .await?
-        .ok_or_else(|| TokenEndpointError::InvalidGrant("this client's access was revoked".into()))?;
+        .ok_or_else(|| {
+            TokenEndpointError::InvalidGrant("this client's access was revoked".into())
+        })?;
     let held = Scope::parse_list(&grant.scopes).unwrap_or_default();
-    let scopes = match form.scope.as_deref().map(str::trim).filter(|s| !s.is_empty()) {
+    let scopes = match form
+        .scope
+        .as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
         None => held.clone(),
         Some(s) => {
-            let asked = Scope::parse_list(s).map_err(|e| TokenEndpointError::InvalidScope(e.to_string()))?;
+            let asked = Scope::parse_list(s)
+                .map_err(|e| TokenEndpointError::InvalidScope(e.to_string()))?;
             if let Some(extra) = asked.iter().find(|s| !held.contains(s)) {
                 return Err(TokenEndpointError::InvalidScope(format!(
                     "this client may not have the {extra} scope"
@@ -468,19 +526,19 @@ pub async fn revoke(
             .filter(|t| !t.is_empty())
             .ok_or_else(|| TokenEndpointError::InvalidRequest("token is required".into()))?;
         let mut conn = state.db.acquire().await.map_err(StoreError::from)?;
+        // Only the client a token was issued to may revoke it; anything else is ignored.
         if secret::is_kind(token, SecretKind::RefreshToken) {
-            if let Some(row) = grants::refresh_by_hash(&mut conn, &secret::hash(token)).await? {
-                if row.client_id == client.id {
-                    grants::revoke_family(&mut conn, row.family_id).await?;
-                    tracing::info!(family_id = %row.family_id, "refresh token revoked");
-                }
+            let row = grants::refresh_by_hash(&mut conn, &secret::hash(token)).await?;
+            if let Some(row) = row.filter(|r| r.client_id == client.id) {
+                grants::revoke_family(&mut conn, row.family_id).await?;
+                tracing::info!(family_id = %row.family_id, "refresh token revoked");
             }
-        } else if let Ok(claims) = state.keys.verify(token).await {
-            if claims.client_id.as_deref() == Some(client.id.as_str()) {
-                let expires = chrono::DateTime::from_timestamp(claims.exp, 0).unwrap_or_else(Utc::now);
-                grants::revoke_access_token(&mut conn, &claims.jti, expires).await?;
-                tracing::info!(jti = %claims.jti, "access token revoked");
-            }
+        } else if let Ok(claims) = state.keys.verify(token).await
+            && claims.client_id.as_deref() == Some(client.id.as_str())
+        {
+            let expires = chrono::DateTime::from_timestamp(claims.exp, 0).unwrap_or_else(Utc::now);
+            grants::revoke_access_token(&mut conn, &claims.jti, expires).await?;
+            tracing::info!(jti = %claims.jti, "access token revoked");
         }
         Ok::<_, TokenEndpointError>(())
     }

@@ -474,10 +474,9 @@ mod tests {
 
     fn load_in(jail: &Jail) -> Result<Config, ConfigError> {
         let _ = jail;
-        Config::from_figment(Config::figment(
-            None,
-            Env::prefixed("SANDGATE_").split("__"),
-        ))
+        // Config::env(): the same filter as production, so variables the test scripts export
+        // (SANDGATE_TEST_PYTHON) do not break these tests.
+        Config::from_figment(Config::figment(None, Config::env()))
     }
 
     #[test]

@@ -94,6 +94,13 @@ impl OAuthState {
             use sha2::Digest;
             sha2::Sha256::digest(secret.as_bytes()).into()
         };
+        if !session::CookiePolicy::of(config).secure {
+            tracing::warn!(
+                public_url = %config.public_url(),
+                "the public URL is plain http on a non-loopback host: login cookies are sent \
+                 without Secure and without the __Host- prefix; use https outside development"
+            );
+        }
         let meta = &config.oauth.client_metadata;
         let metadata_http = clients::metadata_client(
             meta.allow_private_addresses,

@@ -27,6 +27,9 @@ step "Python test venv (scripts/py-venv.sh)"
 SANDGATE_TEST_PYTHON="$("$repo/scripts/py-venv.sh")"
 export SANDGATE_TEST_PYTHON
 
+step "Chromium for the browser test (scripts/ensure-chromium.sh)"
+"$repo/scripts/ensure-chromium.sh"
+
 step "agent tests (pytest)"
 "$repo/scripts/agent-tests.sh"
 

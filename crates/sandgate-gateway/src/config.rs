@@ -189,11 +189,13 @@ impl Config {
 
     /// The `SANDGATE_*` environment provider. Variables that belong to the scripts and the CLI
     /// rather than to the configuration (`SANDGATE_CONFIG`, `SANDGATE_CACHE`,
-    /// `SANDGATE_PG_PORT`, and the tests' `SANDGATE_TEST_PYTHON`) are skipped; any other unknown one is an error (a typo must not
-    /// silently do nothing).
+    /// `SANDGATE_PG_PORT`, and the test suite's `SANDGATE_TEST_*`) are skipped; any other unknown
+    /// one is an error (a typo must not silently do nothing).
     pub fn env() -> Env {
         Env::prefixed("SANDGATE_")
-            .ignore(&["config", "cache", "pg_port", "test_python"])
+            .ignore(&["config", "cache", "pg_port"])
+            // SANDGATE_TEST_*: settings of the test suite (interpreter, runtime), not of the gateway.
+            .filter(|key| !key.starts_with("test_"))
             .split("__")
     }
 

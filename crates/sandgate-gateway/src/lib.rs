@@ -4,7 +4,9 @@
 //! - [`telemetry`]: logging set-up.
 //! - [`health`]: `/healthz` and `/readyz`.
 //! - [`keys`]: the signing-key ring (access tokens).
-//! - [`sandboxes`]: tenant-scoped sandboxes (Postgres rows + the sandbox manager).
+//! - [`sandboxes`]: tenant-scoped sandboxes (Postgres rows + the sandbox manager), tenant limits.
+//! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
+//! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
 //! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`App`]: build the state and router, bind, run until a shutdown signal.
@@ -22,13 +24,16 @@ use sandgate_store::{PgPool, StoreError};
 use secrecy::ExposeSecret;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
 pub mod admin;
+pub mod audit;
 pub mod config;
 pub mod health;
 pub mod keys;
+pub mod lifecycle;
 pub mod mcp;
 pub mod sandboxes;
 pub mod telemetry;
@@ -51,8 +56,14 @@ pub struct AppState {
     pub keys: KeyRing,
     /// Tenant-scoped sandboxes.
     pub sandboxes: SandboxService,
+    /// The audit trail's writer.
+    pub audit: audit::AuditLog,
     /// Cancelled at shutdown: ends open MCP streams so shutdown is not held up by them.
     pub shutdown: CancellationToken,
+    /// Cancelled after the server stopped: ends the background work (reaper, reconciliation).
+    background_stop: CancellationToken,
+    /// The background work.
+    background: TaskTracker,
 }
 
 /// Why the gateway could not start.
@@ -124,17 +135,26 @@ impl AppState {
         let sandboxes = SandboxService::new(
             db.clone(),
             manager,
-            config.sandbox.name.clone(),
+            config.sandbox.clone(),
             node,
             config.limits.clone(),
         );
+        let background_stop = CancellationToken::new();
+        let background = TaskTracker::new();
+        sandboxes
+            .start_lifecycle(&config.lifecycle, background_stop.clone(), &background)
+            .await;
+        let audit = audit::AuditLog::start(db.clone(), background_stop.clone(), &background);
         Ok(Self {
             config: Arc::new(config),
             db,
             docker,
             keys,
             sandboxes,
+            audit,
             shutdown: CancellationToken::new(),
+            background_stop,
+            background,
         })
     }
 }
@@ -144,7 +164,7 @@ pub fn router(state: AppState) -> Router {
     let mcp_service = mcp::service(
         &state.config,
         state.sandboxes.clone(),
-        state.db.clone(),
+        state.audit.clone(),
         state.shutdown.child_token(),
     );
     let mcp_routes = Router::new().nest_service("/mcp", mcp_service).layer(
@@ -228,7 +248,8 @@ impl App {
     }
 
     /// Serves until `shutdown` resolves, then finishes in-flight requests. Leased sandboxes keep
-    /// running for the next start to re-attach to; warm ones are removed.
+    /// running for the next start to re-attach to; warm ones recorded in Postgres stay for the
+    /// next start (or another replica) to lease.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -243,7 +264,11 @@ impl App {
             })
             .await
             .map_err(StartError::Serve);
-        state.sandboxes.manager().shutdown().await;
+        state.sandboxes.shutdown().await;
+        // Stops the reaper and reconciliation, and flushes the audit events still queued.
+        state.background_stop.cancel();
+        state.background.close();
+        state.background.wait().await;
         result
     }
 }

@@ -1,7 +1,8 @@
-//! The audit trail's writer: tool calls hand their event over and return at once; a background
-//! task writes the events in order. While Postgres is away the events wait (up to
-//! [`QUEUE_EVENTS`]) and are written when it returns, so calls refused during an outage are still
-//! on the record.
+//! The audit trail's writer. A call's event is written before its answer goes out, so a gateway
+//! killed right after answering loses nothing; when that write fails (Postgres away) the event
+//! goes to a queue that a background task writes when Postgres returns, so calls refused during
+//! an outage are still on the record. While the queue is not empty, new events join it (keeping
+//! the trail in order) rather than being written directly.
 
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ const FLUSH_AT_SHUTDOWN: Duration = Duration::from_secs(5);
 /// A handle to the audit writer. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AuditLog {
+    db: PgPool,
     queue: mpsc::Sender<AuditEvent>,
 }
 
@@ -28,12 +30,36 @@ impl AuditLog {
     /// Starts the writer on `tasks`; it drains what is queued when `stop` is cancelled.
     pub fn start(db: PgPool, stop: CancellationToken, tasks: &TaskTracker) -> Self {
         let (queue, events) = mpsc::channel(QUEUE_EVENTS);
-        tasks.spawn(write_events(db, events, stop));
-        Self { queue }
+        tasks.spawn(write_events(db.clone(), events, stop));
+        Self { db, queue }
     }
 
-    /// Queues an event; never waits.
-    pub fn record(&self, event: AuditEvent) {
+    /// Writes an event, or queues it when Postgres does not take it now. `db_known_down` (the
+    /// call itself failed for want of Postgres) skips the direct attempt, which would only make
+    /// the caller wait for the pool's acquire timeout a second time.
+    pub async fn record(&self, event: AuditEvent, db_known_down: bool) {
+        // Events queued earlier go first: the trail stays in order.
+        let queue_empty = self.queue.capacity() == self.queue.max_capacity();
+        if queue_empty && !db_known_down {
+            let written = async {
+                let mut conn = self.db.acquire().await?;
+                audit::record(&mut conn, &event).await
+            }
+            .await;
+            match written {
+                Ok(()) => return,
+                Err(err) if err.is_unavailable() => {}
+                Err(err) => {
+                    tracing::error!(error = %err, tool = %event.tool, "an audit event was refused by the database; dropped");
+                    return;
+                }
+            }
+        }
+        self.enqueue(event);
+    }
+
+    /// Queues an event for the background writer; never waits.
+    fn enqueue(&self, event: AuditEvent) {
         if let Err(err) = self.queue.try_send(event) {
             tracing::error!(error = %err, "the audit queue is full or closed; an audit event was dropped");
         }

@@ -264,9 +264,10 @@ impl App {
             })
             .await
             .map_err(StartError::Serve);
-        state.sandboxes.shutdown().await;
-        // Stops the reaper and reconciliation, and flushes the audit events still queued.
+        // Stops the reaper and reconciliation first (nothing is closed while shutting down),
+        // then the pool; the audit writer flushes what is still queued.
         state.background_stop.cancel();
+        state.sandboxes.shutdown().await;
         state.background.close();
         state.background.wait().await;
         result

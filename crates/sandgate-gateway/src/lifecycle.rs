@@ -25,6 +25,10 @@ use tokio_util::task::TaskTracker;
 use crate::config::LifecycleConfig;
 use crate::sandboxes::{SandboxService, ServiceError, describe_fate};
 
+/// How long this process's own fresh launches are never taken for orphans: well past the agent's
+/// ready timeout.
+const LAUNCH_GRACE: Duration = Duration::from_secs(180);
+
 /// What one reconciliation pass did (logged; returned for callers that care).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Reconciled {
@@ -215,11 +219,14 @@ impl SandboxService {
                     .map(|r| (r.container_id, r.state))
                     .collect();
             drop(conn);
+            // This process's own: waiting in its pool, live here, or launched lately (maybe not
+            // recorded yet: a start takes a while on a busy host).
             let local: HashSet<String> = self
                 .manager
                 .ready_ids()
                 .into_iter()
                 .chain(self.live.lock().expect("live map").keys().cloned())
+                .chain(self.manager.launched_within(LAUNCH_GRACE))
                 .collect();
             let now = Utc::now().timestamp();
             let grace = i64::try_from(orphan_grace.as_secs()).unwrap_or(i64::MAX);

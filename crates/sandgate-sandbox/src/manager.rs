@@ -87,13 +87,24 @@ struct Launcher {
     backend: Arc<dyn SandboxBackend>,
     instance: String,
     channel: ChannelConfig,
+    /// Sandboxes this process started launching, and when (see
+    /// [`SandboxManager::launched_within`]).
+    launched: Arc<Mutex<HashMap<String, std::time::Instant>>>,
 }
+
+/// How long [`Launcher::launched`] remembers a launch.
+const LAUNCH_MEMORY: Duration = Duration::from_secs(600);
 
 impl Launcher {
     #[tracing::instrument(skip_all, fields(sandbox_id, profile = %profile.name))]
     async fn launch(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
         let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
         tracing::Span::current().record("sandbox_id", &sandbox_id);
+        {
+            let mut launched = self.launched.lock().unwrap_or_else(|e| e.into_inner());
+            launched.retain(|_, at| at.elapsed() < LAUNCH_MEMORY);
+            launched.insert(sandbox_id.clone(), std::time::Instant::now());
+        }
         let spec = LaunchSpec {
             profile: profile.clone(),
             instance: self.instance.clone(),
@@ -458,6 +469,7 @@ impl SandboxManager {
                     backend,
                     instance: config.instance.clone(),
                     channel: config.channel.clone(),
+                    launched: Arc::default(),
                 },
                 starts: Arc::new(Semaphore::new(config.pool.max_concurrent_starts.max(1))),
                 config,
@@ -529,6 +541,21 @@ impl SandboxManager {
             let at = state.ready.iter().position(|s| s.id() == sandbox_id)?;
             state.ready.remove(at)
         })
+    }
+
+    /// The ids of the sandboxes this process started launching within `within` (ready, leased or
+    /// still starting): reconciliation must not take their containers for orphans before the
+    /// caller has had time to record them.
+    pub fn launched_within(&self, within: Duration) -> Vec<String> {
+        self.inner
+            .launcher
+            .launched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, at)| at.elapsed() < within)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// The ids of the ready sandboxes in every pool of this process.

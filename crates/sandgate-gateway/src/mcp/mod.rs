@@ -284,7 +284,8 @@ impl ServerHandler for McpServer {
             error_kind,
             duration_ms: i32::try_from(elapsed.as_millis()).unwrap_or(i32::MAX),
         };
-        self.inner.audit.record(event);
+        let db_down = event.error_kind.as_deref() == Some("unavailable");
+        self.inner.audit.record(event, db_down).await;
         response
     }
 }

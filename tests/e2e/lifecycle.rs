@@ -243,11 +243,19 @@ async fn a_sandbox_idle_for_its_timeout_is_closed_within_seconds_never_before() 
     let answered = Arc::new(AtomicUsize::new(0));
     let client = Counted::connect(&gateway, &token, &answered).await;
 
+    // Created with a long idle timeout, then shortened by a later call (every tool takes
+    // keep_alive_seconds).
     let sid = sandbox_id(
         &client
-            .ok("create_sandbox", json!({"keep_alive_seconds": 3}))
+            .ok("create_sandbox", json!({"keep_alive_seconds": 30}))
             .await,
     );
+    client
+        .ok(
+            "list_files",
+            json!({"sandbox_id": sid, "keep_alive_seconds": 3}),
+        )
+        .await;
     let last_use = Instant::now();
     let closed_after = support::eventually(
         Duration::from_secs(20),
@@ -605,10 +613,17 @@ async fn two_gateways_leasing_from_one_pool_never_share_a_container() {
         ("SANDGATE_POOL__MIN_READY", "3"),
         ("SANDGATE_POOL__MAX_CONCURRENT_STARTS", "2"),
     ];
-    let env: Vec<(&str, &str)> = FAST.iter().chain(pool.iter()).copied().collect();
+    // The default orphan grace (120 s): each gateway must leave the other's starts alone, and a
+    // start takes a while when both fill their pools on two busy cores.
+    let env: Vec<(&str, &str)> = FAST
+        .iter()
+        .filter(|(k, _)| !k.ends_with("ORPHAN_GRACE_SECONDS"))
+        .chain(pool.iter())
+        .copied()
+        .collect();
     let first = Gateway::start(&database, &env).await;
     let second = Gateway::start_instance(&database, &first.instance, &env).await;
-    let (tenant, token) = tenant_with_token(&first).await;
+    let tenant = first.create_tenant().await;
     first
         .cli(&[
             "admin",
@@ -623,6 +638,8 @@ async fn two_gateways_leasing_from_one_pool_never_share_a_container() {
 
     let mut workers = tokio::task::JoinSet::new();
     for gateway in [&first, &second] {
+        // A token's audience is its gateway's URL.
+        let token = gateway.token(&tenant).await;
         for _ in 0..WORKERS_PER_GATEWAY {
             let client = Counted::connect(gateway, &token, &answered).await;
             workers.spawn(async move {

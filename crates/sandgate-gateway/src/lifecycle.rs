@@ -401,11 +401,9 @@ impl SandboxService {
                 .collect()
         })
         .unwrap_or_default();
-        for sandbox in warm {
-            if !recorded.contains(sandbox.id()) {
-                if let Err(err) = self.manager.close(sandbox).await {
-                    tracing::warn!(error = %err, "removing an unrecorded warm sandbox failed");
-                }
+        for sandbox in warm.into_iter().filter(|s| !recorded.contains(s.id())) {
+            if let Err(err) = self.manager.close(sandbox).await {
+                tracing::warn!(error = %err, "removing an unrecorded warm sandbox failed");
             }
         }
     }

@@ -1,16 +1,21 @@
-//! Operator commands (`sandgate admin …`): tenants, users, confidential clients, tokens for
-//! integrations and tests, keys.
+//! Operator commands (`sandgate admin …`): tenants and their limits, users, confidential
+//! clients, tokens for integrations and tests, keys, the audit trail, live sandboxes.
 
 use std::time::Duration;
 
+use chrono::Utc;
 use sandgate_auth::Scope;
 use sandgate_auth::secret::{self, SecretKind};
+use sandgate_store::audit::AuditEvent;
+use sandgate_store::sandboxes::SandboxRow;
+use sandgate_store::tenants::TenantLimits;
 use sandgate_store::{PgPool, StoreError, clients, grants, tenants, users};
 use secrecy::ExposeSecret;
 use uuid::Uuid;
 
 use crate::Config;
 use crate::keys::{self, KeyError, KeyRing};
+use crate::sandboxes::Limits;
 
 /// What went wrong in an admin command.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +47,194 @@ pub enum AdminError {
     /// A redirect URI was refused.
     #[error(transparent)]
     Client(#[from] sandgate_auth::client::ClientError),
+    /// A limit value is out of range.
+    #[error("{0}")]
+    InvalidLimit(String),
+}
+
+/// Changes to a tenant's limits: `Some(Some(v))` sets, `Some(None)` goes back to the default,
+/// `None` leaves the limit as it is.
+#[derive(Debug, Clone, Default)]
+pub struct LimitChanges {
+    /// Most live sandboxes at once.
+    pub max_sandboxes: Option<Option<i32>>,
+    /// Longest idle timeout, seconds.
+    pub max_idle_seconds: Option<Option<i32>>,
+    /// Longest lifetime, seconds.
+    pub max_lifetime_seconds: Option<Option<i32>>,
+    /// Memory per sandbox, MiB.
+    pub memory_mb: Option<Option<i32>>,
+    /// CPU per sandbox, cores.
+    pub cpus: Option<Option<f32>>,
+    /// Most calls per minute.
+    pub max_calls_per_minute: Option<Option<i32>>,
+}
+
+/// Applies `changes` to a tenant's limits (all of them back to the defaults first when `reset`)
+/// and returns the tenant's own limits and the ones in force.
+pub async fn set_tenant_limits(
+    config: &Config,
+    tenant: Uuid,
+    reset: bool,
+    changes: &LimitChanges,
+) -> Result<(TenantLimits, Limits), AdminError> {
+    let db = pool(config).await?;
+    let mut tx = db.begin().await.map_err(StoreError::from)?;
+    tenants::lock(&mut tx, tenant).await?;
+    let mut own = tenants::limits(&mut tx, tenant)
+        .await?
+        .ok_or(AdminError::NoSuchTenant(tenant))?;
+    if reset {
+        own = TenantLimits::default();
+    }
+    fn apply<T: Copy>(slot: &mut Option<T>, change: Option<Option<T>>) {
+        if let Some(value) = change {
+            *slot = value;
+        }
+    }
+    apply(&mut own.max_sandboxes, changes.max_sandboxes);
+    apply(&mut own.max_idle_seconds, changes.max_idle_seconds);
+    apply(&mut own.max_lifetime_seconds, changes.max_lifetime_seconds);
+    apply(&mut own.memory_mb, changes.memory_mb);
+    apply(&mut own.cpus, changes.cpus);
+    apply(&mut own.max_calls_per_minute, changes.max_calls_per_minute);
+    for (name, value) in [
+        ("max-sandboxes", own.max_sandboxes),
+        ("max-idle-seconds", own.max_idle_seconds),
+        ("max-lifetime-seconds", own.max_lifetime_seconds),
+        ("max-calls-per-minute", own.max_calls_per_minute),
+    ] {
+        if value.is_some_and(|v| v < 1) {
+            return Err(AdminError::InvalidLimit(format!(
+                "--{name} must be at least 1"
+            )));
+        }
+    }
+    if own.memory_mb.is_some_and(|m| m < 64) {
+        return Err(AdminError::InvalidLimit(
+            "--memory-mb must be at least 64".into(),
+        ));
+    }
+    if own.cpus.is_some_and(|c| !(c > 0.0 && c <= 64.0)) {
+        return Err(AdminError::InvalidLimit(
+            "--cpus must be more than 0 and at most 64".into(),
+        ));
+    }
+    let own = tenants::set_limits(&mut tx, tenant, &own)
+        .await?
+        .ok_or(AdminError::NoSuchTenant(tenant))?;
+    tx.commit().await.map_err(StoreError::from)?;
+    let effective = Limits::effective(&own, &config.limits, &config.sandbox);
+    Ok((own, effective))
+}
+
+/// Renders a tenant's limits: each in force, and whether it is the tenant's own or the default.
+pub fn render_limits(own: &TenantLimits, effective: &Limits) -> String {
+    let source = |set: bool| if set { "tenant" } else { "default" };
+    [
+        (
+            "max_sandboxes",
+            effective.max_sandboxes.to_string(),
+            own.max_sandboxes.is_some(),
+        ),
+        (
+            "max_idle_seconds",
+            effective.max_idle_seconds.to_string(),
+            own.max_idle_seconds.is_some(),
+        ),
+        (
+            "max_lifetime_seconds",
+            effective.max_lifetime_seconds.to_string(),
+            own.max_lifetime_seconds.is_some(),
+        ),
+        (
+            "memory_mb",
+            effective.memory_mb.to_string(),
+            own.memory_mb.is_some(),
+        ),
+        ("cpus", effective.cpus.to_string(), own.cpus.is_some()),
+        (
+            "max_calls_per_minute",
+            effective.max_calls_per_minute.to_string(),
+            own.max_calls_per_minute.is_some(),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, value, set)| format!("{name:<22} {value:>8}  ({})", source(set)))
+    .collect::<Vec<_>>()
+    .join("\n")
+}
+
+/// A tenant's most recent audit events, newest first.
+pub async fn audit(
+    config: &Config,
+    tenant: Uuid,
+    limit: i64,
+) -> Result<Vec<AuditEvent>, AdminError> {
+    let db = pool(config).await?;
+    let mut conn = db.acquire().await.map_err(StoreError::from)?;
+    if tenants::get(&mut conn, tenant).await?.is_none() {
+        return Err(AdminError::NoSuchTenant(tenant));
+    }
+    Ok(sandgate_store::audit::recent(&mut conn, tenant, limit).await?)
+}
+
+/// Renders audit events as a table, one line each.
+pub fn render_audit(events: &[AuditEvent]) -> String {
+    let mut out = format!(
+        "{:<24} {:<20} {:<10} {:<16} {:>8}  {:<40} {:<24} {}",
+        "AT", "TOOL", "OUTCOME", "ERROR", "MS", "SANDBOX", "CONVERSATION", "TOKEN"
+    );
+    for e in events {
+        out.push_str(&format!(
+            "\n{:<24} {:<20} {:<10} {:<16} {:>8}  {:<40} {:<24} {}",
+            e.at.format("%Y-%m-%dT%H:%M:%S%.3fZ"),
+            e.tool,
+            e.outcome,
+            e.error_kind.as_deref().unwrap_or("-"),
+            e.duration_ms,
+            e.sandbox_id.as_deref().unwrap_or("-"),
+            e.conversation_id.as_deref().unwrap_or("-"),
+            e.token_id.as_deref().unwrap_or("-"),
+        ));
+    }
+    out
+}
+
+/// Live (leased) sandboxes, of one tenant or all, newest first.
+pub async fn sandboxes(
+    config: &Config,
+    tenant: Option<Uuid>,
+) -> Result<Vec<SandboxRow>, AdminError> {
+    let db = pool(config).await?;
+    let mut conn = db.acquire().await.map_err(StoreError::from)?;
+    Ok(sandgate_store::sandboxes::list_live(&mut conn, tenant).await?)
+}
+
+/// Renders live sandboxes as a table: owner, conversation, age, and the time left before the idle
+/// timeout and the hard lifetime end them.
+pub fn render_sandboxes(rows: &[SandboxRow]) -> String {
+    let now = Utc::now();
+    let secs = |d: chrono::TimeDelta| format!("{}s", d.num_seconds().max(0));
+    let mut out = format!(
+        "{:<36} {:<36} {:<24} {:>8} {:>10} {:>12}",
+        "SANDBOX", "TENANT", "CONVERSATION", "AGE", "IDLE LEFT", "LIFE LEFT"
+    );
+    for row in rows {
+        let age = row.leased_at.map_or("-".into(), |t| secs(now - t));
+        let idle_left = row.idle_deadline().map_or("-".into(), |t| secs(t - now));
+        let life_left = row.expires_at.map_or("-".into(), |t| secs(t - now));
+        out.push_str(&format!(
+            "\n{:<36} {:<36} {:<24} {:>8} {:>10} {:>12}",
+            row.id,
+            row.tenant_id.map_or("-".into(), |t| t.to_string()),
+            row.conversation_id.as_deref().unwrap_or("-"),
+            age,
+            idle_left,
+            life_left
+        ));
+    }
+    out
 }
 
 async fn pool(config: &Config) -> Result<PgPool, AdminError> {

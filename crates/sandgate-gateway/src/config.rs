@@ -35,6 +35,8 @@ pub struct Config {
     pub pool: PoolConfig,
     /// Default tenant limits and per-call bounds.
     pub limits: LimitsConfig,
+    /// Reaper and reconciliation timing.
+    pub lifecycle: LifecycleConfig,
     /// The MCP endpoint.
     pub mcp: McpConfig,
     /// The OAuth 2.1 authorization server (DESIGN §6).
@@ -85,6 +87,8 @@ pub struct LimitsConfig {
     pub max_idle_timeout_seconds: u32,
     /// Hard lifetime, seconds.
     pub max_lifetime_seconds: u32,
+    /// Most tool calls per tenant per minute.
+    pub max_calls_per_minute: u32,
     /// Longest per-call timeout, seconds.
     pub max_call_timeout_seconds: u32,
     /// Per-call timeout when none is given, seconds.
@@ -93,6 +97,18 @@ pub struct LimitsConfig {
     pub output_limit_bytes: usize,
     /// Largest file moved by get_file / upload_file, bytes.
     pub max_file_bytes: u64,
+}
+
+/// Reaper and reconciliation timing.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LifecycleConfig {
+    /// Reaper interval, milliseconds.
+    pub reaper_interval_ms: u64,
+    /// Reconciliation interval, seconds.
+    pub reconcile_interval_seconds: u64,
+    /// Age below which an unknown container is left alone, seconds.
+    pub orphan_grace_seconds: u64,
 }
 
 /// MCP endpoint settings.
@@ -281,6 +297,7 @@ impl Config {
                 l.max_idle_timeout_seconds,
             ),
             ("limits.max_lifetime_seconds", l.max_lifetime_seconds),
+            ("limits.max_calls_per_minute", l.max_calls_per_minute),
             (
                 "limits.max_call_timeout_seconds",
                 l.max_call_timeout_seconds,
@@ -375,6 +392,18 @@ impl Config {
             return Err(invalid(
                 "oauth.client_metadata.max_bytes",
                 "must be at least 512".into(),
+            ));
+        }
+        if self.lifecycle.reaper_interval_ms < 100 {
+            return Err(invalid(
+                "lifecycle.reaper_interval_ms",
+                "must be at least 100".into(),
+            ));
+        }
+        if self.lifecycle.reconcile_interval_seconds == 0 {
+            return Err(invalid(
+                "lifecycle.reconcile_interval_seconds",
+                "must be at least 1".into(),
             ));
         }
         if self.pool.max_concurrent_starts == 0 {

@@ -4,7 +4,9 @@
 //! - [`telemetry`]: logging set-up.
 //! - [`health`]: `/healthz` and `/readyz`.
 //! - [`keys`]: the signing-key ring (access tokens).
-//! - [`sandboxes`]: tenant-scoped sandboxes (Postgres rows + the sandbox manager).
+//! - [`sandboxes`]: tenant-scoped sandboxes (Postgres rows + the sandbox manager), tenant limits.
+//! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
+//! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
 //! - [`oauth`]: the OAuth 2.1 authorization server, consent and connected-apps pages.
 //! - [`admin`]: operator commands behind `sandgate admin`.
@@ -23,13 +25,16 @@ use sandgate_store::{PgPool, StoreError};
 use secrecy::ExposeSecret;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
 pub mod admin;
+pub mod audit;
 pub mod config;
 pub mod health;
 pub mod keys;
+pub mod lifecycle;
 pub mod mcp;
 pub mod oauth;
 pub mod sandboxes;
@@ -55,8 +60,14 @@ pub struct AppState {
     pub sandboxes: SandboxService,
     /// The authorization server's own state (cookie key, metadata-document fetcher).
     pub oauth: oauth::OAuthState,
+    /// The audit trail's writer.
+    pub audit: audit::AuditLog,
     /// Cancelled at shutdown: ends open MCP streams so shutdown is not held up by them.
     pub shutdown: CancellationToken,
+    /// Cancelled after the server stopped: ends the background work (reaper, reconciliation).
+    background_stop: CancellationToken,
+    /// The background work.
+    background: TaskTracker,
 }
 
 /// Why the gateway could not start.
@@ -131,11 +142,17 @@ impl AppState {
         let sandboxes = SandboxService::new(
             db.clone(),
             manager,
-            config.sandbox.name.clone(),
+            config.sandbox.clone(),
             node,
             config.limits.clone(),
         );
         let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
+        let background_stop = CancellationToken::new();
+        let background = TaskTracker::new();
+        sandboxes
+            .start_lifecycle(&config.lifecycle, background_stop.clone(), &background)
+            .await;
+        let audit = audit::AuditLog::start(db.clone(), background_stop.clone(), &background);
         Ok(Self {
             config: Arc::new(config),
             db,
@@ -143,7 +160,10 @@ impl AppState {
             keys,
             sandboxes,
             oauth,
+            audit,
             shutdown: CancellationToken::new(),
+            background_stop,
+            background,
         })
     }
 }
@@ -153,7 +173,7 @@ pub fn router(state: AppState) -> Router {
     let mcp_service = mcp::service(
         &state.config,
         state.sandboxes.clone(),
-        state.db.clone(),
+        state.audit.clone(),
         state.shutdown.child_token(),
     );
     let mcp_routes = Router::new()
@@ -244,7 +264,8 @@ impl App {
     }
 
     /// Serves until `shutdown` resolves, then finishes in-flight requests. Leased sandboxes keep
-    /// running for the next start to re-attach to; warm ones are removed.
+    /// running for the next start to re-attach to; warm ones recorded in Postgres stay for the
+    /// next start (or another replica) to lease.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -259,7 +280,12 @@ impl App {
             })
             .await
             .map_err(StartError::Serve);
-        state.sandboxes.manager().shutdown().await;
+        // Stops the reaper and reconciliation first (nothing is closed while shutting down),
+        // then the pool; the audit writer flushes what is still queued.
+        state.background_stop.cancel();
+        state.sandboxes.shutdown().await;
+        state.background.close();
+        state.background.wait().await;
         result
     }
 }

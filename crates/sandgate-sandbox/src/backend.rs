@@ -185,6 +185,9 @@ pub struct ManagedContainer {
     pub managed: bool,
     /// Running, or how it ended.
     pub fate: ContainerFate,
+    /// When the engine created it (Unix seconds), when known: reconciliation leaves young
+    /// containers alone, since another gateway process may be about to record them.
+    pub created_unix: Option<i64>,
 }
 
 /// A container engine that can run sandboxes. Object-safe: the manager holds an

@@ -827,7 +827,7 @@ impl AgentChannel {
             inner: Arc::new(Inner {
                 shared,
                 writer,
-                next_id: AtomicU64::new(1),
+                next_id: AtomicU64::new(first_request_id()),
                 config,
                 reader,
             }),
@@ -1323,6 +1323,17 @@ impl AgentChannel {
         let wire: Wire = decode("list_dir", result)?;
         Ok(wire.entries)
     }
+}
+
+/// The first request id of a new channel: the clock in microseconds. A channel re-attached after
+/// a gateway restart must not reuse the ids of the dead channel, whose calls may still be running
+/// in the agent (a cell that was running when the gateway was killed answers later; with ids from
+/// 1 again its answer would be taken for a new call's). Microseconds stay below 2^53, so the ids
+/// survive any JSON parser.
+fn first_request_id() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(1))
 }
 
 #[cfg(test)]

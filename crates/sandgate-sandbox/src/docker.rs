@@ -215,6 +215,7 @@ fn managed_container(
         instance: label(labels::INSTANCE),
         managed: label(labels::MANAGED) == "true",
         fate,
+        created_unix: None,
     }
 }
 
@@ -399,7 +400,9 @@ impl SandboxBackend for DockerBackend {
                 } else {
                     ContainerFate::Exited { code: -1 }
                 };
-                Some(managed_container(id, c.labels.as_ref(), fate))
+                let mut found = managed_container(id, c.labels.as_ref(), fate);
+                found.created_unix = c.created;
+                Some(found)
             })
             .collect())
     }

@@ -87,13 +87,24 @@ struct Launcher {
     backend: Arc<dyn SandboxBackend>,
     instance: String,
     channel: ChannelConfig,
+    /// Sandboxes this process started launching, and when (see
+    /// [`SandboxManager::launched_within`]).
+    launched: Arc<Mutex<HashMap<String, std::time::Instant>>>,
 }
+
+/// How long [`Launcher::launched`] remembers a launch.
+const LAUNCH_MEMORY: Duration = Duration::from_secs(600);
 
 impl Launcher {
     #[tracing::instrument(skip_all, fields(sandbox_id, profile = %profile.name))]
     async fn launch(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
         let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
         tracing::Span::current().record("sandbox_id", &sandbox_id);
+        {
+            let mut launched = self.launched.lock().unwrap_or_else(|e| e.into_inner());
+            launched.retain(|_, at| at.elapsed() < LAUNCH_MEMORY);
+            launched.insert(sandbox_id.clone(), std::time::Instant::now());
+        }
         let spec = LaunchSpec {
             profile: profile.clone(),
             instance: self.instance.clone(),
@@ -400,6 +411,9 @@ struct ManagerInner {
     starts: Arc<Semaphore>,
     tasks: TaskTracker,
     stop: CancellationToken,
+    /// Told about every sandbox a background start put into a pool (see
+    /// [`SandboxManager::watch_ready`]).
+    ready_hook: Mutex<Option<mpsc::UnboundedSender<Sandbox>>>,
 }
 
 impl Drop for ManagerInner {
@@ -455,12 +469,14 @@ impl SandboxManager {
                     backend,
                     instance: config.instance.clone(),
                     channel: config.channel.clone(),
+                    launched: Arc::default(),
                 },
                 starts: Arc::new(Semaphore::new(config.pool.max_concurrent_starts.max(1))),
                 config,
                 pools,
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
+                ready_hook: Mutex::new(None),
             }),
         };
         let names: Vec<String> = manager.inner.pools.keys().cloned().collect();
@@ -514,6 +530,85 @@ impl SandboxManager {
                 other => return Ok(other),
             }
         }
+    }
+
+    /// Takes the ready sandbox with this id out of whichever pool holds it, without refilling.
+    /// `None` when no pool of this process holds it (another process started it, or it was
+    /// taken already).
+    pub fn take_ready_id(&self, sandbox_id: &str) -> Option<Sandbox> {
+        self.inner.pools.values().find_map(|pool| {
+            let mut state = pool.state();
+            let at = state.ready.iter().position(|s| s.id() == sandbox_id)?;
+            state.ready.remove(at)
+        })
+    }
+
+    /// The ids of the sandboxes this process started launching within `within` (ready, leased or
+    /// still starting): reconciliation must not take their containers for orphans before the
+    /// caller has had time to record them.
+    pub fn launched_within(&self, within: Duration) -> Vec<String> {
+        self.inner
+            .launcher
+            .launched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, at)| at.elapsed() < within)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// The ids of the ready sandboxes in every pool of this process.
+    pub fn ready_ids(&self) -> Vec<String> {
+        self.inner
+            .pools
+            .values()
+            .flat_map(|pool| {
+                pool.state()
+                    .ready
+                    .iter()
+                    .map(|s| s.id().to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Returns a receiver told about every sandbox a background start puts into a pool from now
+    /// on, so that the caller can record it (the gateway writes a `warm` row). Replaces an
+    /// earlier receiver.
+    pub fn watch_ready(&self) -> mpsc::UnboundedReceiver<Sandbox> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self
+            .inner
+            .ready_hook
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
+    }
+
+    /// Starts a sandbox from a variant of a pool's profile (e.g. a tenant's own memory and CPU
+    /// limits), outside the pool. The variant keeps the pool's name, so its container is labelled
+    /// like the pool's.
+    pub async fn launch_with(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
+        self.pool(&profile.name)?;
+        profile
+            .validate()
+            .map_err(|reason| SandboxError::InvalidProfile {
+                name: profile.name.clone(),
+                reason,
+            })?;
+        self.inner.launcher.launch(profile).await
+    }
+
+    /// The profile a pool serves.
+    pub fn profile(&self, name: &str) -> Result<&SandboxProfile, SandboxError> {
+        Ok(&self.pool(name)?.profile)
+    }
+
+    /// Removes a container of this instance by id, with no handle on it (it may have been
+    /// started by another process, or before a restart). Removing a missing one succeeds.
+    pub async fn remove_container(&self, container_id: &str) -> Result<(), SandboxError> {
+        Ok(self.inner.launcher.backend.remove(container_id).await?)
     }
 
     /// Starts a sandbox of `profile` now (a cold start), outside the pool. Its
@@ -613,9 +708,14 @@ impl SandboxManager {
             let failed = match launched {
                 Ok(sandbox) => {
                     tracing::debug!(sandbox_id = %sandbox.id(), profile = %profile, "warm sandbox ready");
-                    let mut state = inner.pools[&profile].state();
-                    state.starting -= 1;
-                    state.ready.push_back(sandbox);
+                    {
+                        let mut state = inner.pools[&profile].state();
+                        state.starting -= 1;
+                        state.ready.push_back(sandbox.clone());
+                    }
+                    if let Some(hook) = inner.ready_hook.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                        let _ = hook.send(sandbox);
+                    }
                     return;
                 }
                 Err(err) => {
@@ -635,19 +735,24 @@ impl SandboxManager {
         });
     }
 
-    /// Stops refilling, waits for starts in flight, and removes the warm sandboxes (nothing else
-    /// knows of them). Leased sandboxes are left running.
-    pub async fn shutdown(&self) {
+    /// Stops refilling, waits for starts in flight (a start that finishes after the stop removes
+    /// its container) and hands back the warm sandboxes, still running, for the caller to keep
+    /// or close. Leased sandboxes are not touched.
+    pub async fn stop(&self) -> Vec<Sandbox> {
         self.inner.stop.cancel();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
-        let warm: Vec<Sandbox> = self
-            .inner
+        self.inner
             .pools
             .values()
             .flat_map(|p| std::mem::take(&mut p.state().ready))
-            .collect();
-        for sandbox in warm {
+            .collect()
+    }
+
+    /// Stops refilling, waits for starts in flight, and removes the warm sandboxes (for callers
+    /// that keep no record of them). Leased sandboxes are left running.
+    pub async fn shutdown(&self) {
+        for sandbox in self.stop().await {
             if let Err(err) = sandbox.close().await {
                 tracing::warn!(error = %err, "removing a warm sandbox at shutdown failed");
             }

@@ -251,6 +251,7 @@ impl SandboxBackend for FakeBackend {
             instance: c.spec.instance.clone(),
             managed: true,
             fate: c.fate.clone(),
+            created_unix: None,
         }))
     }
 

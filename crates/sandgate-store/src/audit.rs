@@ -69,3 +69,19 @@ pub async fn recent(
     .fetch_all(conn)
     .await?)
 }
+
+/// How many calls a tenant made in the last minute, not counting those refused for making too
+/// many (a client that keeps knocking must not lock itself out for ever).
+pub async fn calls_last_minute(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events
+         WHERE tenant_id = $1 AND at > now() - interval '1 minute'
+           AND error_kind IS DISTINCT FROM 'rate_limited'",
+    )
+    .bind(tenant_id)
+    .fetch_one(conn)
+    .await?)
+}

@@ -84,7 +84,8 @@ pub struct NewLease<'a> {
     pub grant_id: Option<Uuid>,
 }
 
-/// Records a container this process created as a warm pool member.
+/// Records a container this process created as a warm pool member. Recording one that is
+/// recorded already does nothing.
 pub async fn insert_warm(
     conn: &mut PgConnection,
     id: &str,
@@ -93,7 +94,8 @@ pub async fn insert_warm(
     node: &str,
 ) -> Result<(), StoreError> {
     sqlx::query(
-        "INSERT INTO sandboxes (id, profile, container_id, node, state) VALUES ($1, $2, $3, $4, 'warm')",
+        "INSERT INTO sandboxes (id, profile, container_id, node, state) VALUES ($1, $2, $3, $4, 'warm')
+         ON CONFLICT DO NOTHING",
     )
     .bind(id)
     .bind(profile)
@@ -285,17 +287,58 @@ pub async fn live_on_node(
     .await?)
 }
 
-/// Leased sandboxes past their idle deadline or hard expiry at `now`.
+/// Leased sandboxes on `node` past their idle deadline or hard expiry at `now`.
 pub async fn overdue(
     conn: &mut PgConnection,
+    node: &str,
     now: DateTime<Utc>,
 ) -> Result<Vec<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM sandboxes WHERE state = 'leased' AND (
+        "SELECT {COLUMNS} FROM sandboxes WHERE state = 'leased' AND node = $2 AND (
              expires_at <= $1
              OR COALESCE(last_used_at, leased_at) + make_interval(secs => idle_timeout_seconds) <= $1)"
     )))
     .bind(now)
+    .bind(node)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Refreshes the idle clock of a leased sandbox, whoever owns it (a call on it just ended, or is
+/// still running). Does nothing to a sandbox that is not live.
+pub async fn touch_live(conn: &mut PgConnection, ids: &[String]) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE sandboxes SET last_used_at = now() WHERE id = ANY($1) AND state = 'leased'",
+    )
+    .bind(ids)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The rows of the given sandbox ids, in any state (for checking a process's warm pool against
+/// the records).
+pub async fn by_ids(
+    conn: &mut PgConnection,
+    ids: &[String],
+) -> Result<Vec<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes WHERE id = ANY($1)"
+    )))
+    .bind(ids)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// The rows of the given container ids, in any state (for reconciliation).
+pub async fn by_containers(
+    conn: &mut PgConnection,
+    container_ids: &[String],
+) -> Result<Vec<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes WHERE container_id = ANY($1)"
+    )))
+    .bind(container_ids)
     .fetch_all(conn)
     .await?)
 }

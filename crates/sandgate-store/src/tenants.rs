@@ -48,3 +48,60 @@ pub async fn lock(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
         .await?;
     Ok(())
 }
+
+/// A tenant's own limits. `None` means "the gateway's configured default".
+#[derive(Debug, Clone, Default, PartialEq, sqlx::FromRow)]
+pub struct TenantLimits {
+    /// Most live sandboxes at once.
+    pub max_sandboxes: Option<i32>,
+    /// Longest idle timeout, seconds.
+    pub max_idle_seconds: Option<i32>,
+    /// Longest lifetime of a sandbox, seconds.
+    pub max_lifetime_seconds: Option<i32>,
+    /// Memory per sandbox, MiB.
+    pub memory_mb: Option<i32>,
+    /// CPU quota per sandbox, cores.
+    pub cpus: Option<f32>,
+    /// Most tool calls per minute.
+    pub max_calls_per_minute: Option<i32>,
+}
+
+const LIMIT_COLUMNS: &str =
+    "max_sandboxes, max_idle_seconds, max_lifetime_seconds, memory_mb, cpus, max_calls_per_minute";
+
+/// A tenant's limits; `None` when the tenant does not exist.
+pub async fn limits(conn: &mut PgConnection, id: Uuid) -> Result<Option<TenantLimits>, StoreError> {
+    Ok(
+        sqlx::query_as::<_, TenantLimits>(sqlx::AssertSqlSafe(format!(
+            "SELECT {LIMIT_COLUMNS} FROM tenants WHERE id = $1"
+        )))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?,
+    )
+}
+
+/// Replaces a tenant's limits (a `None` goes back to the default); returns the new ones, or
+/// `None` when the tenant does not exist.
+pub async fn set_limits(
+    conn: &mut PgConnection,
+    id: Uuid,
+    limits: &TenantLimits,
+) -> Result<Option<TenantLimits>, StoreError> {
+    Ok(
+        sqlx::query_as::<_, TenantLimits>(sqlx::AssertSqlSafe(format!(
+        "UPDATE tenants SET max_sandboxes = $2, max_idle_seconds = $3, max_lifetime_seconds = $4,
+                memory_mb = $5, cpus = $6, max_calls_per_minute = $7
+         WHERE id = $1 RETURNING {LIMIT_COLUMNS}"
+    )))
+        .bind(id)
+        .bind(limits.max_sandboxes)
+        .bind(limits.max_idle_seconds)
+        .bind(limits.max_lifetime_seconds)
+        .bind(limits.memory_mb)
+        .bind(limits.cpus)
+        .bind(limits.max_calls_per_minute)
+        .fetch_optional(conn)
+        .await?,
+    )
+}

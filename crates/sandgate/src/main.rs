@@ -48,6 +48,21 @@ enum Admin {
     /// Manage the token signing keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Show a tenant's audit trail (one event per tool call), newest first.
+    Audit {
+        /// The tenant id.
+        #[arg(long)]
+        tenant: uuid::Uuid,
+        /// Most events shown.
+        #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+    /// List live sandboxes with owner, age and time left.
+    Sandboxes {
+        /// Only this tenant's.
+        #[arg(long)]
+        tenant: Option<uuid::Uuid>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -57,6 +72,49 @@ enum TenantCommand {
         /// A unique, human name.
         name: String,
     },
+    /// Show or set a tenant's limits; a value of `default` goes back to the configured default.
+    /// Prints the limits in force.
+    Limits {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+        /// Put every limit back to the default before applying the others.
+        #[arg(long)]
+        reset: bool,
+        /// Most live sandboxes at once.
+        #[arg(long, value_parser = limit::<i32>)]
+        max_sandboxes: Option<Setting<i32>>,
+        /// Longest idle timeout (keep_alive_seconds), seconds.
+        #[arg(long, value_parser = limit::<i32>)]
+        max_idle_seconds: Option<Setting<i32>>,
+        /// Longest lifetime of a sandbox, seconds.
+        #[arg(long, value_parser = limit::<i32>)]
+        max_lifetime_seconds: Option<Setting<i32>>,
+        /// Memory per sandbox, MiB.
+        #[arg(long, value_parser = limit::<i32>)]
+        memory_mb: Option<Setting<i32>>,
+        /// CPU quota per sandbox, cores.
+        #[arg(long, value_parser = limit::<f32>)]
+        cpus: Option<Setting<f32>>,
+        /// Most tool calls per minute.
+        #[arg(long, value_parser = limit::<i32>)]
+        max_calls_per_minute: Option<Setting<i32>>,
+    },
+}
+
+/// A limit value on the command line: a number, or `default` (`None`).
+#[derive(Debug, Clone, Copy)]
+struct Setting<T>(Option<T>);
+
+fn limit<T: std::str::FromStr>(s: &str) -> Result<Setting<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    if s == "default" {
+        return Ok(Setting(None));
+    }
+    s.parse()
+        .map(|v| Setting(Some(v)))
+        .map_err(|e| format!("{e} (give a number or `default`)"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -188,6 +246,36 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             let scopes = Scope::parse_list(&scopes.replace(',', " "))?;
             let token = admin::issue_token(&config, tenant, &scopes, ttl).await?;
             println!("{token}");
+        }
+        Command::Admin(Admin::Tenant(TenantCommand::Limits {
+            tenant,
+            reset,
+            max_sandboxes,
+            max_idle_seconds,
+            max_lifetime_seconds,
+            memory_mb,
+            cpus,
+            max_calls_per_minute,
+        })) => {
+            let changes = admin::LimitChanges {
+                max_sandboxes: max_sandboxes.map(|s| s.0),
+                max_idle_seconds: max_idle_seconds.map(|s| s.0),
+                max_lifetime_seconds: max_lifetime_seconds.map(|s| s.0),
+                memory_mb: memory_mb.map(|s| s.0),
+                cpus: cpus.map(|s| s.0),
+                max_calls_per_minute: max_calls_per_minute.map(|s| s.0),
+            };
+            let (own, effective) =
+                admin::set_tenant_limits(&config, tenant, reset, &changes).await?;
+            println!("{}", admin::render_limits(&own, &effective));
+        }
+        Command::Admin(Admin::Audit { tenant, limit }) => {
+            let events = admin::audit(&config, tenant, limit).await?;
+            println!("{}", admin::render_audit(&events));
+        }
+        Command::Admin(Admin::Sandboxes { tenant }) => {
+            let rows = admin::sandboxes(&config, tenant).await?;
+            println!("{}", admin::render_sandboxes(&rows));
         }
         Command::Admin(Admin::Keys(KeysCommand::Rotate)) => {
             let kid = admin::rotate_keys(&config).await?;

@@ -21,13 +21,14 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use sandgate_auth::AccessClaims;
 use sandgate_sandbox::{CommandOptions, ExecOptions, OutputEvent};
-use sandgate_store::PgPool;
-use sandgate_store::audit::{self, AuditEvent};
+use sandgate_store::audit::AuditEvent;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
+use crate::audit::AuditLog;
 use crate::config::{Config, LimitsConfig};
 use crate::sandboxes::{Caller, Resolved, SandboxService, ServiceError};
 
@@ -50,7 +51,7 @@ pub struct McpServer {
 #[derive(Debug)]
 struct Inner {
     sandboxes: SandboxService,
-    db: PgPool,
+    audit: AuditLog,
     limits: LimitsConfig,
 }
 
@@ -58,13 +59,13 @@ struct Inner {
 pub fn service(
     config: &Config,
     sandboxes: SandboxService,
-    db: PgPool,
+    audit: AuditLog,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {
     let server = McpServer {
         inner: Arc::new(Inner {
             sandboxes,
-            db,
+            audit,
             limits: config.limits.clone(),
         }),
     };
@@ -225,12 +226,6 @@ impl ServerHandler for McpServer {
             .ok_or_else(|| {
                 ErrorData::invalid_params(format!("unknown tool: {}", request.name), None)
             })?;
-        let caller = Caller {
-            tenant: claims.tenant,
-            subject: claims.sub.clone(),
-            token_id: claims.jti.clone(),
-            grant: claims.grant,
-        };
         let started = Instant::now();
         let conversation_arg = request
             .arguments
@@ -239,10 +234,17 @@ impl ServerHandler for McpServer {
             .and_then(|v| v.as_str())
             .map(str::to_owned);
         let conversation = conversation_arg.or_else(|| session_conversation(&ctx));
-        let span = tracing::info_span!("tool", tool = tool.as_str(), tenant_id = %caller.tenant, sandbox_id = tracing::field::Empty);
-        let outcome = {
-            let _enter = span.enter();
-            drop(_enter);
+        let span = tracing::info_span!("tool", tool = tool.as_str(), tenant_id = %claims.tenant, sandbox_id = tracing::field::Empty);
+        let outcome = async {
+            let service = &self.inner.sandboxes;
+            let caller = Caller {
+                tenant: claims.tenant,
+                subject: claims.sub.clone(),
+                token_id: claims.jti.clone(),
+                grant: claims.grant,
+                limits: service.limits(claims.tenant).await?,
+            };
+            service.check_rate(&caller).await?;
             self.dispatch(
                 tool,
                 request.arguments,
@@ -251,7 +253,9 @@ impl ServerHandler for McpServer {
                 &ctx,
             )
             .await
-        };
+        }
+        .instrument(span)
+        .await;
         let elapsed = started.elapsed();
         let (response, sandbox_id, audit_outcome, error_kind) = match outcome {
             Ok(answer) => {
@@ -287,9 +291,9 @@ impl ServerHandler for McpServer {
         };
         let event = AuditEvent {
             at: Utc::now(),
-            tenant_id: caller.tenant,
-            token_id: Some(caller.token_id.clone()),
-            subject: Some(caller.subject.clone()),
+            tenant_id: claims.tenant,
+            token_id: Some(claims.jti.clone()),
+            subject: Some(claims.sub.clone()),
             conversation_id: conversation,
             sandbox_id,
             tool: tool.as_str().to_owned(),
@@ -297,7 +301,8 @@ impl ServerHandler for McpServer {
             error_kind,
             duration_ms: i32::try_from(elapsed.as_millis()).unwrap_or(i32::MAX),
         };
-        self.audit(event).await;
+        let db_down = event.error_kind.as_deref() == Some("unavailable");
+        self.inner.audit.record(event, db_down).await;
         response
     }
 }
@@ -329,6 +334,7 @@ fn error_kind_of(err: &ServiceError) -> (&'static str, &'static str) {
         ServiceError::Ended(_) => ("ended", "refused"),
         ServiceError::Lost { .. } => ("lost", "refused"),
         ServiceError::Limit { .. } => ("limit", "refused"),
+        ServiceError::RateLimited { .. } => ("rate_limited", "refused"),
         ServiceError::Unavailable(_) => ("unavailable", "failed"),
         ServiceError::Store(_) => ("internal", "failed"),
         ServiceError::Sandbox(sandgate_sandbox::SandboxError::Channel(
@@ -347,17 +353,6 @@ fn sandbox_of(err: &ServiceError) -> Option<String> {
 }
 
 impl McpServer {
-    async fn audit(&self, event: AuditEvent) {
-        let result = async {
-            let mut conn = self.inner.db.acquire().await?;
-            audit::record(&mut conn, &event).await
-        }
-        .await;
-        if let Err(err) = result {
-            tracing::warn!(error = %err, tool = %event.tool, "recording the audit event failed");
-        }
-    }
-
     fn call_timeout(&self, asked: Option<u32>) -> Result<Duration, CallError> {
         let limits = &self.inner.limits;
         match asked {
@@ -422,7 +417,12 @@ impl McpServer {
                 let args: ExecuteCodeArgs = parse_args(args)?;
                 let timeout = self.call_timeout(args.timeout_seconds)?;
                 let resolved = service
-                    .resolve(caller, args.sandbox_id.as_deref(), conversation)
+                    .resolve(
+                        caller,
+                        args.sandbox_id.as_deref(),
+                        conversation,
+                        args.keep_alive_seconds,
+                    )
                     .await?;
                 self.execute_code(&resolved, &args.code, timeout, ctx).await
             }
@@ -430,7 +430,12 @@ impl McpServer {
                 let args: RunTerminalCommandArgs = parse_args(args)?;
                 let timeout = self.call_timeout(args.timeout_seconds)?;
                 let resolved = service
-                    .resolve(caller, args.sandbox_id.as_deref(), conversation)
+                    .resolve(
+                        caller,
+                        args.sandbox_id.as_deref(),
+                        conversation,
+                        args.keep_alive_seconds,
+                    )
                     .await?;
                 self.run_command(&resolved, &args.command, args.cwd, timeout, ctx)
                     .await
@@ -461,7 +466,12 @@ impl McpServer {
                     .into());
                 }
                 let resolved = service
-                    .resolve(caller, args.sandbox_id.as_deref(), conversation)
+                    .resolve(
+                        caller,
+                        args.sandbox_id.as_deref(),
+                        conversation,
+                        args.keep_alive_seconds,
+                    )
                     .await?;
                 let info = resolved
                     .sandbox
@@ -489,7 +499,12 @@ impl McpServer {
             ToolName::GetFile => {
                 let args: GetFileArgs = parse_args(args)?;
                 let resolved = service
-                    .resolve(caller, args.sandbox_id.as_deref(), conversation)
+                    .resolve(
+                        caller,
+                        args.sandbox_id.as_deref(),
+                        conversation,
+                        args.keep_alive_seconds,
+                    )
                     .await?;
                 let file = resolved
                     .sandbox
@@ -532,7 +547,12 @@ impl McpServer {
             ToolName::ListFiles => {
                 let args: ListFilesArgs = parse_args(args)?;
                 let resolved = service
-                    .resolve(caller, args.sandbox_id.as_deref(), conversation)
+                    .resolve(
+                        caller,
+                        args.sandbox_id.as_deref(),
+                        conversation,
+                        args.keep_alive_seconds,
+                    )
                     .await?;
                 let path = args.path.unwrap_or_else(|| ".".into());
                 let listing = resolved.sandbox.list_dir(&path).await;

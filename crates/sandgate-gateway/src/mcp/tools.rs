@@ -17,7 +17,8 @@ pub struct CreateSandboxArgs {
     /// with the same conversation_id returns the same sandbox while it lives.
     #[serde(default)]
     pub conversation_id: Option<String>,
-    /// Close the sandbox after this many seconds without a call (each call restarts the clock).
+    /// Close the sandbox after this many seconds without a call (each call restarts the clock;
+    /// every tool takes keep_alive_seconds to change it). Bounded by your limits.
     #[serde(default)]
     pub keep_alive_seconds: Option<u32>,
 }
@@ -64,6 +65,10 @@ pub struct ExecuteCodeArgs {
     /// See create_sandbox.
     #[serde(default)]
     pub conversation_id: Option<String>,
+    /// Keep the sandbox alive this many seconds without a call from now on (like
+    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
+    #[serde(default)]
+    pub keep_alive_seconds: Option<u32>,
 }
 
 /// The value of a cell's last expression.
@@ -144,6 +149,10 @@ pub struct RunTerminalCommandArgs {
     /// See create_sandbox.
     #[serde(default)]
     pub conversation_id: Option<String>,
+    /// Keep the sandbox alive this many seconds without a call from now on (like
+    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
+    #[serde(default)]
+    pub keep_alive_seconds: Option<u32>,
 }
 
 /// `run_terminal_command` result.
@@ -188,6 +197,10 @@ pub struct UploadFileArgs {
     /// See create_sandbox.
     #[serde(default)]
     pub conversation_id: Option<String>,
+    /// Keep the sandbox alive this many seconds without a call from now on (like
+    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
+    #[serde(default)]
+    pub keep_alive_seconds: Option<u32>,
 }
 
 /// `upload_file` result.
@@ -215,6 +228,10 @@ pub struct GetFileArgs {
     /// See create_sandbox.
     #[serde(default)]
     pub conversation_id: Option<String>,
+    /// Keep the sandbox alive this many seconds without a call from now on (like
+    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
+    #[serde(default)]
+    pub keep_alive_seconds: Option<u32>,
 }
 
 /// `get_file` result.
@@ -245,6 +262,10 @@ pub struct ListFilesArgs {
     /// See create_sandbox.
     #[serde(default)]
     pub conversation_id: Option<String>,
+    /// Keep the sandbox alive this many seconds without a call from now on (like
+    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
+    #[serde(default)]
+    pub keep_alive_seconds: Option<u32>,
 }
 
 /// One directory entry.

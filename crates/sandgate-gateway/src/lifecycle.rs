@@ -1,0 +1,410 @@
+//! Keeping Postgres and Docker in step (DESIGN §4): the reaper, reconciliation and the warm
+//! pool's rows.
+//!
+//! - **Warm rows.** Every container the pool makes ready is recorded as a `warm` row, so a lease is
+//!   one transaction on Postgres whichever process started the container.
+//! - **Reaper.** Every `lifecycle.reaper_interval_ms`, leased sandboxes past their idle timeout or
+//!   lifetime are closed and their containers removed; at start-up this catches what expired while
+//!   the gateway was down.
+//! - **Reconciliation.** At start-up and every `lifecycle.reconcile_interval_seconds`: rows whose
+//!   container vanished or stopped become `lost`; containers of this instance that Postgres does
+//!   not know (older than `lifecycle.orphan_grace_seconds`) or knows as ended are removed; this
+//!   process's pool is checked against the rows; leased sandboxes are re-attached (start-up).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::Utc;
+use sandgate_sandbox::{ContainerFate, Sandbox, SandboxError};
+use sandgate_store::StoreError;
+use sandgate_store::sandboxes::{self, SandboxState};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::LifecycleConfig;
+use crate::sandboxes::{SandboxService, ServiceError, describe_fate};
+
+/// How long this process's own fresh launches are never taken for orphans: well past the agent's
+/// ready timeout.
+const LAUNCH_GRACE: Duration = Duration::from_secs(180);
+
+/// What one reconciliation pass did (logged; returned for callers that care).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Rows marked `lost` because their container is gone or stopped.
+    pub lost: usize,
+    /// Containers removed because Postgres does not know them or knows them as ended.
+    pub removed: usize,
+    /// Leased sandboxes re-attached.
+    pub adopted: usize,
+}
+
+/// Why a lifecycle pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    /// Postgres failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The sandbox manager or engine failed.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// Another service failure.
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+}
+
+impl SandboxService {
+    /// Closes every leased sandbox of this node past its idle timeout or lifetime (skipping those
+    /// with a call in flight here); returns how many it closed.
+    #[tracing::instrument(skip_all)]
+    pub async fn reap(&self) -> Result<usize, LifecycleError> {
+        let now = Utc::now();
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let due = sandboxes::overdue(&mut conn, &self.node, now).await?;
+        drop(conn);
+        let mut closed = 0;
+        for row in due {
+            if self.is_busy(&row.id) {
+                continue;
+            }
+            let reason = if row.expires_at.is_some_and(|e| e <= now) {
+                "lifetime"
+            } else {
+                "idle"
+            };
+            if self
+                .end(&row, SandboxState::Closed, reason)
+                .await?
+                .is_some()
+            {
+                tracing::info!(sandbox_id = %row.id, tenant_id = ?row.tenant_id, reason, "closed an overdue sandbox");
+                closed += 1;
+            }
+        }
+        Ok(closed)
+    }
+
+    /// Records a ready warm sandbox as a `warm` row (idempotent).
+    async fn record_warm(&self, sandbox: &Sandbox) -> Result<(), StoreError> {
+        let mut conn = self.db.acquire().await?;
+        sandboxes::insert_warm(
+            &mut conn,
+            sandbox.id(),
+            sandbox.profile(),
+            sandbox.container_id(),
+            &self.node,
+        )
+        .await
+    }
+
+    /// Checks this process's warm pool against Postgres: a sandbox whose row another process
+    /// leased is let go (without touching its container), one whose row ended or whose
+    /// connection died is removed, one without a row yet is recorded. Then refills.
+    #[tracing::instrument(skip_all)]
+    pub async fn sync_pool(&self) -> Result<(), LifecycleError> {
+        let ids = self.manager.ready_ids();
+        if !ids.is_empty() {
+            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let rows: HashMap<String, SandboxState> = sandboxes::by_ids(&mut conn, &ids)
+                .await?
+                .into_iter()
+                .map(|r| (r.id, r.state))
+                .collect();
+            drop(conn);
+            for id in ids {
+                match rows.get(&id) {
+                    Some(SandboxState::Warm) => {
+                        let Some(sandbox) = self.manager.take_ready_id(&id) else {
+                            continue;
+                        };
+                        if !sandbox.is_lost() {
+                            let _ = self.manager.offer(sandbox);
+                            continue;
+                        }
+                        tracing::warn!(sandbox_id = %id, "a warm sandbox died while waiting");
+                        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+                        sandboxes::end(
+                            &mut conn,
+                            &id,
+                            SandboxState::Lost,
+                            "its warm container died",
+                        )
+                        .await?;
+                        drop(conn);
+                        let _ = self.manager.close(sandbox).await;
+                    }
+                    Some(SandboxState::Leased) => {
+                        // Another process leased it (and adopted the container): not ours to
+                        // hand out any more, and not ours to remove.
+                        if self.manager.take_ready_id(&id).is_some() {
+                            tracing::debug!(sandbox_id = %id, "a warm sandbox was leased elsewhere");
+                        }
+                    }
+                    Some(SandboxState::Closed | SandboxState::Lost) => {
+                        if let Some(sandbox) = self.manager.take_ready_id(&id) {
+                            let _ = self.manager.close(sandbox).await;
+                        }
+                    }
+                    None => {
+                        if let Some(sandbox) = self.manager.take_ready_id(&id) {
+                            let recorded = self.record_warm(&sandbox).await;
+                            let _ = self.manager.offer(sandbox);
+                            recorded?;
+                        }
+                    }
+                }
+            }
+        }
+        self.manager.refill(&self.profile.name)?;
+        Ok(())
+    }
+
+    /// One reconciliation pass of Docker against Postgres for this node; see the module docs.
+    #[tracing::instrument(skip_all, fields(startup))]
+    pub async fn reconcile(
+        &self,
+        orphan_grace: Duration,
+        startup: bool,
+    ) -> Result<Reconciled, LifecycleError> {
+        let mut done = Reconciled::default();
+        // Rows first, containers second: a row read before the listing whose container is not
+        // listed really has no container (containers do not come back), while a container
+        // without a row may just be newer than the read.
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let rows = sandboxes::live_on_node(&mut conn, &self.node).await?;
+        drop(conn);
+        let containers = self.manager.list_containers().await?;
+        let by_container: HashMap<&str, &sandgate_sandbox::ManagedContainer> = containers
+            .iter()
+            .map(|c| (c.container_id.as_str(), c))
+            .collect();
+        let mut adopt = Vec::new();
+        for row in &rows {
+            let why = match by_container.get(row.container_id.as_str()) {
+                None => Some(ContainerFate::Missing),
+                Some(c) if c.fate != ContainerFate::Running => {
+                    // The listing does not say how it ended; inspecting does.
+                    Some(match self.manager.adopt(&row.container_id).await {
+                        Err(SandboxError::Died { fate, .. }) => fate,
+                        _ => c.fate.clone(),
+                    })
+                }
+                Some(_) => None,
+            };
+            match why {
+                Some(fate) => {
+                    let state = SandboxState::Lost;
+                    if self.end(row, state, &describe_fate(&fate)).await?.is_some() {
+                        tracing::warn!(sandbox_id = %row.id, fate = %fate, "a sandbox's container is gone; marked lost");
+                        done.lost += 1;
+                    }
+                }
+                None if startup && row.state == SandboxState::Leased => adopt.push(row.clone()),
+                None => {}
+            }
+        }
+        let known: HashSet<&str> = rows.iter().map(|r| r.container_id.as_str()).collect();
+        let unknown: Vec<String> = containers
+            .iter()
+            .filter(|c| !known.contains(c.container_id.as_str()))
+            .map(|c| c.container_id.clone())
+            .collect();
+        if !unknown.is_empty() {
+            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let recorded: HashMap<String, SandboxState> =
+                sandboxes::by_containers(&mut conn, &unknown)
+                    .await?
+                    .into_iter()
+                    .map(|r| (r.container_id, r.state))
+                    .collect();
+            drop(conn);
+            // This process's own: waiting in its pool, live here, or launched lately (maybe not
+            // recorded yet: a start takes a while on a busy host).
+            let local: HashSet<String> = self
+                .manager
+                .ready_ids()
+                .into_iter()
+                .chain(self.live.lock().expect("live map").keys().cloned())
+                .chain(self.manager.launched_within(LAUNCH_GRACE))
+                .collect();
+            let now = Utc::now().timestamp();
+            let grace = i64::try_from(orphan_grace.as_secs()).unwrap_or(i64::MAX);
+            for c in containers
+                .iter()
+                .filter(|c| unknown.contains(&c.container_id))
+            {
+                let remove = match recorded.get(&c.container_id) {
+                    // Recorded since the rows were read: live, leave it.
+                    Some(SandboxState::Warm | SandboxState::Leased) => false,
+                    Some(SandboxState::Closed | SandboxState::Lost) => true,
+                    // Unknown: ours and about to be recorded, or another process's that is; or
+                    // an orphan once it is old enough.
+                    None => {
+                        !local.contains(&c.sandbox_id)
+                            && c.created_unix.is_none_or(|t| now - t >= grace)
+                    }
+                };
+                if remove {
+                    tracing::info!(container_id = %c.container_id, sandbox_id = %c.sandbox_id, "removing a container Postgres does not know as live");
+                    self.manager.remove_container(&c.container_id).await?;
+                    done.removed += 1;
+                }
+            }
+        }
+        for row in adopt {
+            if self.live.lock().expect("live map").contains_key(&row.id) {
+                continue;
+            }
+            match self.manager.adopt(&row.container_id).await {
+                Ok(sandbox) => {
+                    self.live
+                        .lock()
+                        .expect("live map")
+                        .entry(row.id.clone())
+                        .or_insert(sandbox);
+                    done.adopted += 1;
+                }
+                Err(SandboxError::Died { fate, .. }) => {
+                    let _ = self.lose(&row.id, describe_fate(&fate)).await;
+                    done.lost += 1;
+                }
+                Err(err) => {
+                    // E.g. the agent is slow to answer; the first call adopts it again.
+                    tracing::warn!(error = %err, sandbox_id = %row.id, "re-attaching a leased sandbox failed");
+                }
+            }
+        }
+        self.sync_pool().await?;
+        Ok(done)
+    }
+
+    /// Starts the background work: recording warm sandboxes as they become ready, the reaper and
+    /// periodic reconciliation. Runs one reaper pass and one reconciliation first, so that what
+    /// expired or vanished while the gateway was down is settled before it serves (a failure is
+    /// logged, not fatal: the periodic passes retry).
+    pub async fn start_lifecycle(
+        &self,
+        config: &LifecycleConfig,
+        stop: CancellationToken,
+        tasks: &TaskTracker,
+    ) {
+        let grace = Duration::from_secs(config.orphan_grace_seconds);
+        let ready = self.manager.watch_ready();
+        match self.reap().await {
+            Ok(n) if n > 0 => tracing::info!(
+                closed = n,
+                "closed sandboxes that expired while the gateway was down"
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::warn!(error = %err, "the start-up reaper pass failed"),
+        }
+        match self.reconcile(grace, true).await {
+            Ok(done) => tracing::info!(
+                lost = done.lost,
+                removed = done.removed,
+                adopted = done.adopted,
+                "start-up reconciliation done"
+            ),
+            Err(err) => tracing::warn!(error = %err, "start-up reconciliation failed"),
+        }
+        tasks.spawn(self.clone().record_ready(ready, stop.clone()));
+        let reaper = self.clone();
+        let every = Duration::from_millis(config.reaper_interval_ms);
+        let reaper_stop = stop.clone();
+        tasks.spawn(async move {
+            let mut ticker = tokio::time::interval(every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    () = reaper_stop.cancelled() => return,
+                }
+                if let Err(err) = reaper.reap().await {
+                    tracing::warn!(error = %err, "the reaper pass failed");
+                }
+            }
+        });
+        let reconciler = self.clone();
+        let every = Duration::from_secs(config.reconcile_interval_seconds);
+        tasks.spawn(async move {
+            let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    () = stop.cancelled() => return,
+                }
+                match reconciler.reconcile(grace, false).await {
+                    Ok(done) if done != Reconciled::default() => {
+                        tracing::info!(
+                            lost = done.lost,
+                            removed = done.removed,
+                            "reconciliation done"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(err) => tracing::warn!(error = %err, "reconciliation failed"),
+                }
+            }
+        });
+    }
+
+    /// Records each sandbox the pool makes ready as a warm row; while Postgres is away, retries
+    /// (the sandbox waits in the pool, unleasable until recorded).
+    async fn record_ready(
+        self,
+        mut ready: mpsc::UnboundedReceiver<Sandbox>,
+        stop: CancellationToken,
+    ) {
+        loop {
+            let sandbox = tokio::select! {
+                next = ready.recv() => match next {
+                    Some(sandbox) => sandbox,
+                    None => return,
+                },
+                () = stop.cancelled() => return,
+            };
+            loop {
+                match self.record_warm(&sandbox).await {
+                    Ok(()) => break,
+                    Err(err) => {
+                        tracing::warn!(error = %err, sandbox_id = %sandbox.id(), "recording a warm sandbox failed; retrying");
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            () = stop.cancelled() => return,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// At shutdown: stops the pool and leaves the warm sandboxes that have rows running for the
+    /// next start (or another replica) to lease, removing the rest. Leased sandboxes stay
+    /// running for the next start to re-attach to.
+    pub async fn shutdown(&self) {
+        let warm = self.manager.stop().await;
+        if warm.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = warm.iter().map(|s| s.id().to_owned()).collect();
+        let recorded: HashSet<String> = async {
+            let mut conn = self.db.acquire().await?;
+            sandboxes::by_ids(&mut conn, &ids).await
+        }
+        .await
+        .map(|rows| {
+            rows.into_iter()
+                .filter(|r| r.state == SandboxState::Warm)
+                .map(|r| r.id)
+                .collect()
+        })
+        .unwrap_or_default();
+        for sandbox in warm.into_iter().filter(|s| !recorded.contains(s.id())) {
+            if let Err(err) = self.manager.close(sandbox).await {
+                tracing::warn!(error = %err, "removing an unrecorded warm sandbox failed");
+            }
+        }
+    }
+}

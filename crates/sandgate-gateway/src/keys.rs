@@ -44,6 +44,9 @@ pub struct KeyRing {
     issuer_url: String,
     audience: String,
     loaded: Arc<RwLock<Arc<Loaded>>>,
+    /// When an unknown `kid` last forced a reload: bounds how often made-up kids can make us
+    /// query Postgres, independently of when the keys were last loaded for other reasons.
+    last_forced: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl KeyRing {
@@ -55,6 +58,7 @@ impl KeyRing {
             issuer_url,
             audience,
             loaded: Arc::new(RwLock::new(Arc::new(loaded))),
+            last_forced: Arc::default(),
         })
     }
 
@@ -126,13 +130,23 @@ impl KeyRing {
         self.current().public.clone()
     }
 
+    fn may_force_refresh(&self) -> bool {
+        let mut last = self.last_forced.lock().expect("key ring lock");
+        let now = Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < MIN_FORCED_REFRESH) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
     /// Verifies an access token. A token signed by a key we have not loaded yet (rotated by
     /// another replica) triggers one reload before it is refused.
     pub async fn verify(&self, token: &str) -> Result<AccessClaims, TokenError> {
         self.refresh_if_stale().await;
         let loaded = self.current();
         match loaded.verifier.verify(token) {
-            Err(TokenError::UnknownKey) if loaded.at.elapsed() >= MIN_FORCED_REFRESH => {
+            Err(TokenError::UnknownKey) if self.may_force_refresh() => {
                 if let Err(err) = self.refresh().await {
                     tracing::warn!(error = %err, "reloading keys for an unknown kid failed");
                 }

@@ -129,6 +129,9 @@ pub enum ServiceError {
     /// Postgres is unavailable: retrying shortly may work.
     #[error("sandgate's database is temporarily unavailable; retry in a few seconds")]
     Unavailable(#[source] StoreError),
+    /// Postgres was away before the call could even be checked (the token's grant).
+    #[error("sandgate's database is temporarily unavailable; retry in a few seconds")]
+    DatabaseAway,
     /// Another database failure.
     #[error("internal error (database)")]
     Store(#[source] StoreError),

@@ -26,6 +26,11 @@ use crate::mcp::tools::ToolName;
 /// appended to the well-known prefix).
 pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource/mcp";
 
+/// Set on a request whose token's grant could not be checked because Postgres is unavailable:
+/// tool calls carrying it are refused with a retryable error.
+#[derive(Debug, Clone, Copy)]
+pub struct GrantUnverified;
+
 /// The axum middleware in front of the MCP service.
 pub async fn require_bearer(
     State(state): State<AppState>,
@@ -64,6 +69,23 @@ pub async fn require_bearer(
                 &state,
                 Some("the access token was revoked or its app was disconnected"),
             );
+        }
+        // Postgres is away: nothing that touches a sandbox can run without it anyway, so let
+        // the request through marked unverified. Tool calls then refuse with the same
+        // retryable tool error as every other call during an outage (DESIGN: calls fail fast
+        // and retryably, then work again by themselves); listing tools stays possible.
+        Err(err) if err.is_unavailable() => {
+            tracing::warn!(error = %err, "grant not checked: the database is unavailable");
+            let mut request = request;
+            request.extensions_mut().insert(GrantUnverified);
+            let (request, _) = match called_tool(request, state.config.mcp.max_request_bytes).await
+            {
+                Ok(found) => found,
+                Err(response) => return response,
+            };
+            let mut request = request;
+            request.extensions_mut().insert(claims);
+            return next.run(request).await;
         }
         Err(err) => {
             tracing::error!(error = ?err, "checking the token's grant failed");

@@ -235,7 +235,14 @@ impl ServerHandler for McpServer {
             .map(str::to_owned);
         let conversation = conversation_arg.or_else(|| session_conversation(&ctx));
         let span = tracing::info_span!("tool", tool = tool.as_str(), tenant_id = %claims.tenant, sandbox_id = tracing::field::Empty);
+        let unverified = ctx
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .is_some_and(|parts| parts.extensions.get::<auth::GrantUnverified>().is_some());
         let outcome = async {
+            if unverified {
+                return Err(CallError::Service(ServiceError::DatabaseAway));
+            }
             let service = &self.inner.sandboxes;
             let caller = Caller {
                 tenant: claims.tenant,
@@ -335,7 +342,7 @@ fn error_kind_of(err: &ServiceError) -> (&'static str, &'static str) {
         ServiceError::Lost { .. } => ("lost", "refused"),
         ServiceError::Limit { .. } => ("limit", "refused"),
         ServiceError::RateLimited { .. } => ("rate_limited", "refused"),
-        ServiceError::Unavailable(_) => ("unavailable", "failed"),
+        ServiceError::Unavailable(_) | ServiceError::DatabaseAway => ("unavailable", "failed"),
         ServiceError::Store(_) => ("internal", "failed"),
         ServiceError::Sandbox(sandgate_sandbox::SandboxError::Channel(
             sandgate_sandbox::ChannelError::Agent(_),

@@ -16,6 +16,15 @@ step "bringing the stack up"
 # shellcheck disable=SC1091
 source "$SANDGATE_CACHE/stack.env"
 
+# Each end-to-end test makes its own database (sandgate_e2e_<uuid>); drop earlier runs' ones.
+stale=$(psql "$DATABASE_URL" -XtAc "select datname from pg_database where datname like 'sandgate\_e2e\_%'")
+if [[ -n $stale ]]; then
+	step "dropping $(wc -l <<<"$stale") databases of earlier test runs"
+	while read -r db; do
+		psql "$DATABASE_URL" -Xq -c "drop database if exists \"$db\" with (force)"
+	done <<<"$stale"
+fi
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{HeaderName, Request};
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use sandgate_sandbox::{
     DockerBackend, DockerError, ManagerConfig, PoolConfig, SandboxError, SandboxManager,
 };
@@ -273,7 +274,16 @@ impl App {
         let state = self.state.clone();
         let stop = state.shutdown.clone();
         let app = router(self.state);
-        let result = axum::serve(self.listener, app)
+        // axum::serve leaves Nagle on for accepted connections (axum 0.8 sets TCP_NODELAY only
+        // in its own tests). A tool result goes out as several small writes (headers, the SSE
+        // event, the end of the chunked body); with Nagle a later write waits for the client's
+        // ACK of the earlier one, which a client delays by up to 40 ms.
+        let listener = self.listener.tap_io(|stream| {
+            if let Err(err) = stream.set_nodelay(true) {
+                tracing::debug!(error = %err, "cannot set TCP_NODELAY on a connection");
+            }
+        });
+        let result = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 shutdown.await;
                 stop.cancel();

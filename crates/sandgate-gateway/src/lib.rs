@@ -146,6 +146,7 @@ impl AppState {
             config.sandbox.clone(),
             node,
             config.limits.clone(),
+            config.pool.max_concurrent_starts,
         );
         let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
         let background_stop = CancellationToken::new();

@@ -232,6 +232,8 @@ pub struct SandboxService {
     pub(crate) live: Arc<Mutex<HashMap<String, Sandbox>>>,
     /// Sandboxes with calls in flight in this process.
     pub(crate) busy: BusyMap,
+    /// Cold starts running at once in this process (`pool.max_concurrent_starts`).
+    cold_starts: Arc<tokio::sync::Semaphore>,
 }
 
 impl SandboxService {
@@ -242,6 +244,7 @@ impl SandboxService {
         profile: SandboxProfile,
         node: String,
         limits: LimitsConfig,
+        max_cold_starts: usize,
     ) -> Self {
         Self {
             db,
@@ -251,6 +254,7 @@ impl SandboxService {
             limits,
             live: Arc::default(),
             busy: Arc::default(),
+            cold_starts: Arc::new(tokio::sync::Semaphore::new(max_cold_starts.max(1))),
         }
     }
 
@@ -360,7 +364,27 @@ impl SandboxService {
         };
         let leased = match leased {
             Ok(Some(resolved)) => Ok(resolved),
-            Ok(None) => self.lease_cold(caller, &profile, &lease).await,
+            Ok(None) => {
+                // Cold starts are bounded: a burst of conversations on an empty pool would
+                // otherwise start every container at once, each loading the data stack on the
+                // same few cores, until all of them miss their ready timeout. Queued leases
+                // start one by one, and take a warm container if the refill made one meanwhile.
+                let _permit = self
+                    .cold_starts
+                    .acquire()
+                    .await
+                    .expect("the cold-start semaphore is never closed");
+                let rewarmed = if profile == self.profile {
+                    self.lease_warm(caller, &lease).await
+                } else {
+                    Ok(None)
+                };
+                match rewarmed {
+                    Ok(Some(resolved)) => Ok(resolved),
+                    Ok(None) => self.lease_cold(caller, &profile, &lease).await,
+                    Err(err) => Err(err),
+                }
+            }
             Err(err) => Err(err),
         };
         match leased {

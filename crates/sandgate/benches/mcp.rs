@@ -428,6 +428,11 @@ impl Gateway {
                 "SANDGATE_LIMITS__MAX_SANDBOXES".into(),
                 max_sandboxes.to_string(),
             ),
+            // One tenant drives every measurement: its rate limit must not be what is measured.
+            (
+                "SANDGATE_LIMITS__MAX_CALLS_PER_MINUTE".into(),
+                "1000000".into(),
+            ),
             ("SANDGATE_DATABASE__MAX_CONNECTIONS".into(), "32".into()),
         ];
         let mut child = Command::new(BIN)

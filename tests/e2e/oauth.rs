@@ -1651,3 +1651,50 @@ async fn tokens_signed_before_a_key_rotation_keep_working() {
         "JWKS publishes both: {kids:?}"
     );
 }
+
+#[tokio::test]
+async fn a_confidential_client_of_another_tenant_cannot_be_connected() {
+    let stack = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let other_tenant = stack.gateway.create_tenant().await;
+    let created = stack
+        .gateway
+        .cli(&[
+            "admin",
+            "client",
+            "create",
+            "--tenant",
+            &other_tenant,
+            "--name",
+            "Other Account's Bot",
+            "--redirect-uri",
+            REDIRECT,
+        ])
+        .await;
+    let client_id = created
+        .lines()
+        .find_map(|l| l.strip_prefix("client_id="))
+        .unwrap_or_else(|| panic!("client_id printed: {created}"))
+        .to_owned();
+    let mut browser = Browser::new(&stack);
+    let pkce = Pkce::new();
+    let start = browser
+        .get(&authorize_url(
+            &stack, &client_id, REDIRECT, &pkce, "st-9", "sandbox",
+        ))
+        .await;
+    let login = start.location.as_deref().expect("to the login page");
+    let after = browser.log_in(login, &stack.email, PASSWORD).await;
+    let refused = browser
+        .get(after.location.as_deref().expect("login redirects back"))
+        .await;
+    assert_eq!(refused.status, StatusCode::SEE_OTHER, "{}", refused.body);
+    let location = refused.location.expect("redirected to the client");
+    assert!(
+        location.starts_with(REDIRECT) && location.contains("error=access_denied"),
+        "a user of another tenant is refused, not shown a consent page: {location}"
+    );
+    assert!(
+        location.contains("state=st-9"),
+        "state round-trips: {location}"
+    );
+}

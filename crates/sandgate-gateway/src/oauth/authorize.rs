@@ -235,6 +235,27 @@ async fn issue_code(
     ))
 }
 
+/// A confidential client registered for one tenant (`sandgate admin client create`) acts only for
+/// that tenant: a user of another tenant may not connect it. Self-registered (DCR) and
+/// metadata-document clients belong to no tenant and may be connected by anyone.
+fn foreign_client(state: &AppState, valid: &Valid, session: &Session) -> Option<Response> {
+    let owner = valid.client.tenant_id?;
+    if owner == session.tenant_id {
+        return None;
+    }
+    tracing::warn!(client_id = %valid.client.id, user_id = %session.user_id, "refused a client registered for another tenant");
+    Some(
+        error_to_client(
+            state,
+            &valid.redirect_uri,
+            valid.state.as_deref(),
+            "access_denied",
+            "this app is registered for another sandgate account",
+        )
+        .into_response(),
+    )
+}
+
 /// `GET /oauth/authorize`.
 pub async fn authorize(
     State(state): State<AppState>,
@@ -256,6 +277,9 @@ pub async fn authorize(
         }
         Err(err) => return unavailable(&err).into_response(),
     };
+    if let Some(refused) = foreign_client(&state, &valid, &session) {
+        return refused;
+    }
     // Connect once: an approval covering these scopes skips the screen.
     let existing = async {
         let mut conn = state.db.acquire().await?;
@@ -443,6 +467,9 @@ pub async fn consent(
         Ok(valid) => valid,
         Err(failure) => return failure.into_response(),
     };
+    if let Some(refused) = foreign_client(&state, &valid, &session) {
+        return refused;
+    }
     if form.decision.as_deref() != Some("approve") {
         tracing::info!(client_id = %valid.client.id, "the user denied access");
         return error_to_client(

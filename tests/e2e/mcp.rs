@@ -258,6 +258,23 @@ async fn support_analyst(era: Era) {
         after.text
     );
 
+    // Prometheus counts the calls by tool and outcome.
+    let metrics = reqwest::get(format!("{}/metrics", gateway.base_url))
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .expect("text");
+    for line in [
+        r#"sandgate_tool_calls_total{tool="create_sandbox",outcome="ok"} 2"#,
+        r#"sandgate_tool_calls_total{tool="execute_code",outcome="user_error"} 1"#,
+        // the call without `code`, and the call on the closed sandbox
+        r#"sandgate_tool_calls_total{tool="execute_code",outcome="refused"} 2"#,
+        r#"sandgate_tool_calls_total{tool="close_sandbox",outcome="ok"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "/metrics has {line}:\n{metrics}");
+    }
+
     // The audit trail holds one event per call.
     let audit = gateway_audit_count(&gateway).await;
     assert_eq!(audit, 16, "one audit event per tool call");

@@ -8,6 +8,7 @@
 //! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
+//! - [`metrics`]: Prometheus metrics at `/metrics`.
 //! - [`oauth`]: the OAuth 2.1 authorization server, consent and connected-apps pages.
 //! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`App`]: build the state and router, bind, run until a shutdown signal.
@@ -37,6 +38,7 @@ pub mod health;
 pub mod keys;
 pub mod lifecycle;
 pub mod mcp;
+pub mod metrics;
 pub mod oauth;
 pub mod sandboxes;
 pub mod telemetry;
@@ -63,6 +65,8 @@ pub struct AppState {
     pub oauth: oauth::OAuthState,
     /// The audit trail's writer.
     pub audit: audit::AuditLog,
+    /// Prometheus metrics.
+    pub metrics: metrics::Metrics,
     /// Cancelled at shutdown: ends open MCP streams so shutdown is not held up by them.
     pub shutdown: CancellationToken,
     /// Cancelled after the server stopped: ends the background work (reaper, reconciliation).
@@ -163,6 +167,7 @@ impl AppState {
             sandboxes,
             oauth,
             audit,
+            metrics: metrics::Metrics::new(),
             shutdown: CancellationToken::new(),
             background_stop,
             background,
@@ -176,6 +181,7 @@ pub fn router(state: AppState) -> Router {
         &state.config,
         state.sandboxes.clone(),
         state.audit.clone(),
+        state.metrics.clone(),
         state.shutdown.child_token(),
     );
     let mcp_routes = Router::new()
@@ -190,6 +196,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route("/metrics", get(metrics::metrics))
         .route(
             "/.well-known/oauth-protected-resource",
             get(mcp::auth::resource_metadata),

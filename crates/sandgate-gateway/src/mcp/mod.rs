@@ -52,6 +52,7 @@ pub struct McpServer {
 struct Inner {
     sandboxes: SandboxService,
     audit: AuditLog,
+    metrics: crate::metrics::Metrics,
     limits: LimitsConfig,
 }
 
@@ -60,12 +61,14 @@ pub fn service(
     config: &Config,
     sandboxes: SandboxService,
     audit: AuditLog,
+    metrics: crate::metrics::Metrics,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {
     let server = McpServer {
         inner: Arc::new(Inner {
             sandboxes,
             audit,
+            metrics,
             limits: config.limits.clone(),
         }),
     };
@@ -296,6 +299,9 @@ impl ServerHandler for McpServer {
                 )
             }
         };
+        self.inner
+            .metrics
+            .record_call(tool.as_str(), audit_outcome, elapsed);
         let event = AuditEvent {
             at: Utc::now(),
             tenant_id: claims.tenant,

@@ -1,0 +1,157 @@
+//! Prometheus metrics at `/metrics` (OpenMetrics text): tool calls by tool and outcome, their
+//! durations, and the warm pool. Labels are small enums (tool names, outcomes), never ids.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::AppState;
+
+/// Labels of a tool call.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    tool: String,
+    outcome: String,
+}
+
+/// Labels of a tool's duration.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: String,
+}
+
+/// The gateway's metrics. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Registry,
+    calls: Family<CallLabels, Counter>,
+    durations: Family<ToolLabels, Histogram>,
+    pool_ready: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sandgate");
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "tool_calls",
+            "MCP tool calls by tool and outcome (ok, user_error, refused, failed, cancelled)",
+            calls.clone(),
+        );
+        let durations = Family::<ToolLabels, Histogram>::new_with_constructor(|| {
+            // 1 ms .. ~65 s
+            Histogram::new(exponential_buckets(0.001, 2.0, 17))
+        });
+        registry.register(
+            "tool_call_duration_seconds",
+            "Wall time of MCP tool calls",
+            durations.clone(),
+        );
+        let pool_ready = Gauge::default();
+        registry.register(
+            "pool_ready_sandboxes",
+            "Started-and-ready sandboxes waiting in this process's warm pool",
+            pool_ready.clone(),
+        );
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                calls,
+                durations,
+                pool_ready,
+            }),
+        }
+    }
+
+    /// Counts one tool call.
+    pub fn record_call(&self, tool: &str, outcome: &str, elapsed: Duration) {
+        self.inner
+            .calls
+            .get_or_create(&CallLabels {
+                tool: tool.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+        self.inner
+            .durations
+            .get_or_create(&ToolLabels {
+                tool: tool.to_owned(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Renders the registry as OpenMetrics text.
+    fn render(&self, pool_ready: usize) -> Result<String, std::fmt::Error> {
+        self.inner
+            .pool_ready
+            .set(i64::try_from(pool_ready).unwrap_or(i64::MAX));
+        let mut out = String::new();
+        encode(&mut out, &self.inner.registry)?;
+        Ok(out)
+    }
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let ready = state
+        .sandboxes
+        .manager()
+        .ready_count(&state.config.sandbox.name);
+    match state.metrics.render(ready) {
+        Ok(body) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_are_counted_by_tool_and_outcome() {
+        let metrics = Metrics::new();
+        metrics.record_call("execute_code", "ok", Duration::from_millis(3));
+        metrics.record_call("execute_code", "ok", Duration::from_millis(5));
+        metrics.record_call("execute_code", "user_error", Duration::from_millis(5));
+        let text = metrics.render(2).unwrap();
+        assert!(
+            text.contains(r#"sandgate_tool_calls_total{tool="execute_code",outcome="ok"} 2"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"outcome="user_error"} 1"#), "{text}");
+        assert!(text.contains("sandgate_pool_ready_sandboxes 2"), "{text}");
+        assert!(
+            text.contains("sandgate_tool_call_duration_seconds_count{tool=\"execute_code\"} 3"),
+            "{text}"
+        );
+    }
+}

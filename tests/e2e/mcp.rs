@@ -148,6 +148,31 @@ async fn support_analyst(era: Era) {
         "the saved file is the chart that was shown"
     );
 
+    // A person can open the expiring download link; a tampered one is refused.
+    let link = fetched.structured["download_url"]
+        .as_str()
+        .expect("a download link")
+        .to_owned();
+    assert!(
+        link.starts_with(&format!("{}/files/", gateway.base_url)),
+        "{link}"
+    );
+    let download = reqwest::get(&link).await.expect("the link answers");
+    assert_eq!(download.status(), 200);
+    assert_eq!(download.headers()["content-type"], "image/png");
+    assert_eq!(download.headers()["x-content-type-options"], "nosniff");
+    let bytes = download.bytes().await.expect("the file");
+    assert_eq!(
+        bytes.as_ref(),
+        chart.images[0].1.as_slice(),
+        "the link serves the same file"
+    );
+    let tampered = format!("{}x", link.trim_end_matches(|c: char| c != '.'));
+    assert_eq!(
+        reqwest::get(&tampered).await.expect("answers").status(),
+        404
+    );
+
     let csv = client
         .ok(
             "get_file",

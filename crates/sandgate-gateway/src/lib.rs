@@ -9,6 +9,7 @@
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
 //! - [`metrics`]: Prometheus metrics at `/metrics`.
+//! - [`files`]: expiring download links for files in sandboxes.
 //! - [`oauth`]: the OAuth 2.1 authorization server, consent and connected-apps pages.
 //! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`App`]: build the state and router, bind, run until a shutdown signal.
@@ -34,6 +35,7 @@ use tower_http::trace::TraceLayer;
 pub mod admin;
 pub mod audit;
 pub mod config;
+pub mod files;
 pub mod health;
 pub mod keys;
 pub mod lifecycle;
@@ -67,6 +69,8 @@ pub struct AppState {
     pub audit: audit::AuditLog,
     /// Prometheus metrics.
     pub metrics: metrics::Metrics,
+    /// Expiring download links (`get_file`).
+    pub links: files::DownloadLinks,
     /// Cancelled at shutdown: ends open MCP streams so shutdown is not held up by them.
     pub shutdown: CancellationToken,
     /// Cancelled after the server stopped: ends the background work (reaper, reconciliation).
@@ -153,6 +157,7 @@ impl AppState {
             config.pool.max_concurrent_starts,
         );
         let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
+        let links = files::DownloadLinks::new(oauth.cookie_key(), &config.public_url());
         let background_stop = CancellationToken::new();
         let background = TaskTracker::new();
         sandboxes
@@ -168,6 +173,7 @@ impl AppState {
             oauth,
             audit,
             metrics: metrics::Metrics::new(),
+            links,
             shutdown: CancellationToken::new(),
             background_stop,
             background,
@@ -182,6 +188,7 @@ pub fn router(state: AppState) -> Router {
         state.sandboxes.clone(),
         state.audit.clone(),
         state.metrics.clone(),
+        state.links.clone(),
         state.shutdown.child_token(),
     );
     let mcp_routes = Router::new()
@@ -197,6 +204,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::metrics))
+        .route("/files/{token}", get(files::download))
         .route(
             "/.well-known/oauth-protected-resource",
             get(mcp::auth::resource_metadata),

@@ -53,6 +53,7 @@ struct Inner {
     sandboxes: SandboxService,
     audit: AuditLog,
     metrics: crate::metrics::Metrics,
+    links: crate::files::DownloadLinks,
     limits: LimitsConfig,
 }
 
@@ -62,6 +63,7 @@ pub fn service(
     sandboxes: SandboxService,
     audit: AuditLog,
     metrics: crate::metrics::Metrics,
+    links: crate::files::DownloadLinks,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {
     let server = McpServer {
@@ -69,6 +71,7 @@ pub fn service(
             sandboxes,
             audit,
             metrics,
+            links,
             limits: config.limits.clone(),
         }),
     };
@@ -528,16 +531,27 @@ impl McpServer {
                     Err(err) => return Err(service.check_death(&resolved, err).await.into()),
                 };
                 let mime = mime_type(&info.path, &data[..data.len().min(512)]);
+                let (download_url, expires) =
+                    self.inner
+                        .links
+                        .mint(caller.tenant, &resolved.row.id, &info.path);
                 let out = GetFileOutput {
                     sandbox_id: resolved.row.id.clone(),
                     path: info.path.clone(),
                     size: info.size,
                     mime_type: mime.clone(),
                     sha256: info.sha256,
+                    download_url,
+                    download_expires_at: rfc3339(expires),
                 };
                 let summary = format!(
-                    "{} ({} bytes, {}) from sandbox {}",
-                    out.path, out.size, out.mime_type, out.sandbox_id
+                    "{} ({} bytes, {}) from sandbox {}. Download link for a person (valid until {}): {}",
+                    out.path,
+                    out.size,
+                    out.mime_type,
+                    out.sandbox_id,
+                    out.download_expires_at,
+                    out.download_url
                 );
                 let content = if mime.starts_with("image/") && mime != "image/svg+xml" {
                     ContentBlock::image(BASE64.encode(&data), mime)

@@ -247,6 +247,11 @@ pub struct GetFileOutput {
     pub mime_type: String,
     /// Hex SHA-256 of the content.
     pub sha256: String,
+    /// A link a person can open to download the file (while the sandbox lives), valid until
+    /// download_expires_at. Share it with the user instead of pasting large content.
+    pub download_url: String,
+    /// When the link stops working (RFC 3339).
+    pub download_expires_at: String,
 }
 
 /// `list_files` arguments.

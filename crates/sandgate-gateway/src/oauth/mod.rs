@@ -66,6 +66,13 @@ pub struct OAuthState {
     metadata_http: reqwest::Client,
 }
 
+impl OAuthState {
+    /// The secret behind the session cookie, from which other signing keys are derived.
+    pub(crate) fn cookie_key(&self) -> &[u8; 32] {
+        &self.cookie_key
+    }
+}
+
 impl std::fmt::Debug for OAuthState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OAuthState").finish_non_exhaustive()

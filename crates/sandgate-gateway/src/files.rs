@@ -1,0 +1,213 @@
+//! Expiring download links for files in a sandbox (DESIGN §1: `get_file` gives "an expiring
+//! download link a human can open"). A link carries the tenant, sandbox, path and expiry, signed
+//! with HMAC-SHA256; opening it reads the file from the live sandbox at that moment. A link stops
+//! working when it expires or when its sandbox ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::Utc;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use uuid::Uuid;
+
+use crate::AppState;
+use crate::sandboxes::Caller;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// How long a download link works.
+pub const LINK_TTL: Duration = Duration::from_secs(15 * 60);
+
+/// What a link names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Claims {
+    /// Tenant.
+    t: Uuid,
+    /// Sandbox id.
+    s: String,
+    /// Absolute path in the sandbox.
+    p: String,
+    /// Expiry, unix seconds.
+    e: i64,
+}
+
+/// Mints and checks download links. Cheap to clone.
+#[derive(Clone)]
+pub struct DownloadLinks {
+    key: Arc<[u8; 32]>,
+    base: String,
+}
+
+impl std::fmt::Debug for DownloadLinks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DownloadLinks")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DownloadLinks {
+    /// Links under `public_url`, signed with a key derived from `secret` (the OAuth cookie key:
+    /// shared by replicas when `oauth.cookie_secret` is set) for this purpose only.
+    pub fn new(secret: &[u8; 32], public_url: &str) -> Self {
+        let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
+        mac.update(b"sandgate download links v1");
+        Self {
+            key: Arc::new(mac.finalize().into_bytes().into()),
+            base: format!("{}/files/", public_url.trim_end_matches('/')),
+        }
+    }
+
+    /// A link to `path` in `sandbox_id` of `tenant`, working for [`LINK_TTL`]; and its expiry.
+    pub fn mint(
+        &self,
+        tenant: Uuid,
+        sandbox_id: &str,
+        path: &str,
+    ) -> (String, chrono::DateTime<Utc>) {
+        let expires = Utc::now() + chrono::Duration::from_std(LINK_TTL).expect("a small duration");
+        let claims = Claims {
+            t: tenant,
+            s: sandbox_id.to_owned(),
+            p: path.to_owned(),
+            e: expires.timestamp(),
+        };
+        let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).expect("claims serialize"));
+        (format!("{}{body}.{}", self.base, self.tag(&body)), expires)
+    }
+
+    fn tag(&self, body: &str) -> String {
+        let mut mac = HmacSha256::new_from_slice(self.key.as_slice()).expect("any key length");
+        mac.update(body.as_bytes());
+        URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+    }
+
+    fn open(&self, token: &str) -> Option<Claims> {
+        let (body, tag) = token.rsplit_once('.')?;
+        let mut mac = HmacSha256::new_from_slice(self.key.as_slice()).expect("any key length");
+        mac.update(body.as_bytes());
+        mac.verify_slice(&URL_SAFE_NO_PAD.decode(tag).ok()?).ok()?;
+        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(body).ok()?).ok()
+    }
+}
+
+fn refuse(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!("{message}\n"),
+    )
+        .into_response()
+}
+
+/// `GET /files/{token}`: the file, as a download.
+pub async fn download(State(state): State<AppState>, Path(token): Path<String>) -> Response {
+    let Some(claims) = state.links.open(&token) else {
+        return refuse(StatusCode::NOT_FOUND, "This download link is not valid.");
+    };
+    if claims.e <= Utc::now().timestamp() {
+        return refuse(
+            StatusCode::GONE,
+            "This download link has expired; ask for the file again.",
+        );
+    }
+    let service = &state.sandboxes;
+    let limits = match service.limits(claims.t).await {
+        Ok(limits) => limits,
+        Err(_) => {
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Temporarily unavailable; retry in a moment.",
+            );
+        }
+    };
+    let caller = Caller {
+        tenant: claims.t,
+        subject: "download-link".into(),
+        token_id: "download-link".into(),
+        grant: None,
+        limits,
+    };
+    let gone = "The sandbox this file was in has ended, so the file is gone.";
+    let Ok(resolved) = service.resolve(&caller, Some(&claims.s), None, None).await else {
+        return refuse(StatusCode::GONE, gone);
+    };
+    let max = state.config.limits.max_file_bytes;
+    let Ok((data, info)) = resolved.sandbox.read_file(&claims.p, max).await else {
+        return refuse(StatusCode::NOT_FOUND, "The file is no longer there.");
+    };
+    let mime = crate::mcp::tools::mime_type(&info.path, &data[..data.len().min(512)]);
+    let name: String = info
+        .path
+        .rsplit('/')
+        .next()
+        .unwrap_or("file")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut response = data.into_response();
+    let headers = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&mime) {
+        headers.insert(header::CONTENT_TYPE, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+        headers.insert(header::CONTENT_DISPOSITION, v);
+    }
+    // The file came from untrusted code: never let a browser sniff it into something runnable.
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, no-store"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_round_trip_and_tampering_is_refused() {
+        let links = DownloadLinks::new(&[7; 32], "http://127.0.0.1:8080");
+        let (url, _) = links.mint(Uuid::nil(), "sbx_1", "/home/user/a.csv");
+        let token = url
+            .strip_prefix("http://127.0.0.1:8080/files/")
+            .expect("under /files/");
+        let claims = links.open(token).expect("a fresh link opens");
+        assert_eq!(
+            (claims.s.as_str(), claims.p.as_str()),
+            ("sbx_1", "/home/user/a.csv")
+        );
+        let (body, tag) = token.rsplit_once('.').unwrap();
+        let forged = Claims {
+            p: "/home/user/other".into(),
+            ..claims
+        };
+        let forged_body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&forged).unwrap());
+        assert!(
+            links.open(&format!("{forged_body}.{tag}")).is_none(),
+            "a changed path is refused"
+        );
+        let other = DownloadLinks::new(&[8; 32], "http://127.0.0.1:8080");
+        assert!(
+            other.open(&format!("{body}.{tag}")).is_none(),
+            "another key's link is refused"
+        );
+    }
+}

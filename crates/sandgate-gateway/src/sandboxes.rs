@@ -752,6 +752,19 @@ impl SandboxService {
         )
     }
 
+    /// Passes a sandbox operation's result through, recording and explaining a sandbox that
+    /// died underneath it (see [`Self::check_death`]).
+    pub async fn checked<T>(
+        &self,
+        resolved: &Resolved,
+        result: Result<T, SandboxError>,
+    ) -> Result<T, ServiceError> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(err) => Err(self.check_death(resolved, err).await),
+        }
+    }
+
     /// The sandbox's handle is dead: record why and say so.
     pub async fn check_death(&self, resolved: &Resolved, err: SandboxError) -> ServiceError {
         match err {

@@ -493,10 +493,7 @@ impl McpServer {
                     .sandbox
                     .write_file(&args.path, &data, args.overwrite.unwrap_or(false))
                     .await;
-                let info = match info {
-                    Ok(info) => info,
-                    Err(err) => return Err(service.check_death(&resolved, err).await.into()),
-                };
+                let info = service.checked(&resolved, info).await?;
                 let out = UploadFileOutput {
                     sandbox_id: resolved.row.id.clone(),
                     path: info.path,
@@ -526,10 +523,7 @@ impl McpServer {
                     .sandbox
                     .read_file(&args.path, self.inner.limits.max_file_bytes)
                     .await;
-                let (data, info) = match file {
-                    Ok(file) => file,
-                    Err(err) => return Err(service.check_death(&resolved, err).await.into()),
-                };
+                let (data, info) = service.checked(&resolved, file).await?;
                 let mime = mime_type(&info.path, &data[..data.len().min(512)]);
                 let (download_url, expires) =
                     self.inner
@@ -583,10 +577,7 @@ impl McpServer {
                     .await?;
                 let path = args.path.unwrap_or_else(|| ".".into());
                 let listing = resolved.sandbox.list_dir(&path).await;
-                let entries = match listing {
-                    Ok(entries) => entries,
-                    Err(err) => return Err(service.check_death(&resolved, err).await.into()),
-                };
+                let entries = service.checked(&resolved, listing).await?;
                 let out = ListFilesOutput {
                     sandbox_id: resolved.row.id.clone(),
                     path: absolute(&path),
@@ -668,10 +659,7 @@ impl McpServer {
         if let Some(progress) = progress {
             let _ = progress.await;
         }
-        match outcome {
-            Ok(outcome) => Ok(outcome),
-            Err(err) => Err(self.inner.sandboxes.check_death(resolved, err).await.into()),
-        }
+        Ok(self.inner.sandboxes.checked(resolved, outcome).await?)
     }
 
     async fn execute_code(

@@ -434,24 +434,9 @@ async fn refresh(
     }
     check_resource(form.resource.as_deref(), &row.resource)?;
     let held = Scope::parse_list(&row.scopes).unwrap_or_default();
-    let scopes = match form
-        .scope
-        .as_deref()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        None => held.clone(),
-        Some(s) => {
-            let asked = Scope::parse_list(s)
-                .map_err(|e| TokenEndpointError::InvalidScope(e.to_string()))?;
-            if let Some(extra) = asked.iter().find(|s| !held.contains(s)) {
-                return Err(TokenEndpointError::InvalidScope(format!(
-                    "the refresh token does not hold the {extra} scope"
-                )));
-            }
-            asked
-        }
-    };
+    let scopes = narrow_scopes(form.scope.as_deref(), &held, |extra| {
+        format!("the refresh token does not hold the {extra} scope")
+    })?;
     let grant = live_grant(&mut tx, row.grant_id).await?;
     let body = issue(
         state,
@@ -487,24 +472,9 @@ async fn client_credentials(
             TokenEndpointError::InvalidGrant("this client's access was revoked".into())
         })?;
     let held = Scope::parse_list(&grant.scopes).unwrap_or_default();
-    let scopes = match form
-        .scope
-        .as_deref()
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        None => held.clone(),
-        Some(s) => {
-            let asked = Scope::parse_list(s)
-                .map_err(|e| TokenEndpointError::InvalidScope(e.to_string()))?;
-            if let Some(extra) = asked.iter().find(|s| !held.contains(s)) {
-                return Err(TokenEndpointError::InvalidScope(format!(
-                    "this client may not have the {extra} scope"
-                )));
-            }
-            asked
-        }
-    };
+    let scopes = narrow_scopes(form.scope.as_deref(), &held, |extra| {
+        format!("this client may not have the {extra} scope")
+    })?;
     // RFC 6749 §4.4.3: no refresh token for client credentials.
     let body = issue(state, &mut tx, client, &grant, &scopes, &resource, None).await?;
     tx.commit().await.map_err(StoreError::from)?;
@@ -551,4 +521,22 @@ pub async fn revoke(
         }
         Err(err) => err.into_response(),
     }
+}
+
+/// The scopes a token request asks for (RFC 6749 §6, §4.4.2): all of `held` when it names none,
+/// else exactly those named, each of which must be held; `refusal` words the error for an extra.
+fn narrow_scopes(
+    asked: Option<&str>,
+    held: &[Scope],
+    refusal: impl Fn(Scope) -> String,
+) -> Result<Vec<Scope>, TokenEndpointError> {
+    let Some(asked) = asked.map(str::trim).filter(|s| !s.is_empty()) else {
+        return Ok(held.to_vec());
+    };
+    let asked =
+        Scope::parse_list(asked).map_err(|e| TokenEndpointError::InvalidScope(e.to_string()))?;
+    if let Some(extra) = asked.iter().find(|s| !held.contains(s)) {
+        return Err(TokenEndpointError::InvalidScope(refusal(*extra)));
+    }
+    Ok(asked)
 }

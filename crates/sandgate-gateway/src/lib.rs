@@ -32,20 +32,16 @@ use tokio_util::task::TaskTracker;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
-pub mod admin;
-pub mod audit;
-pub mod config;
 pub mod files;
 pub mod health;
-pub mod keys;
-pub mod lifecycle;
 pub mod mcp;
 pub mod metrics;
 pub mod oauth;
-pub mod sandboxes;
 pub mod telemetry;
 
-pub use config::Config;
+// The service layer lives in its own crate; its modules stay reachable under the old paths so
+// the binary and the tests read the same.
+pub use sandgate_service::{Config, admin, audit, config, keys, lifecycle, sandboxes};
 
 use crate::keys::{KeyError, KeyRing};
 use crate::sandboxes::SandboxService;

@@ -768,19 +768,6 @@ impl McpServer {
     }
 }
 
-impl SandboxService {
-    /// The live sandbox of a tenant's conversation, by id; `NotFound` when it has none.
-    pub async fn conversation_sandbox(
-        &self,
-        caller: &Caller,
-        conversation: &str,
-    ) -> Result<String, ServiceError> {
-        self.find_conversation(caller, conversation)
-            .await?
-            .ok_or_else(|| ServiceError::NotFound(format!("for conversation {conversation:?}")))
-    }
-}
-
 fn absolute(path: &str) -> String {
     let trimmed = path.trim_end_matches('/');
     if trimmed.is_empty() || trimmed == "." {

@@ -752,6 +752,17 @@ impl SandboxService {
         )
     }
 
+    /// The live sandbox of a tenant's conversation, by id; `NotFound` when it has none.
+    pub async fn conversation_sandbox(
+        &self,
+        caller: &Caller,
+        conversation: &str,
+    ) -> Result<String, ServiceError> {
+        self.find_conversation(caller, conversation)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound(format!("for conversation {conversation:?}")))
+    }
+
     /// Passes a sandbox operation's result through, recording and explaining a sandbox that
     /// died underneath it (see [`Self::check_death`]).
     pub async fn checked<T>(

@@ -36,11 +36,11 @@ pub mod files;
 pub mod health;
 pub mod mcp;
 pub mod metrics;
-pub mod oauth;
 pub mod telemetry;
 
 // The service layer lives in its own crate; its modules stay reachable under the old paths so
 // the binary and the tests read the same.
+pub use sandgate_oauth as oauth;
 pub use sandgate_service::{Config, admin, audit, config, keys, lifecycle, sandboxes};
 
 use crate::keys::{KeyError, KeyRing};
@@ -177,6 +177,19 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// The part of the state the authorization server's routes use.
+    fn oauth_app(&self) -> oauth::AppState {
+        oauth::AppState {
+            config: self.config.clone(),
+            db: self.db.clone(),
+            keys: self.keys.clone(),
+            sandboxes: self.sandboxes.clone(),
+            oauth: self.oauth.clone(),
+        }
+    }
+}
+
 /// The router with every route and the cross-cutting layers (request ids, tracing).
 pub fn router(state: AppState) -> Router {
     let mcp_service = mcp::service(
@@ -209,7 +222,7 @@ pub fn router(state: AppState) -> Router {
             mcp::auth::RESOURCE_METADATA_PATH,
             get(mcp::auth::resource_metadata),
         )
-        .merge(oauth::routes())
+        .merge(oauth::routes().with_state(state.oauth_app()))
         .with_state(state)
         .merge(mcp_routes)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))

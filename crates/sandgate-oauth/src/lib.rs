@@ -19,8 +19,10 @@ use axum::routing::{get, post};
 use sandgate_store::StoreError;
 use secrecy::ExposeSecret;
 
-use crate::AppState;
+pub use crate::state::AppState;
+// The configuration lives in the service crate; `crate::config` keeps the modules' paths.
 use crate::config::Config;
+use sandgate_service::config;
 
 pub mod apps;
 pub mod authorize;
@@ -28,6 +30,7 @@ pub mod clients;
 pub mod html;
 pub mod metadata;
 pub mod session;
+mod state;
 pub mod token;
 
 /// Largest form or JSON body the OAuth endpoints accept.
@@ -68,7 +71,7 @@ pub struct OAuthState {
 
 impl OAuthState {
     /// The secret behind the session cookie, from which other signing keys are derived.
-    pub(crate) fn cookie_key(&self) -> &[u8; 32] {
+    pub fn cookie_key(&self) -> &[u8; 32] {
         &self.cookie_key
     }
 }

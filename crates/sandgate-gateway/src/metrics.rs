@@ -7,27 +7,46 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use sandgate_store::audit::Outcome;
+
 use crate::AppState;
+use crate::mcp::tools::ToolName;
 
 /// Labels of a tool call.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
-    tool: String,
-    outcome: String,
+    tool: ToolName,
+    outcome: OutcomeLabel,
 }
 
 /// Labels of a tool's duration.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ToolLabels {
-    tool: String,
+    tool: ToolName,
+}
+
+/// A call's outcome as a label value (the audit trail's names).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+struct OutcomeLabel(Outcome);
+
+impl EncodeLabelValue for OutcomeLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.0.as_str())
+    }
+}
+
+impl EncodeLabelValue for ToolName {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
+        std::fmt::Write::write_str(encoder, self.as_str())
+    }
 }
 
 /// The gateway's metrics. Cheap to clone.
@@ -86,19 +105,17 @@ impl Metrics {
     }
 
     /// Counts one tool call.
-    pub fn record_call(&self, tool: &str, outcome: &str, elapsed: Duration) {
+    pub fn record_call(&self, tool: ToolName, outcome: Outcome, elapsed: Duration) {
         self.inner
             .calls
             .get_or_create(&CallLabels {
-                tool: tool.to_owned(),
-                outcome: outcome.to_owned(),
+                tool,
+                outcome: OutcomeLabel(outcome),
             })
             .inc();
         self.inner
             .durations
-            .get_or_create(&ToolLabels {
-                tool: tool.to_owned(),
-            })
+            .get_or_create(&ToolLabels { tool })
             .observe(elapsed.as_secs_f64());
     }
 
@@ -139,9 +156,10 @@ mod tests {
     #[test]
     fn calls_are_counted_by_tool_and_outcome() {
         let metrics = Metrics::new();
-        metrics.record_call("execute_code", "ok", Duration::from_millis(3));
-        metrics.record_call("execute_code", "ok", Duration::from_millis(5));
-        metrics.record_call("execute_code", "user_error", Duration::from_millis(5));
+        let exec = ToolName::ExecuteCode;
+        metrics.record_call(exec, Outcome::Ok, Duration::from_millis(3));
+        metrics.record_call(exec, Outcome::Ok, Duration::from_millis(5));
+        metrics.record_call(exec, Outcome::UserError, Duration::from_millis(5));
         let text = metrics.render(2).unwrap();
         assert!(
             text.contains(r#"sandgate_tool_calls_total{tool="execute_code",outcome="ok"} 2"#),

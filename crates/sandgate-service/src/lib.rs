@@ -12,8 +12,9 @@ pub mod admin;
 pub mod audit;
 pub mod config;
 pub mod keys;
-pub mod lifecycle;
 pub mod sandboxes;
 
+pub use sandboxes::lifecycle;
+
 pub use config::Config;
-pub use sandboxes::{Caller, Limits, Resolved, SandboxService, ServiceError};
+pub use sandboxes::{Caller, Limits, Resolved, SandboxService, ServiceError, Target};

@@ -24,12 +24,101 @@ pub struct AuditEvent {
     pub sandbox_id: Option<String>,
     /// Tool name.
     pub tool: String,
-    /// `ok`, `user_error` (the user's code failed), `refused` (bad input, limits) or `failed`.
-    pub outcome: String,
+    /// How the call ended.
+    pub outcome: Outcome,
     /// A short machine-readable error kind, when not ok.
-    pub error_kind: Option<String>,
+    pub error_kind: Option<ErrorKind>,
     /// How long the call took.
     pub duration_ms: i32,
+}
+
+/// How a tool call ended (stored as text in `audit_events.outcome`; also a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The call did what was asked.
+    Ok,
+    /// The user's code or command failed (the tool worked).
+    UserError,
+    /// Refused: bad input, a limit, a missing or ended sandbox.
+    Refused,
+    /// sandgate failed (database, Docker, the agent).
+    Failed,
+    /// The client cancelled the call.
+    Cancelled,
+}
+
+impl Outcome {
+    /// The stored (and shown) name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::UserError => "user_error",
+            Outcome::Refused => "refused",
+            Outcome::Failed => "failed",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// Why a tool call did not succeed, machine-readable (stored as text in
+/// `audit_events.error_kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The call's arguments were malformed.
+    InvalidParams,
+    /// The client cancelled the call.
+    Cancelled,
+    /// No such sandbox for the tenant.
+    NotFound,
+    /// The sandbox had ended.
+    Ended,
+    /// The sandbox's container was lost.
+    Lost,
+    /// A tenant limit refused the call.
+    Limit,
+    /// Too many calls in the last minute.
+    RateLimited,
+    /// Postgres was unavailable.
+    Unavailable,
+    /// Another database failure.
+    Internal,
+    /// The agent in the sandbox refused the operation (a bad path, a missing file).
+    SandboxRefused,
+    /// The sandbox manager failed.
+    Sandbox,
+}
+
+impl ErrorKind {
+    /// The stored (and shown) name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidParams => "invalid_params",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Ended => "ended",
+            ErrorKind::Lost => "lost",
+            ErrorKind::Limit => "limit",
+            ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Internal => "internal",
+            ErrorKind::SandboxRefused => "sandbox_refused",
+            ErrorKind::Sandbox => "sandbox",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
 }
 
 /// Appends an event (its `at` is set by the database).
@@ -45,8 +134,8 @@ pub async fn record(conn: &mut PgConnection, event: &AuditEvent) -> Result<(), S
     .bind(&event.conversation_id)
     .bind(&event.sandbox_id)
     .bind(&event.tool)
-    .bind(&event.outcome)
-    .bind(&event.error_kind)
+    .bind(event.outcome)
+    .bind(event.error_kind)
     .bind(event.duration_ms)
     .execute(conn)
     .await?;

@@ -320,7 +320,7 @@ pub struct CloseSandboxOutput {
 }
 
 /// The tools, by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ToolName {
     /// `create_sandbox`.
     CreateSandbox,

@@ -15,15 +15,14 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
-use sandgate_sandbox::{ContainerFate, Sandbox, SandboxError};
+use sandgate_sandbox::{ContainerFate, SandboxError};
 use sandgate_store::StoreError;
 use sandgate_store::sandboxes::{self, SandboxState};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::{SandboxService, ServiceError, describe_fate};
 use crate::config::LifecycleConfig;
-use crate::sandboxes::{SandboxService, ServiceError, describe_fate};
 
 /// How long this process's own fresh launches are never taken for orphans: well past the agent's
 /// ready timeout.
@@ -83,81 +82,6 @@ impl SandboxService {
             }
         }
         Ok(closed)
-    }
-
-    /// Records a ready warm sandbox as a `warm` row (idempotent).
-    async fn record_warm(&self, sandbox: &Sandbox) -> Result<(), StoreError> {
-        let mut conn = self.db.acquire().await?;
-        sandboxes::insert_warm(
-            &mut conn,
-            sandbox.id(),
-            sandbox.profile(),
-            sandbox.container_id(),
-            &self.node,
-        )
-        .await
-    }
-
-    /// Checks this process's warm pool against Postgres: a sandbox whose row another process
-    /// leased is let go (without touching its container), one whose row ended or whose
-    /// connection died is removed, one without a row yet is recorded. Then refills.
-    #[tracing::instrument(skip_all)]
-    pub async fn sync_pool(&self) -> Result<(), LifecycleError> {
-        let ids = self.manager.ready_ids();
-        if !ids.is_empty() {
-            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
-            let rows: HashMap<String, SandboxState> = sandboxes::by_ids(&mut conn, &ids)
-                .await?
-                .into_iter()
-                .map(|r| (r.id, r.state))
-                .collect();
-            drop(conn);
-            for id in ids {
-                match rows.get(&id) {
-                    Some(SandboxState::Warm) => {
-                        let Some(sandbox) = self.manager.take_ready_id(&id) else {
-                            continue;
-                        };
-                        if !sandbox.is_lost() {
-                            let _ = self.manager.offer(sandbox);
-                            continue;
-                        }
-                        tracing::warn!(sandbox_id = %id, "a warm sandbox died while waiting");
-                        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
-                        sandboxes::end(
-                            &mut conn,
-                            &id,
-                            SandboxState::Lost,
-                            "its warm container died",
-                        )
-                        .await?;
-                        drop(conn);
-                        let _ = self.manager.close(sandbox).await;
-                    }
-                    Some(SandboxState::Leased) => {
-                        // Another process leased it (and adopted the container): not ours to
-                        // hand out any more, and not ours to remove.
-                        if self.manager.take_ready_id(&id).is_some() {
-                            tracing::debug!(sandbox_id = %id, "a warm sandbox was leased elsewhere");
-                        }
-                    }
-                    Some(SandboxState::Closed | SandboxState::Lost) => {
-                        if let Some(sandbox) = self.manager.take_ready_id(&id) {
-                            let _ = self.manager.close(sandbox).await;
-                        }
-                    }
-                    None => {
-                        if let Some(sandbox) = self.manager.take_ready_id(&id) {
-                            let recorded = self.record_warm(&sandbox).await;
-                            let _ = self.manager.offer(sandbox);
-                            recorded?;
-                        }
-                    }
-                }
-            }
-        }
-        self.manager.refill(&self.profile.name)?;
-        Ok(())
     }
 
     /// One reconciliation pass of Docker against Postgres for this node; see the module docs.
@@ -348,63 +272,5 @@ impl SandboxService {
                 }
             }
         });
-    }
-
-    /// Records each sandbox the pool makes ready as a warm row; while Postgres is away, retries
-    /// (the sandbox waits in the pool, unleasable until recorded).
-    async fn record_ready(
-        self,
-        mut ready: mpsc::UnboundedReceiver<Sandbox>,
-        stop: CancellationToken,
-    ) {
-        loop {
-            let sandbox = tokio::select! {
-                next = ready.recv() => match next {
-                    Some(sandbox) => sandbox,
-                    None => return,
-                },
-                () = stop.cancelled() => return,
-            };
-            loop {
-                match self.record_warm(&sandbox).await {
-                    Ok(()) => break,
-                    Err(err) => {
-                        tracing::warn!(error = %err, sandbox_id = %sandbox.id(), "recording a warm sandbox failed; retrying");
-                        tokio::select! {
-                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                            () = stop.cancelled() => return,
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// At shutdown: stops the pool and leaves the warm sandboxes that have rows running for the
-    /// next start (or another replica) to lease, removing the rest. Leased sandboxes stay
-    /// running for the next start to re-attach to.
-    pub async fn shutdown(&self) {
-        let warm = self.manager.stop().await;
-        if warm.is_empty() {
-            return;
-        }
-        let ids: Vec<String> = warm.iter().map(|s| s.id().to_owned()).collect();
-        let recorded: HashSet<String> = async {
-            let mut conn = self.db.acquire().await?;
-            sandboxes::by_ids(&mut conn, &ids).await
-        }
-        .await
-        .map(|rows| {
-            rows.into_iter()
-                .filter(|r| r.state == SandboxState::Warm)
-                .map(|r| r.id)
-                .collect()
-        })
-        .unwrap_or_default();
-        for sandbox in warm.into_iter().filter(|s| !recorded.contains(s.id())) {
-            if let Err(err) = self.manager.close(sandbox).await {
-                tracing::warn!(error = %err, "removing an unrecorded warm sandbox failed");
-            }
-        }
     }
 }

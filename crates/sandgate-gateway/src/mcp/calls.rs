@@ -1,0 +1,458 @@
+//! What each tool does, as MCP: parse the arguments, ask the service layer, and shape the
+//! answer (structured content, a text block, images or blobs). The service layer decides what
+//! happens to sandboxes; this module decides how it reads.
+
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use chrono::DateTime;
+use rmcp::RoleServer;
+use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ResourceContents};
+use rmcp::service::RequestContext;
+use sandgate_sandbox::{CommandOptions, ExecOptions, OutputEvent};
+use sandgate_service::{Caller, Resolved, Target};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+
+use super::progress::progress_forwarder;
+use super::render::{absolute, render_cell, render_streams, rfc3339, structured};
+use super::tools::*;
+use super::{CallError, McpServer};
+
+/// A tool's answer plus what the audit trail needs.
+pub(super) struct Answer {
+    pub(super) result: CallToolResult,
+    pub(super) sandbox_id: Option<String>,
+}
+
+impl Answer {
+    fn new(sandbox_id: &str, result: CallToolResult) -> Self {
+        Self {
+            result,
+            sandbox_id: Some(sandbox_id.to_owned()),
+        }
+    }
+}
+
+fn parse_args<T: DeserializeOwned>(args: Option<JsonObject>) -> Result<T, CallError> {
+    serde_json::from_value(serde_json::Value::Object(args.unwrap_or_default()))
+        .map_err(|e| CallError::InvalidParams(format!("invalid arguments: {e}")))
+}
+
+/// The target of a call that named `sandbox_id` and `keep_alive` in its arguments.
+fn target<'a>(
+    sandbox_id: &'a Option<String>,
+    conversation: Option<&'a str>,
+    keep_alive: Option<u32>,
+) -> Target<'a> {
+    Target {
+        sandbox_id: sandbox_id.as_deref(),
+        conversation,
+        keep_alive,
+    }
+}
+
+impl McpServer {
+    fn call_timeout(&self, asked: Option<u32>) -> Result<Duration, CallError> {
+        let limits = &self.inner.limits;
+        match asked {
+            None => Ok(Duration::from_secs(
+                limits.default_call_timeout_seconds.into(),
+            )),
+            Some(0) => Err(CallError::InvalidParams(
+                "timeout_seconds must be at least 1".into(),
+            )),
+            Some(s) if s > limits.max_call_timeout_seconds => {
+                Err(CallError::InvalidParams(format!(
+                    "timeout_seconds {s} exceeds the maximum of {}",
+                    limits.max_call_timeout_seconds
+                )))
+            }
+            Some(s) => Ok(Duration::from_secs(s.into())),
+        }
+    }
+
+    /// Runs one tool call for `caller`.
+    pub(super) async fn dispatch(
+        &self,
+        tool: ToolName,
+        args: Option<JsonObject>,
+        caller: &Caller,
+        conversation: Option<&str>,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Answer, CallError> {
+        match tool {
+            ToolName::CreateSandbox => {
+                self.create_sandbox(parse_args(args)?, caller, conversation)
+                    .await
+            }
+            ToolName::ExecuteCode => {
+                let args: ExecuteCodeArgs = parse_args(args)?;
+                let timeout = self.call_timeout(args.timeout_seconds)?;
+                let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
+                let resolved = self.inner.sandboxes.resolve_target(caller, to).await?;
+                self.execute_code(&resolved, &args.code, timeout, ctx).await
+            }
+            ToolName::RunTerminalCommand => {
+                let args: RunTerminalCommandArgs = parse_args(args)?;
+                let timeout = self.call_timeout(args.timeout_seconds)?;
+                let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
+                let resolved = self.inner.sandboxes.resolve_target(caller, to).await?;
+                self.run_command(&resolved, &args.command, args.cwd, timeout, ctx)
+                    .await
+            }
+            ToolName::UploadFile => {
+                self.upload_file(parse_args(args)?, caller, conversation)
+                    .await
+            }
+            ToolName::GetFile => self.get_file(parse_args(args)?, caller, conversation).await,
+            ToolName::ListFiles => {
+                self.list_files(parse_args(args)?, caller, conversation)
+                    .await
+            }
+            ToolName::CloseSandbox => {
+                self.close_sandbox(parse_args(args)?, caller, conversation)
+                    .await
+            }
+        }
+    }
+
+    async fn create_sandbox(
+        &self,
+        args: CreateSandboxArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        let resolved = self
+            .inner
+            .sandboxes
+            .create(caller, conversation, args.keep_alive_seconds)
+            .await?;
+        let row = &resolved.row;
+        let out = CreateSandboxOutput {
+            sandbox_id: row.id.clone(),
+            created: resolved.created,
+            conversation_id: row.conversation_id.clone(),
+            expires_at: row.expires_at.map(rfc3339).unwrap_or_default(),
+            idle_timeout_seconds: row.idle_timeout_seconds.unwrap_or_default().max(0) as u32,
+        };
+        let text = format!(
+            "{} sandbox {} (idle timeout {} s, expires {}). Pass sandbox_id \"{}\" to the other tools.",
+            if out.created {
+                "Created"
+            } else {
+                "Reusing the conversation's"
+            },
+            out.sandbox_id,
+            out.idle_timeout_seconds,
+            out.expires_at,
+            out.sandbox_id
+        );
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, text, false, vec![]),
+        ))
+    }
+
+    async fn upload_file(
+        &self,
+        args: UploadFileArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        let data = match (args.content_base64, args.content_text) {
+            (Some(b64), None) => BASE64.decode(b64.trim()).map_err(|e| {
+                CallError::InvalidParams(format!("content_base64 is not valid base64: {e}"))
+            })?,
+            (None, Some(text)) => text.into_bytes(),
+            _ => {
+                return Err(CallError::InvalidParams(
+                    "give exactly one of content_base64 and content_text".into(),
+                ));
+            }
+        };
+        let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
+        let (resolved, info) = self
+            .inner
+            .sandboxes
+            .upload_file(
+                caller,
+                to,
+                &args.path,
+                &data,
+                args.overwrite.unwrap_or(false),
+            )
+            .await?;
+        let out = UploadFileOutput {
+            sandbox_id: resolved.row.id.clone(),
+            path: info.path,
+            size: info.size,
+            sha256: info.sha256,
+        };
+        let text = format!(
+            "Wrote {} ({} bytes, sha256 {}) in sandbox {}.",
+            out.path, out.size, out.sha256, out.sandbox_id
+        );
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, text, false, vec![]),
+        ))
+    }
+
+    async fn get_file(
+        &self,
+        args: GetFileArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
+        let (resolved, data, info) = self
+            .inner
+            .sandboxes
+            .read_file(caller, to, &args.path)
+            .await?;
+        let mime = mime_type(&info.path, &data[..data.len().min(512)]);
+        let (download_url, expires) =
+            self.inner
+                .links
+                .mint(caller.tenant, &resolved.row.id, &info.path);
+        let out = GetFileOutput {
+            sandbox_id: resolved.row.id.clone(),
+            path: info.path.clone(),
+            size: info.size,
+            mime_type: mime.clone(),
+            sha256: info.sha256,
+            download_url,
+            download_expires_at: rfc3339(expires),
+        };
+        let summary = format!(
+            "{} ({} bytes, {}) from sandbox {}. Download link for a person (valid until {}): {}",
+            out.path,
+            out.size,
+            out.mime_type,
+            out.sandbox_id,
+            out.download_expires_at,
+            out.download_url
+        );
+        let content = if mime.starts_with("image/") && mime != "image/svg+xml" {
+            ContentBlock::image(BASE64.encode(&data), mime)
+        } else if let Ok(text) = std::str::from_utf8(&data) {
+            ContentBlock::text(text.to_owned())
+        } else {
+            ContentBlock::resource(
+                ResourceContents::blob(
+                    BASE64.encode(&data),
+                    format!("sandbox://{}{}", out.sandbox_id, info.path),
+                )
+                .with_mime_type(mime),
+            )
+        };
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, summary, false, vec![content]),
+        ))
+    }
+
+    async fn list_files(
+        &self,
+        args: ListFilesArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
+        let path = args.path.unwrap_or_else(|| ".".into());
+        let (resolved, entries) = self.inner.sandboxes.list_files(caller, to, &path).await?;
+        let out = ListFilesOutput {
+            sandbox_id: resolved.row.id.clone(),
+            path: absolute(&path),
+            entries: entries
+                .into_iter()
+                .map(|e| FileEntry {
+                    name: e.name,
+                    kind: format!("{:?}", e.kind).to_lowercase(),
+                    size: e.size,
+                    modified: DateTime::from_timestamp(e.modified as i64, 0)
+                        .map(rfc3339)
+                        .unwrap_or_default(),
+                })
+                .collect(),
+        };
+        let mut text = format!("{} in sandbox {}:\n", out.path, out.sandbox_id);
+        for e in &out.entries {
+            text.push_str(&format!(
+                "{:<7} {:>10}  {}  {}\n",
+                e.kind, e.size, e.modified, e.name
+            ));
+        }
+        if out.entries.is_empty() {
+            text.push_str("(empty)\n");
+        }
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, text, false, vec![]),
+        ))
+    }
+
+    async fn close_sandbox(
+        &self,
+        args: CloseSandboxArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        let service = &self.inner.sandboxes;
+        let id = match (args.sandbox_id, conversation) {
+            (Some(id), _) => id,
+            (None, Some(conversation)) => {
+                service.conversation_sandbox(caller, conversation).await?
+            }
+            (None, None) => {
+                return Err(CallError::InvalidParams(
+                    "give the sandbox_id to close".into(),
+                ));
+            }
+        };
+        let row = service.close(caller, &id).await?;
+        let out = CloseSandboxOutput {
+            sandbox_id: row.id.clone(),
+            closed: true,
+        };
+        let text = format!(
+            "Closed sandbox {}; its files and variables are gone.",
+            out.sandbox_id
+        );
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, text, false, vec![]),
+        ))
+    }
+
+    /// Runs a cell or command: its output streams as progress when the client asked for it, a
+    /// cancelled request stops it (dropping the call interrupts the cell or kills the command),
+    /// and a sandbox that died underneath is recorded and explained.
+    async fn run_streaming<T, Fut>(
+        &self,
+        resolved: &Resolved,
+        ctx: &RequestContext<RoleServer>,
+        start: impl FnOnce(Option<mpsc::Sender<OutputEvent>>) -> Fut,
+    ) -> Result<T, CallError>
+    where
+        Fut: Future<Output = Result<T, sandgate_sandbox::SandboxError>>,
+    {
+        let (events, progress) = progress_forwarder(ctx);
+        let outcome = tokio::select! {
+            outcome = start(events) => outcome,
+            () = ctx.ct.cancelled() => return Err(CallError::Cancelled),
+        };
+        // All output notifications go out before the result.
+        if let Some(progress) = progress {
+            let _ = progress.await;
+        }
+        Ok(self.inner.sandboxes.checked(resolved, outcome).await?)
+    }
+
+    async fn execute_code(
+        &self,
+        resolved: &Resolved,
+        code: &str,
+        timeout: Duration,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Answer, CallError> {
+        let options = ExecOptions {
+            timeout,
+            output_limit: self.inner.limits.output_limit_bytes,
+            ..ExecOptions::default()
+        };
+        let outcome = self
+            .run_streaming(resolved, ctx, |events| {
+                resolved.sandbox.exec(code, options, events)
+            })
+            .await?;
+        let sandbox_id = resolved.row.id.clone();
+        let mut images = Vec::new();
+        let mut blocks = Vec::new();
+        for display in &outcome.displays {
+            if let Some(png) = &display.png {
+                images.push(ImageOutput {
+                    path: display.path.clone(),
+                    mime_type: "image/png".into(),
+                    size: png.len() as u64,
+                });
+                blocks.push(ContentBlock::image(BASE64.encode(png), "image/png"));
+            }
+        }
+        let out = ExecuteCodeOutput {
+            sandbox_id: sandbox_id.clone(),
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
+            result: outcome.result.map(|bundle| CellResult {
+                text_plain: bundle.get("text/plain").cloned(),
+                text_html: bundle.get("text/html").cloned(),
+            }),
+            error: outcome.error.map(|e| CellErrorOutput {
+                name: e.name,
+                value: e.value,
+                traceback: e.traceback,
+            }),
+            execution_count: outcome.execution_count,
+            images,
+            truncated: outcome.truncated,
+            timed_out: outcome.timed_out,
+            state_lost: outcome.state_lost,
+            duration_ms: outcome.duration.as_millis() as u64,
+        };
+        let is_error = out.error.is_some() || out.timed_out;
+        let text = render_cell(&out, timeout);
+        Ok(Answer {
+            sandbox_id: Some(sandbox_id),
+            result: structured(&out, text, is_error, blocks),
+        })
+    }
+
+    async fn run_command(
+        &self,
+        resolved: &Resolved,
+        command: &str,
+        cwd: Option<String>,
+        timeout: Duration,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Answer, CallError> {
+        let options = CommandOptions {
+            timeout,
+            output_limit: self.inner.limits.output_limit_bytes,
+            cwd,
+        };
+        let outcome = self
+            .run_streaming(resolved, ctx, |events| {
+                resolved.sandbox.command(command, options, events)
+            })
+            .await?;
+        let out = RunTerminalCommandOutput {
+            sandbox_id: resolved.row.id.clone(),
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
+            exit_code: outcome.exit_code,
+            signal: outcome.signal,
+            timed_out: outcome.timed_out,
+            truncated: outcome.truncated,
+            duration_ms: outcome.duration.as_millis() as u64,
+        };
+        let is_error = out.timed_out || out.exit_code != Some(0);
+        let mut text = render_streams(&out.stdout, &out.stderr);
+        if out.timed_out {
+            text.push_str(&format!(
+                "[timed out after {} s; the command and its children were killed]\n",
+                timeout.as_secs()
+            ));
+        }
+        match (out.exit_code, out.signal) {
+            (Some(code), _) => text.push_str(&format!("[exit code {code}]")),
+            (None, Some(sig)) => text.push_str(&format!("[killed by signal {sig}]")),
+            (None, None) => text.push_str("[no exit code]"),
+        }
+        Ok(Answer {
+            sandbox_id: Some(out.sandbox_id.clone()),
+            result: structured(&out, text, is_error, vec![]),
+        })
+    }
+}

@@ -1,0 +1,119 @@
+//! The one mapping from what can go wrong in a tool call to what the client sees, what the
+//! audit trail records and which metric label counts it.
+//!
+//! A malformed call is a JSON-RPC invalid-params error; a call that was fine but could not be
+//! done is a tool result with `isError: true` whose text tells the model what to do next and
+//! never shows internals (those are logged with their whole cause chain).
+
+use rmcp::ErrorData;
+use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock};
+use sandgate_sandbox::{ChannelError, SandboxError};
+use sandgate_service::ServiceError;
+use sandgate_store::audit::{ErrorKind, Outcome};
+
+/// Why a tool call produced no normal result.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CallError {
+    /// The call itself is malformed: a JSON-RPC invalid-params error.
+    #[error("{0}")]
+    InvalidParams(String),
+    /// The call was fine but could not be done: a tool result with `isError: true`.
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+    /// The client cancelled it.
+    #[error("the call was cancelled")]
+    Cancelled,
+}
+
+/// How a failed call is answered and recorded.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    /// The answer to the client.
+    pub response: Result<CallToolResponse, ErrorData>,
+    /// The audit trail's outcome (and the metric label).
+    pub outcome: Outcome,
+    /// The audit trail's error kind.
+    pub kind: ErrorKind,
+    /// The sandbox the failure names, for the audit trail.
+    pub sandbox_id: Option<String>,
+}
+
+impl CallError {
+    /// The answer and the record for this error: the one exhaustive mapping.
+    pub(crate) fn into_failure(self, tool: &str) -> Failure {
+        match self {
+            CallError::InvalidParams(message) => Failure {
+                response: Err(ErrorData::invalid_params(message, None)),
+                outcome: Outcome::Refused,
+                kind: ErrorKind::InvalidParams,
+                sandbox_id: None,
+            },
+            CallError::Cancelled => Failure {
+                response: Err(ErrorData::internal_error("the call was cancelled", None)),
+                outcome: Outcome::Cancelled,
+                kind: ErrorKind::Cancelled,
+                sandbox_id: None,
+            },
+            CallError::Service(err) => service_failure(&err, tool),
+        }
+    }
+}
+
+fn service_failure(err: &ServiceError, tool: &str) -> Failure {
+    use ServiceError as E;
+    let refused = |kind, sandbox_id: Option<&String>| (Outcome::Refused, kind, sandbox_id.cloned());
+    let (outcome, kind, sandbox_id) = match err {
+        E::NotFound(id) => refused(ErrorKind::NotFound, Some(id)),
+        E::Ended(_) => refused(ErrorKind::Ended, None),
+        E::Lost { sandbox_id, .. } => refused(ErrorKind::Lost, Some(sandbox_id)),
+        E::Limit { .. } => refused(ErrorKind::Limit, None),
+        E::RateLimited { .. } => refused(ErrorKind::RateLimited, None),
+        E::Unavailable(_) | E::DatabaseAway => (Outcome::Failed, ErrorKind::Unavailable, None),
+        E::Store(_) => (Outcome::Failed, ErrorKind::Internal, None),
+        E::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => {
+            refused(ErrorKind::SandboxRefused, None)
+        }
+        E::Sandbox(_) => (Outcome::Failed, ErrorKind::Sandbox, None),
+    };
+    if outcome == Outcome::Failed {
+        tracing::error!(error = ?err, tool, "tool call failed");
+    }
+    let result = CallToolResult::error(vec![ContentBlock::text(public_message(err))]);
+    Failure {
+        response: Ok(result.into()),
+        outcome,
+        kind,
+        sandbox_id,
+    }
+}
+
+/// The text the model sees for a failed call: specific, with what to do next; never internals.
+fn public_message(err: &ServiceError) -> String {
+    match err {
+        ServiceError::Store(_) => {
+            "sandgate hit an internal error; retry the call, and if it persists, tell the user"
+                .into()
+        }
+        ServiceError::Sandbox(inner) => match inner {
+            SandboxError::Channel(ch) => ch.to_string(),
+            SandboxError::Died { .. } => inner.to_string(),
+            SandboxError::Launch(_) | SandboxError::AgentStart { .. } => {
+                "starting a sandbox failed; retry in a few seconds".into()
+            }
+            SandboxError::UnknownProfile(_)
+            | SandboxError::InvalidProfile { .. }
+            | SandboxError::NotOurs { .. }
+            | SandboxError::Backend(_) => {
+                "the sandbox could not do that; retry, or call create_sandbox for a fresh one"
+                    .into()
+            }
+        },
+        ServiceError::NotFound(_)
+        | ServiceError::Ended(_)
+        | ServiceError::Lost { .. }
+        | ServiceError::Limit { .. }
+        | ServiceError::RateLimited { .. }
+        | ServiceError::Unavailable(_)
+        | ServiceError::DatabaseAway => err.to_string(),
+    }
+}

@@ -1,0 +1,102 @@
+//! How tool outputs read: the structured content, and the text block a model (or a person)
+//! reads beside it.
+
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde::Serialize;
+
+use super::tools::ExecuteCodeOutput;
+
+pub(super) fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+pub(super) fn structured<T: Serialize>(
+    value: &T,
+    text: String,
+    is_error: bool,
+    extra: Vec<ContentBlock>,
+) -> CallToolResult {
+    let json = serde_json::to_value(value).expect("tool outputs serialize");
+    let mut result = CallToolResult::structured(json);
+    result.content = std::iter::once(ContentBlock::text(text))
+        .chain(extra)
+        .collect();
+    result.is_error = Some(is_error);
+    result
+}
+
+pub(super) fn absolute(path: &str) -> String {
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() || trimmed == "." {
+        "/home/user".into()
+    } else if trimmed.starts_with('/') {
+        trimmed.into()
+    } else {
+        format!("/home/user/{}", trimmed.trim_start_matches("./"))
+    }
+}
+
+/// stdout as it was printed, then stderr under a marker, each ending in a newline.
+pub(super) fn render_streams(stdout: &str, stderr: &str) -> String {
+    let mut text = String::new();
+    for (marker, stream) in [("", stdout), ("[stderr]\n", stderr)] {
+        if !stream.is_empty() {
+            text.push_str(marker);
+            text.push_str(stream);
+            if !stream.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+    }
+    text
+}
+
+/// A notebook-like rendering of a cell's outcome for the text block.
+pub(super) fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String {
+    let mut text = render_streams(&out.stdout, &out.stderr);
+    if let Some(plain) = out.result.as_ref().and_then(|r| r.text_plain.as_ref()) {
+        match out.execution_count {
+            Some(n) => text.push_str(&format!("Out[{n}]: {plain}\n")),
+            None => text.push_str(&format!("Out: {plain}\n")),
+        }
+    }
+    for image in &out.images {
+        match &image.path {
+            Some(path) => text.push_str(&format!("[chart: {path}]\n")),
+            None => text.push_str("[chart]\n"),
+        }
+    }
+    if let Some(error) = &out.error {
+        let summary = format!("{}: {}", error.name, error.value);
+        let traceback = error.traceback.join("\n");
+        text.push_str(&traceback);
+        if !traceback.is_empty() {
+            text.push('\n');
+        }
+        // IPython's traceback already ends with "Name: value"; the plain kernel's may not.
+        if !traceback.trim_end().ends_with(summary.trim_end()) {
+            text.push_str(&summary);
+            text.push('\n');
+        }
+    }
+    if out.timed_out {
+        text.push_str(&format!(
+            "[interrupted after the {} s timeout]\n",
+            timeout.as_secs()
+        ));
+    }
+    if out.state_lost {
+        text.push_str("[the cell did not stop, so the Python kernel was restarted: variables are gone, files in /home/user are kept]\n");
+    }
+    if out.truncated {
+        text.push_str("[output truncated]\n");
+    }
+    if text.is_empty() {
+        text.push_str("(no output)\n");
+    }
+    text.push_str(&format!("[sandbox {}]", out.sandbox_id));
+    text
+}

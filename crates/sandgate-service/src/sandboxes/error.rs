@@ -1,0 +1,111 @@
+//! Why a sandbox operation could not be done, and the texts that say so.
+
+use sandgate_sandbox::{ContainerFate, SandboxError};
+use sandgate_store::StoreError;
+use sandgate_store::sandboxes::{SandboxRow, SandboxState};
+
+use super::Limits;
+
+/// Why a sandbox operation could not be done. The gateway turns each into a tool error whose
+/// text tells the model what to do next.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// No such sandbox for this tenant (or it belongs to another tenant: the same answer).
+    #[error("no sandbox {0} exists; call create_sandbox to get one")]
+    NotFound(String),
+    /// The sandbox ended (closed, expired, disconnected).
+    #[error("{0}")]
+    Ended(String),
+    /// Its container vanished or died.
+    #[error(
+        "sandbox {sandbox_id} was lost ({why}); its files and variables are gone; call create_sandbox for a new one"
+    )]
+    Lost {
+        /// The sandbox.
+        sandbox_id: String,
+        /// What happened.
+        why: String,
+    },
+    /// A tenant limit refused the call.
+    #[error("limit reached: {limit} ({value}); {hint}")]
+    Limit {
+        /// The limit's name.
+        limit: &'static str,
+        /// Its value.
+        value: String,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// The tenant made too many calls in the last minute.
+    #[error(
+        "limit reached: max calls per minute ({per_minute}); wait a little and retry (the limit counts the last 60 s)"
+    )]
+    RateLimited {
+        /// The limit.
+        per_minute: u32,
+    },
+    /// Postgres is unavailable: retrying shortly may work.
+    #[error("sandgate's database is temporarily unavailable; retry in a few seconds")]
+    Unavailable(#[source] StoreError),
+    /// Postgres was away before the call could even be checked (the token's grant).
+    #[error("sandgate's database is temporarily unavailable; retry in a few seconds")]
+    DatabaseAway,
+    /// Another database failure.
+    #[error("internal error (database)")]
+    Store(#[source] StoreError),
+    /// The sandbox manager failed (launching, talking to the agent).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(err: StoreError) -> Self {
+        if err.is_unavailable() {
+            ServiceError::Unavailable(err)
+        } else {
+            ServiceError::Store(err)
+        }
+    }
+}
+
+pub(super) fn over_limit(limits: &Limits) -> ServiceError {
+    ServiceError::Limit {
+        limit: "max concurrent sandboxes per tenant",
+        value: limits.max_sandboxes.to_string(),
+        hint: "close a sandbox you no longer need (close_sandbox) and try again",
+    }
+}
+
+/// Describes what happened to a container, for the model.
+pub fn describe_fate(fate: &ContainerFate) -> String {
+    fate.to_string()
+}
+
+/// The error for a call on a sandbox that is no longer live, saying when and why.
+pub(crate) fn ended_error(row: &SandboxRow) -> ServiceError {
+    let at = row
+        .closed_at
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .unwrap_or_else(|| "an unknown time".into());
+    let id = &row.id;
+    let message = match (row.state, row.close_reason.as_deref()) {
+        (SandboxState::Lost, reason) => {
+            return ServiceError::Lost {
+                sandbox_id: id.clone(),
+                why: reason.unwrap_or("its container disappeared").to_owned(),
+            };
+        }
+        (_, Some("idle")) => format!(
+            "sandbox {id} expired after {} s idle at {at}; its files and variables are gone; call create_sandbox for a new one",
+            row.idle_timeout_seconds.unwrap_or_default()
+        ),
+        (_, Some("lifetime")) => format!(
+            "sandbox {id} reached its maximum lifetime at {at} and was closed; call create_sandbox for a new one"
+        ),
+        (_, Some("disconnected")) => {
+            format!("sandbox {id} was closed at {at} because its app was disconnected")
+        }
+        _ => format!("sandbox {id} was closed at {at}; call create_sandbox for a new one"),
+    };
+    ServiceError::Ended(message)
+}

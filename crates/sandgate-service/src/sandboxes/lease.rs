@@ -1,0 +1,150 @@
+//! Leasing a new sandbox: warm when the pool has one that fits, else a bounded cold start; the
+//! lease recorded in one transaction that also enforces the tenant's sandbox limit.
+
+use chrono::Utc;
+use sandgate_sandbox::{Sandbox, SandboxProfile};
+use sandgate_store::StoreError;
+use sandgate_store::sandboxes::{self, NewLease, SandboxRow};
+
+use super::busy::BusyGuard;
+use super::error::over_limit;
+use super::{Caller, Resolved, SandboxService, ServiceError};
+
+impl SandboxService {
+    pub(super) async fn lease_new(
+        &self,
+        caller: &Caller,
+        conversation: Option<&str>,
+        idle: i32,
+    ) -> Result<Resolved, ServiceError> {
+        // Cheap early refusal before a container is taken.
+        {
+            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let live = sandboxes::count_live(&mut conn, caller.tenant).await?;
+            if live >= i64::from(caller.limits.max_sandboxes) {
+                return Err(over_limit(&caller.limits));
+            }
+        }
+        let expires_at =
+            Utc::now() + chrono::Duration::seconds(i64::from(caller.limits.max_lifetime_seconds));
+        let lease = NewLease {
+            tenant_id: caller.tenant,
+            conversation_id: conversation,
+            idle_timeout_seconds: idle,
+            expires_at,
+            grant_id: caller.grant,
+        };
+        let profile = caller.limits.profile(&self.profile);
+        // Only a tenant whose limits match the pool's profile can take a warm container; others
+        // get a cold start with their own memory and CPU.
+        let leased = if profile == self.profile {
+            self.lease_warm(caller, &lease).await
+        } else {
+            Ok(None)
+        };
+        let leased = match leased {
+            Ok(Some(resolved)) => Ok(resolved),
+            Ok(None) => {
+                // Cold starts are bounded: a burst of conversations on an empty pool would
+                // otherwise start every container at once, each loading the data stack on the
+                // same few cores, until all of them miss their ready timeout. Queued leases
+                // start one by one, and take a warm container if the refill made one meanwhile.
+                let _permit = self
+                    .cold_starts
+                    .acquire()
+                    .await
+                    .expect("the cold-start semaphore is never closed");
+                let rewarmed = if profile == self.profile {
+                    self.lease_warm(caller, &lease).await
+                } else {
+                    Ok(None)
+                };
+                match rewarmed {
+                    Ok(Some(resolved)) => Ok(resolved),
+                    Ok(None) => self.lease_cold(caller, &profile, &lease).await,
+                    Err(err) => Err(err),
+                }
+            }
+            Err(err) => Err(err),
+        };
+        match leased {
+            // Another call bound the conversation first: answer with that sandbox.
+            Err(ServiceError::Store(StoreError::Conflict(_))) if conversation.is_some() => {
+                let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+                let row = sandboxes::by_conversation(
+                    &mut conn,
+                    caller.tenant,
+                    conversation.unwrap_or_default(),
+                )
+                .await?
+                .ok_or_else(|| ServiceError::NotFound(String::from("(conversation)")))?;
+                drop(conn);
+                self.resolve_row(caller, row, None).await
+            }
+            other => other,
+        }
+    }
+
+    /// Starts a container now and records it as leased.
+    async fn lease_cold(
+        &self,
+        caller: &Caller,
+        profile: &SandboxProfile,
+        lease: &NewLease<'_>,
+    ) -> Result<Resolved, ServiceError> {
+        let sandbox = self.manager.launch_with(profile).await?;
+        tracing::Span::current().record("sandbox_id", sandbox.id());
+        match self.record_lease(caller, &sandbox, lease).await {
+            Ok(row) => {
+                self.live
+                    .lock()
+                    .expect("live map")
+                    .insert(row.id.clone(), sandbox.clone());
+                let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
+                Ok(Resolved {
+                    sandbox,
+                    row,
+                    created: true,
+                    busy,
+                })
+            }
+            Err(err) => {
+                // Nothing half-created is left behind: the container goes.
+                let manager = self.manager.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = manager.close(sandbox).await {
+                        tracing::warn!(error = %e, "removing an unrecorded sandbox failed");
+                    }
+                });
+                Err(err)
+            }
+        }
+    }
+
+    /// Records the lease in one transaction that also enforces the tenant's sandbox limit: the
+    /// tenant row is locked so concurrent creates cannot both slip under the limit.
+    async fn record_lease(
+        &self,
+        caller: &Caller,
+        sandbox: &Sandbox,
+        lease: &NewLease<'_>,
+    ) -> Result<SandboxRow, ServiceError> {
+        let mut tx = self.db.begin().await.map_err(StoreError::from)?;
+        sandgate_store::tenants::lock(&mut tx, lease.tenant_id).await?;
+        let live = sandboxes::count_live(&mut tx, lease.tenant_id).await?;
+        if live >= i64::from(caller.limits.max_sandboxes) {
+            return Err(over_limit(&caller.limits));
+        }
+        let row = sandboxes::insert_leased(
+            &mut tx,
+            sandbox.id(),
+            sandbox.profile(),
+            sandbox.container_id(),
+            &self.node,
+            lease,
+        )
+        .await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(row)
+    }
+}

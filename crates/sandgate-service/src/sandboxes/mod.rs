@@ -1,0 +1,407 @@
+//! Tenant-scoped sandboxes: the glue between Postgres (who owns what, until when) and the
+//! sandbox manager (the containers). Every lookup filters by the caller's tenant, so another
+//! tenant's sandbox answers exactly like one that does not exist.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use sandgate_sandbox::{Sandbox, SandboxError, SandboxManager, SandboxProfile};
+use sandgate_store::sandboxes::{self, SandboxRow, SandboxState};
+use sandgate_store::{PgPool, StoreError};
+use uuid::Uuid;
+
+use crate::config::LimitsConfig;
+
+mod busy;
+mod error;
+mod lease;
+pub mod lifecycle;
+mod limits;
+mod ops;
+mod warm;
+
+pub use busy::BusyGuard;
+use busy::BusyMap;
+pub(crate) use error::ended_error;
+pub use error::{ServiceError, describe_fate};
+pub use limits::{Caller, Limits};
+pub use ops::Target;
+
+/// A sandbox resolved for a call: the live handle and its row.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The live sandbox.
+    pub sandbox: Sandbox,
+    /// Its row after this call's touch.
+    pub row: SandboxRow,
+    /// Whether this call created it.
+    pub created: bool,
+    /// Marks the sandbox busy while the call runs: the reaper leaves it alone, and its idle
+    /// clock restarts when the call ends.
+    pub busy: Arc<BusyGuard>,
+}
+
+/// Tenant-scoped sandbox operations.
+#[derive(Debug, Clone)]
+pub struct SandboxService {
+    pub(crate) db: PgPool,
+    pub(crate) manager: SandboxManager,
+    pub(crate) profile: SandboxProfile,
+    pub(crate) node: String,
+    limits: LimitsConfig,
+    /// Live handles of this process, by sandbox id. A leased sandbox missing here (after a
+    /// restart, or leased by another replica) is adopted on first use.
+    pub(crate) live: Arc<Mutex<HashMap<String, Sandbox>>>,
+    /// Sandboxes with calls in flight in this process.
+    pub(crate) busy: BusyMap,
+    /// Cold starts running at once in this process (`pool.max_concurrent_starts`).
+    cold_starts: Arc<tokio::sync::Semaphore>,
+}
+
+impl SandboxService {
+    /// A service over `manager`, leasing from `profile`'s pool, recording rows for `node`.
+    pub fn new(
+        db: PgPool,
+        manager: SandboxManager,
+        profile: SandboxProfile,
+        node: String,
+        limits: LimitsConfig,
+        max_cold_starts: usize,
+    ) -> Self {
+        Self {
+            db,
+            manager,
+            profile,
+            node,
+            limits,
+            live: Arc::default(),
+            busy: Arc::default(),
+            cold_starts: Arc::new(tokio::sync::Semaphore::new(max_cold_starts.max(1))),
+        }
+    }
+
+    /// The manager underneath.
+    pub fn manager(&self) -> &SandboxManager {
+        &self.manager
+    }
+
+    /// The limits in force for `tenant`: its own where set, else the configured defaults.
+    pub async fn limits(&self, tenant: Uuid) -> Result<Limits, ServiceError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let own = sandgate_store::tenants::limits(&mut conn, tenant)
+            .await?
+            .unwrap_or_default();
+        Ok(Limits::effective(&own, &self.limits, &self.profile))
+    }
+
+    /// Refuses the call when the tenant made `max_calls_per_minute` calls in the last minute.
+    pub async fn check_rate(&self, caller: &Caller) -> Result<(), ServiceError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let calls = sandgate_store::audit::calls_last_minute(&mut conn, caller.tenant).await?;
+        if calls >= i64::from(caller.limits.max_calls_per_minute) {
+            return Err(ServiceError::RateLimited {
+                per_minute: caller.limits.max_calls_per_minute,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether a call on the sandbox is in flight in this process.
+    pub(crate) fn is_busy(&self, id: &str) -> bool {
+        self.busy.lock().expect("busy map").contains_key(id)
+    }
+
+    /// The idle timeout for a call that asked for `keep_alive` seconds (bounded by the limits).
+    fn idle_timeout(limits: &Limits, keep_alive: Option<u32>) -> Result<i32, ServiceError> {
+        match keep_alive {
+            None => Ok(limits.default_idle_seconds as i32),
+            Some(0) => Err(ServiceError::Limit {
+                limit: "keep_alive_seconds",
+                value: "0".into(),
+                hint: "give at least 1 second",
+            }),
+            Some(s) if s > limits.max_idle_seconds => Err(ServiceError::Limit {
+                limit: "max idle timeout",
+                value: format!("{} s", limits.max_idle_seconds),
+                hint: "ask for a shorter keep_alive_seconds",
+            }),
+            Some(s) => Ok(s as i32),
+        }
+    }
+
+    /// Returns the conversation's live sandbox, or leases a new one (bound to the conversation
+    /// when one is named). `created` says which.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
+    pub async fn create(
+        &self,
+        caller: &Caller,
+        conversation: Option<&str>,
+        keep_alive: Option<u32>,
+    ) -> Result<Resolved, ServiceError> {
+        let idle = Self::idle_timeout(&caller.limits, keep_alive)?;
+        if let Some(conversation) = conversation {
+            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            if let Some(row) =
+                sandboxes::by_conversation(&mut conn, caller.tenant, conversation).await?
+            {
+                drop(conn);
+                return self
+                    .resolve_row(caller, row, keep_alive.map(|_| idle))
+                    .await;
+            }
+        }
+        self.lease_new(caller, conversation, idle).await
+    }
+
+    /// Finds the sandbox a call should use: `sandbox_id` if given, else the conversation's (or a
+    /// new one bound to it), else a new unbound one. Refreshes its idle timer.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
+    pub async fn resolve(
+        &self,
+        caller: &Caller,
+        sandbox_id: Option<&str>,
+        conversation: Option<&str>,
+        keep_alive: Option<u32>,
+    ) -> Result<Resolved, ServiceError> {
+        match sandbox_id {
+            Some(id) => {
+                let idle = Self::idle_timeout(&caller.limits, keep_alive)?;
+                let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+                let row = sandboxes::get(&mut conn, caller.tenant, id)
+                    .await?
+                    .ok_or_else(|| ServiceError::NotFound(id.to_owned()))?;
+                drop(conn);
+                self.resolve_row(caller, row, keep_alive.map(|_| idle))
+                    .await
+            }
+            None => self.create(caller, conversation, keep_alive).await,
+        }
+    }
+
+    async fn resolve_row(
+        &self,
+        caller: &Caller,
+        row: SandboxRow,
+        new_idle: Option<i32>,
+    ) -> Result<Resolved, ServiceError> {
+        tracing::Span::current().record("sandbox_id", &row.id);
+        if row.state != SandboxState::Leased {
+            return Err(ended_error(&row));
+        }
+        let now = Utc::now();
+        // A sandbox with a call in flight here is in use, whatever its clock says.
+        if overdue(&row, now) && !self.is_busy(&row.id) {
+            // The reaper has not got to it yet: end it now rather than serve past its time.
+            let reason = if row.expires_at.is_some_and(|e| e <= now) {
+                "lifetime"
+            } else {
+                "idle"
+            };
+            let ended = self
+                .end(&row, SandboxState::Closed, reason)
+                .await?
+                .unwrap_or(row);
+            return Err(ended_error(&ended));
+        }
+        let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let touched = sandboxes::touch(&mut conn, caller.tenant, &row.id, new_idle).await?;
+        let row = match touched {
+            Some(row) => row,
+            // It ended between the read and the touch (the reaper, a close): say how.
+            None => {
+                let now = sandboxes::get(&mut conn, caller.tenant, &row.id)
+                    .await?
+                    .ok_or_else(|| ServiceError::NotFound(row.id.clone()))?;
+                return Err(ended_error(&now));
+            }
+        };
+        drop(conn);
+        let sandbox = self.handle(&row).await?;
+        Ok(Resolved {
+            sandbox,
+            row,
+            created: false,
+            busy,
+        })
+    }
+
+    /// The live handle for a leased row: from this process, else adopted from the engine.
+    async fn handle(&self, row: &SandboxRow) -> Result<Sandbox, ServiceError> {
+        let cached = self.live.lock().expect("live map").get(&row.id).cloned();
+        if let Some(sandbox) = cached {
+            if !sandbox.is_lost() {
+                return Ok(sandbox);
+            }
+            self.live.lock().expect("live map").remove(&row.id);
+            let why = match sandbox.fate().await {
+                Ok(fate) => describe_fate(&fate),
+                Err(err) => format!("its connection broke: {err}"),
+            };
+            return Err(self.lose(&row.id, why).await);
+        }
+        match self.manager.adopt(&row.container_id).await {
+            Ok(sandbox) => {
+                self.live
+                    .lock()
+                    .expect("live map")
+                    .insert(row.id.clone(), sandbox.clone());
+                Ok(sandbox)
+            }
+            Err(SandboxError::Died { fate, .. }) => {
+                Err(self.lose(&row.id, describe_fate(&fate)).await)
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Marks a sandbox lost and builds the error that says so.
+    pub async fn lose(&self, sandbox_id: &str, why: String) -> ServiceError {
+        let result = async {
+            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let row = sandboxes::end(&mut conn, sandbox_id, SandboxState::Lost, &why).await?;
+            drop(conn);
+            self.remove_container(sandbox_id, row.as_ref().map(|r| r.container_id.as_str()))
+                .await;
+            Ok::<_, ServiceError>(())
+        }
+        .await;
+        if let Err(err) = result {
+            tracing::warn!(error = %err, sandbox_id, "recording a lost sandbox failed");
+        }
+        ServiceError::Lost {
+            sandbox_id: sandbox_id.to_owned(),
+            why,
+        }
+    }
+
+    /// Ends a live row (`closed` or `lost`) and removes its container. `None` when the row was
+    /// not live any more (someone else ended it, and removes the container).
+    pub(crate) async fn end(
+        &self,
+        row: &SandboxRow,
+        state: SandboxState,
+        reason: &str,
+    ) -> Result<Option<SandboxRow>, ServiceError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let ended = sandboxes::end(&mut conn, &row.id, state, reason).await?;
+        drop(conn);
+        if ended.is_some() {
+            self.remove_container(&row.id, Some(&row.container_id))
+                .await;
+        }
+        Ok(ended)
+    }
+
+    /// Removes a sandbox's container: through this process's handle when it has one, else by
+    /// container id (another process's, or one from before a restart).
+    pub(crate) async fn remove_container(&self, sandbox_id: &str, container_id: Option<&str>) {
+        let handle = self.live.lock().expect("live map").remove(sandbox_id);
+        let result = match (handle, container_id) {
+            (Some(sandbox), _) => self.manager.close(sandbox).await,
+            (None, Some(container_id)) => self.manager.remove_container(container_id).await,
+            (None, None) => Ok(()),
+        };
+        if let Err(err) = result {
+            tracing::warn!(error = %err, sandbox_id, "removing the container failed");
+        }
+    }
+
+    /// Closes a tenant's sandbox. A sandbox that already ended answers like a missing one would
+    /// not: it says when and why it ended.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id = %sandbox_id))]
+    pub async fn close(
+        &self,
+        caller: &Caller,
+        sandbox_id: &str,
+    ) -> Result<SandboxRow, ServiceError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let row = sandboxes::get(&mut conn, caller.tenant, sandbox_id)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
+        drop(conn);
+        if row.state != SandboxState::Leased {
+            return Err(ended_error(&row));
+        }
+        let ended = self.end(&row, SandboxState::Closed, "closed").await?;
+        match ended {
+            Some(ended) => Ok(ended),
+            // Ended concurrently; whatever ended it, it is gone.
+            None => Err(ServiceError::NotFound(sandbox_id.to_owned())),
+        }
+    }
+
+    /// Closes every live sandbox leased under `grant_id` (its app was disconnected). Returns
+    /// how many were closed.
+    #[tracing::instrument(skip_all, fields(grant_id = %grant_id))]
+    pub async fn close_grant(&self, grant_id: Uuid) -> Result<usize, ServiceError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let rows = sandboxes::live_of_grant(&mut conn, grant_id).await?;
+        drop(conn);
+        let mut closed = 0;
+        for row in rows {
+            // `end` removes the container too, by handle or by id.
+            if self
+                .end(&row, SandboxState::Closed, "disconnected")
+                .await?
+                .is_some()
+            {
+                closed += 1;
+            }
+        }
+        Ok(closed)
+    }
+
+    /// The live sandbox bound to a tenant's conversation, if any.
+    pub async fn find_conversation(
+        &self,
+        caller: &Caller,
+        conversation: &str,
+    ) -> Result<Option<String>, ServiceError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        Ok(
+            sandboxes::by_conversation(&mut conn, caller.tenant, conversation)
+                .await?
+                .map(|row| row.id),
+        )
+    }
+
+    /// The live sandbox of a tenant's conversation, by id; `NotFound` when it has none.
+    pub async fn conversation_sandbox(
+        &self,
+        caller: &Caller,
+        conversation: &str,
+    ) -> Result<String, ServiceError> {
+        self.find_conversation(caller, conversation)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound(format!("for conversation {conversation:?}")))
+    }
+
+    /// Passes a sandbox operation's result through, recording and explaining a sandbox that
+    /// died underneath it (see [`Self::check_death`]).
+    pub async fn checked<T>(
+        &self,
+        resolved: &Resolved,
+        result: Result<T, SandboxError>,
+    ) -> Result<T, ServiceError> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(err) => Err(self.check_death(resolved, err).await),
+        }
+    }
+
+    /// The sandbox's handle is dead: record why and say so.
+    pub async fn check_death(&self, resolved: &Resolved, err: SandboxError) -> ServiceError {
+        match err {
+            SandboxError::Died { fate, .. } => {
+                self.lose(&resolved.row.id, describe_fate(&fate)).await
+            }
+            other => other.into(),
+        }
+    }
+}
+
+fn overdue(row: &SandboxRow, now: DateTime<Utc>) -> bool {
+    row.expires_at.is_some_and(|e| e <= now) || row.idle_deadline().is_some_and(|d| d <= now)
+}

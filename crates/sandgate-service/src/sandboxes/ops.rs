@@ -1,0 +1,91 @@
+//! What the file tools do to a sandbox, apart from how a face (MCP, a download link) encodes the
+//! call and the answer.
+
+use sandgate_sandbox::{DirEntry, FileInfo};
+
+use super::{Caller, Resolved, SandboxService, ServiceError};
+
+/// Which sandbox a call is for: the named one, else the conversation's (leased on demand), else
+/// a new unbound one; and the idle timeout the call asks for.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Target<'a> {
+    /// The sandbox the caller named.
+    pub sandbox_id: Option<&'a str>,
+    /// The conversation the call belongs to.
+    pub conversation: Option<&'a str>,
+    /// The idle timeout the call asks for, seconds.
+    pub keep_alive: Option<u32>,
+}
+
+impl SandboxService {
+    /// The sandbox a call is for (see [`Target`]), its idle clock refreshed.
+    pub async fn resolve_target(
+        &self,
+        caller: &Caller,
+        target: Target<'_>,
+    ) -> Result<Resolved, ServiceError> {
+        self.resolve(
+            caller,
+            target.sandbox_id,
+            target.conversation,
+            target.keep_alive,
+        )
+        .await
+    }
+
+    /// Writes `data` to `path` (under /home/user) in the target sandbox; refuses a file larger
+    /// than `limits.max_file_bytes` before a sandbox is touched.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
+    pub async fn upload_file(
+        &self,
+        caller: &Caller,
+        target: Target<'_>,
+        path: &str,
+        data: &[u8],
+        overwrite: bool,
+    ) -> Result<(Resolved, FileInfo), ServiceError> {
+        let max = self.limits.max_file_bytes;
+        if data.len() as u64 > max {
+            return Err(ServiceError::Limit {
+                limit: "max file size",
+                value: format!("{max} bytes; this file has {}", data.len()),
+                hint: "upload a smaller file (e.g. compress it or split it)",
+            });
+        }
+        let resolved = self.resolve_target(caller, target).await?;
+        let written = resolved.sandbox.write_file(path, data, overwrite).await;
+        let info = self.checked(&resolved, written).await?;
+        Ok((resolved, info))
+    }
+
+    /// Reads `path` from the target sandbox, up to `limits.max_file_bytes`.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
+    pub async fn read_file(
+        &self,
+        caller: &Caller,
+        target: Target<'_>,
+        path: &str,
+    ) -> Result<(Resolved, Vec<u8>, FileInfo), ServiceError> {
+        let resolved = self.resolve_target(caller, target).await?;
+        let read = resolved
+            .sandbox
+            .read_file(path, self.limits.max_file_bytes)
+            .await;
+        let (data, info) = self.checked(&resolved, read).await?;
+        Ok((resolved, data, info))
+    }
+
+    /// Lists the directory `path` in the target sandbox.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
+    pub async fn list_files(
+        &self,
+        caller: &Caller,
+        target: Target<'_>,
+        path: &str,
+    ) -> Result<(Resolved, Vec<DirEntry>), ServiceError> {
+        let resolved = self.resolve_target(caller, target).await?;
+        let listing = resolved.sandbox.list_dir(path).await;
+        let entries = self.checked(&resolved, listing).await?;
+        Ok((resolved, entries))
+    }
+}

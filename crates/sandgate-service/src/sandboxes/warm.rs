@@ -1,0 +1,229 @@
+//! The warm pool, in one place: the sandbox manager keeps the ready containers of this process,
+//! Postgres keeps a `warm` row for each so a lease is one transaction whichever process started
+//! the container. This module is the only one that moves sandboxes in or out of the manager's
+//! pool or writes warm rows: recording them as they become ready, leasing one, checking the
+//! pool against the rows, and leaving them for the next start at shutdown.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use sandgate_sandbox::Sandbox;
+use sandgate_store::StoreError;
+use sandgate_store::sandboxes::{self, NewLease, SandboxRow, SandboxState};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::busy::BusyGuard;
+use super::error::over_limit;
+use super::lifecycle::LifecycleError;
+use super::{Caller, Resolved, SandboxService, ServiceError};
+
+/// How many warm rows one lease tries before falling back to a cold start, when the containers
+/// behind them turn out to be gone.
+const WARM_ATTEMPTS: usize = 3;
+
+impl SandboxService {
+    /// Leases a warm row: one transaction checks the tenant's limit and flips the row (`FOR
+    /// UPDATE SKIP LOCKED`, so no two leases anywhere get the same row); then the container's
+    /// handle comes from this process's pool, or is adopted when another process started it.
+    /// `None` when there is no warm row.
+    pub(super) async fn lease_warm(
+        &self,
+        caller: &Caller,
+        lease: &NewLease<'_>,
+    ) -> Result<Option<Resolved>, ServiceError> {
+        for _ in 0..WARM_ATTEMPTS {
+            let mut tx = self.db.begin().await.map_err(StoreError::from)?;
+            sandgate_store::tenants::lock(&mut tx, lease.tenant_id).await?;
+            let live = sandboxes::count_live(&mut tx, lease.tenant_id).await?;
+            if live >= i64::from(caller.limits.max_sandboxes) {
+                return Err(over_limit(&caller.limits));
+            }
+            let Some(row) =
+                sandboxes::lease_warm(&mut tx, &self.profile.name, &self.node, lease).await?
+            else {
+                return Ok(None);
+            };
+            tx.commit().await.map_err(StoreError::from)?;
+            tracing::Span::current().record("sandbox_id", &row.id);
+            let _ = self.manager.refill(&self.profile.name);
+            match self.warm_handle(&row).await {
+                Ok(sandbox) => {
+                    self.live
+                        .lock()
+                        .expect("live map")
+                        .insert(row.id.clone(), sandbox.clone());
+                    let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
+                    return Ok(Some(Resolved {
+                        sandbox,
+                        row,
+                        created: true,
+                        busy,
+                    }));
+                }
+                Err(why) => {
+                    // The warm container is gone: the row is, too; try the next one.
+                    tracing::warn!(sandbox_id = %row.id, why = %why, "a warm sandbox was unusable");
+                    let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+                    sandboxes::end(&mut conn, &row.id, SandboxState::Lost, &why).await?;
+                    drop(conn);
+                    if let Err(err) = self.manager.remove_container(&row.container_id).await {
+                        tracing::warn!(error = %err, "removing an unusable warm container failed");
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// The handle of a just-leased warm row's container: from this process's pool, else adopted.
+    /// The error says why the container cannot serve.
+    async fn warm_handle(&self, row: &SandboxRow) -> Result<Sandbox, String> {
+        if let Some(sandbox) = self.manager.take_ready_id(&row.id) {
+            if !sandbox.is_lost() {
+                return Ok(sandbox);
+            }
+            return Err(match sandbox.fate().await {
+                Ok(fate) => format!("warm container died: {fate}"),
+                Err(err) => format!("warm container unreachable: {err}"),
+            });
+        }
+        self.manager
+            .adopt(&row.container_id)
+            .await
+            .map_err(|err| format!("warm container could not be adopted: {err}"))
+    }
+
+    /// Records a ready warm sandbox as a `warm` row (idempotent).
+    pub(super) async fn record_warm(&self, sandbox: &Sandbox) -> Result<(), StoreError> {
+        let mut conn = self.db.acquire().await?;
+        sandboxes::insert_warm(
+            &mut conn,
+            sandbox.id(),
+            sandbox.profile(),
+            sandbox.container_id(),
+            &self.node,
+        )
+        .await
+    }
+
+    /// Checks this process's warm pool against Postgres: a sandbox whose row another process
+    /// leased is let go (without touching its container), one whose row ended or whose
+    /// connection died is removed, one without a row yet is recorded. Then refills.
+    #[tracing::instrument(skip_all)]
+    pub async fn sync_pool(&self) -> Result<(), LifecycleError> {
+        let ids = self.manager.ready_ids();
+        if !ids.is_empty() {
+            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let rows: HashMap<String, SandboxState> = sandboxes::by_ids(&mut conn, &ids)
+                .await?
+                .into_iter()
+                .map(|r| (r.id, r.state))
+                .collect();
+            drop(conn);
+            for id in ids {
+                match rows.get(&id) {
+                    Some(SandboxState::Warm) => {
+                        let Some(sandbox) = self.manager.take_ready_id(&id) else {
+                            continue;
+                        };
+                        if !sandbox.is_lost() {
+                            let _ = self.manager.offer(sandbox);
+                            continue;
+                        }
+                        tracing::warn!(sandbox_id = %id, "a warm sandbox died while waiting");
+                        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+                        sandboxes::end(
+                            &mut conn,
+                            &id,
+                            SandboxState::Lost,
+                            "its warm container died",
+                        )
+                        .await?;
+                        drop(conn);
+                        let _ = self.manager.close(sandbox).await;
+                    }
+                    Some(SandboxState::Leased) => {
+                        // Another process leased it (and adopted the container): not ours to
+                        // hand out any more, and not ours to remove.
+                        if self.manager.take_ready_id(&id).is_some() {
+                            tracing::debug!(sandbox_id = %id, "a warm sandbox was leased elsewhere");
+                        }
+                    }
+                    Some(SandboxState::Closed | SandboxState::Lost) => {
+                        if let Some(sandbox) = self.manager.take_ready_id(&id) {
+                            let _ = self.manager.close(sandbox).await;
+                        }
+                    }
+                    None => {
+                        if let Some(sandbox) = self.manager.take_ready_id(&id) {
+                            let recorded = self.record_warm(&sandbox).await;
+                            let _ = self.manager.offer(sandbox);
+                            recorded?;
+                        }
+                    }
+                }
+            }
+        }
+        self.manager.refill(&self.profile.name)?;
+        Ok(())
+    }
+
+    /// Records each sandbox the pool makes ready as a warm row; while Postgres is away, retries
+    /// (the sandbox waits in the pool, unleasable until recorded).
+    pub(super) async fn record_ready(
+        self,
+        mut ready: mpsc::UnboundedReceiver<Sandbox>,
+        stop: CancellationToken,
+    ) {
+        loop {
+            let sandbox = tokio::select! {
+                next = ready.recv() => match next {
+                    Some(sandbox) => sandbox,
+                    None => return,
+                },
+                () = stop.cancelled() => return,
+            };
+            loop {
+                match self.record_warm(&sandbox).await {
+                    Ok(()) => break,
+                    Err(err) => {
+                        tracing::warn!(error = %err, sandbox_id = %sandbox.id(), "recording a warm sandbox failed; retrying");
+                        tokio::select! {
+                            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                            () = stop.cancelled() => return,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// At shutdown: stops the pool and leaves the warm sandboxes that have rows running for the
+    /// next start (or another replica) to lease, removing the rest. Leased sandboxes stay
+    /// running for the next start to re-attach to.
+    pub async fn shutdown(&self) {
+        let warm = self.manager.stop().await;
+        if warm.is_empty() {
+            return;
+        }
+        let ids: Vec<String> = warm.iter().map(|s| s.id().to_owned()).collect();
+        let recorded: HashSet<String> = async {
+            let mut conn = self.db.acquire().await?;
+            sandboxes::by_ids(&mut conn, &ids).await
+        }
+        .await
+        .map(|rows| {
+            rows.into_iter()
+                .filter(|r| r.state == SandboxState::Warm)
+                .map(|r| r.id)
+                .collect()
+        })
+        .unwrap_or_default();
+        for sandbox in warm.into_iter().filter(|s| !recorded.contains(s.id())) {
+            if let Err(err) = self.manager.close(sandbox).await {
+                tracing::warn!(error = %err, "removing an unrecorded warm sandbox failed");
+            }
+        }
+    }
+}

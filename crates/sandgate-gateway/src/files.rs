@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -18,7 +18,8 @@ use sha2::Sha256;
 use uuid::Uuid;
 
 use crate::AppState;
-use crate::sandboxes::Caller;
+use crate::error::DownloadError;
+use crate::sandboxes::{Caller, Target};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -98,51 +99,28 @@ impl DownloadLinks {
     }
 }
 
-fn refuse(status: StatusCode, message: &str) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        format!("{message}\n"),
-    )
-        .into_response()
-}
-
 /// `GET /files/{token}`: the file, as a download.
-pub async fn download(State(state): State<AppState>, Path(token): Path<String>) -> Response {
-    let Some(claims) = state.links.open(&token) else {
-        return refuse(StatusCode::NOT_FOUND, "This download link is not valid.");
-    };
+pub async fn download(
+    State(state): State<AppState>,
+    Path(token): Path<String>,
+) -> Result<Response, DownloadError> {
+    let claims = state.links.open(&token).ok_or(DownloadError::InvalidLink)?;
     if claims.e <= Utc::now().timestamp() {
-        return refuse(
-            StatusCode::GONE,
-            "This download link has expired; ask for the file again.",
-        );
+        return Err(DownloadError::Expired);
     }
     let service = &state.sandboxes;
-    let limits = match service.limits(claims.t).await {
-        Ok(limits) => limits,
-        Err(_) => {
-            return refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Temporarily unavailable; retry in a moment.",
-            );
-        }
-    };
     let caller = Caller {
         tenant: claims.t,
         subject: "download-link".into(),
         token_id: "download-link".into(),
         grant: None,
-        limits,
+        limits: service.limits(claims.t).await?,
     };
-    let gone = "The sandbox this file was in has ended, so the file is gone.";
-    let Ok(resolved) = service.resolve(&caller, Some(&claims.s), None, None).await else {
-        return refuse(StatusCode::GONE, gone);
+    let target = Target {
+        sandbox_id: Some(&claims.s),
+        ..Target::default()
     };
-    let max = state.config.limits.max_file_bytes;
-    let Ok((data, info)) = resolved.sandbox.read_file(&claims.p, max).await else {
-        return refuse(StatusCode::NOT_FOUND, "The file is no longer there.");
-    };
+    let (_, data, info) = service.read_file(&caller, target, &claims.p).await?;
     let mime = crate::mcp::tools::mime_type(&info.path, &data[..data.len().min(512)]);
     let name: String = info
         .path
@@ -175,7 +153,7 @@ pub async fn download(State(state): State<AppState>, Path(token): Path<String>) 
         header::CACHE_CONTROL,
         HeaderValue::from_static("private, no-store"),
     );
-    response
+    Ok(response)
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ use tokio_util::task::TaskTracker;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+pub mod error;
 pub mod files;
 pub mod health;
 pub mod mcp;

@@ -52,6 +52,13 @@ pub enum AdminError {
     InvalidLimit(String),
 }
 
+impl From<sqlx::Error> for AdminError {
+    /// A failed acquire, begin or commit: classified like any other database failure.
+    fn from(err: sqlx::Error) -> Self {
+        StoreError::from(err).into()
+    }
+}
+
 /// Changes to a tenant's limits: `Some(Some(v))` sets, `Some(None)` goes back to the default,
 /// `None` leaves the limit as it is.
 #[derive(Debug, Clone, Default)]
@@ -79,7 +86,7 @@ pub async fn set_tenant_limits(
     changes: &LimitChanges,
 ) -> Result<(TenantLimits, Limits), AdminError> {
     let db = pool(config).await?;
-    let mut tx = db.begin().await.map_err(StoreError::from)?;
+    let mut tx = db.begin().await?;
     tenants::lock(&mut tx, tenant).await?;
     let mut own = tenants::limits(&mut tx, tenant)
         .await?
@@ -123,7 +130,7 @@ pub async fn set_tenant_limits(
     let own = tenants::set_limits(&mut tx, tenant, &own)
         .await?
         .ok_or(AdminError::NoSuchTenant(tenant))?;
-    tx.commit().await.map_err(StoreError::from)?;
+    tx.commit().await?;
     let effective = Limits::effective(&own, &config.limits, &config.sandbox);
     Ok((own, effective))
 }
@@ -172,7 +179,7 @@ pub async fn audit(
     limit: i64,
 ) -> Result<Vec<AuditEvent>, AdminError> {
     let db = pool(config).await?;
-    let mut conn = db.acquire().await.map_err(StoreError::from)?;
+    let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
     }
@@ -207,7 +214,7 @@ pub async fn sandboxes(
     tenant: Option<Uuid>,
 ) -> Result<Vec<SandboxRow>, AdminError> {
     let db = pool(config).await?;
-    let mut conn = db.acquire().await.map_err(StoreError::from)?;
+    let mut conn = db.acquire().await?;
     Ok(sandgate_store::sandboxes::list_live(&mut conn, tenant).await?)
 }
 
@@ -247,7 +254,7 @@ async fn pool(config: &Config) -> Result<PgPool, AdminError> {
 /// Creates a tenant and returns it.
 pub async fn create_tenant(config: &Config, name: &str) -> Result<tenants::Tenant, AdminError> {
     let db = pool(config).await?;
-    let mut conn = db.acquire().await.map_err(StoreError::from)?;
+    let mut conn = db.acquire().await?;
     match tenants::create(&mut conn, name).await {
         Err(StoreError::Query(sqlx_err))
             if sqlx_err
@@ -269,7 +276,7 @@ pub async fn issue_token(
     ttl: Duration,
 ) -> Result<String, AdminError> {
     let db = pool(config).await?;
-    let mut conn = db.acquire().await.map_err(StoreError::from)?;
+    let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
     }
@@ -306,7 +313,7 @@ pub async fn create_user(
     }
     let hash = sandgate_auth::password::hash_password(password)?;
     let db = pool(config).await?;
-    let mut conn = db.acquire().await.map_err(StoreError::from)?;
+    let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
     }
@@ -340,7 +347,7 @@ pub async fn create_client(
         sandgate_auth::client::check_redirect_uri(uri)?;
     }
     let db = pool(config).await?;
-    let mut tx = db.begin().await.map_err(StoreError::from)?;
+    let mut tx = db.begin().await?;
     if tenants::get(&mut tx, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
     }
@@ -370,7 +377,7 @@ pub async fn create_client(
     )
     .await?;
     grants::approve(&mut tx, tenant, None, &client_id, &scope_string).await?;
-    tx.commit().await.map_err(StoreError::from)?;
+    tx.commit().await?;
     Ok(CreatedClient {
         client_id,
         client_secret,

@@ -235,7 +235,17 @@ impl Config {
         Ok(config)
     }
 
+    /// Checks the values together; the first problem is reported with its key.
     fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_basics()?;
+        self.validate_limits()?;
+        self.validate_mcp()?;
+        self.validate_oauth()?;
+        self.validate_lifecycle()
+    }
+
+    /// `database`, `instance` and `public_url`.
+    fn validate_basics(&self) -> Result<(), ConfigError> {
         let invalid = |key: &str, message: String| ConfigError::Invalid {
             key: key.to_owned(),
             message,
@@ -288,6 +298,15 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `limits`.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_owned(),
+            message,
+        };
         let l = &self.limits;
         for (key, value) in [
             ("limits.max_sandboxes", l.max_sandboxes),
@@ -335,6 +354,15 @@ impl Config {
                 "must be at least 1024".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// `mcp`.
+    fn validate_mcp(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_owned(),
+            message,
+        };
         for origin in &self.mcp.allowed_origins {
             let ok = Url::parse(origin).is_ok_and(|u| {
                 u.host().is_some()
@@ -348,6 +376,15 @@ impl Config {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// `oauth`.
+    fn validate_oauth(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_owned(),
+            message,
+        };
         let o = &self.oauth;
         for (key, value) in [
             ("oauth.access_token_ttl_seconds", o.access_token_ttl_seconds),
@@ -394,6 +431,15 @@ impl Config {
                 "must be at least 512".into(),
             ));
         }
+        Ok(())
+    }
+
+    /// `lifecycle`, `pool` and `sandbox`.
+    fn validate_lifecycle(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_owned(),
+            message,
+        };
         if self.lifecycle.reaper_interval_ms < 100 {
             return Err(invalid(
                 "lifecycle.reaper_interval_ms",

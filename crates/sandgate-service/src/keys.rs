@@ -1,9 +1,10 @@
 //! The key ring: the signing key for new access tokens and every key that still verifies,
 //! loaded from Postgres and refreshed so that a rotation by any replica is seen by all.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use chrono::Utc;
 use sandgate_auth::{AccessClaims, KeyPair, TokenError, TokenIssuer, TokenVerifier, VerifyingKey};
 use sandgate_store::{PgPool, StoreError, keys};
@@ -29,6 +30,13 @@ pub enum KeyError {
     Token(#[from] TokenError),
 }
 
+impl From<sqlx::Error> for KeyError {
+    /// A failed acquire, begin or commit: classified like any other database failure.
+    fn from(err: sqlx::Error) -> Self {
+        StoreError::from(err).into()
+    }
+}
+
 #[derive(Debug)]
 struct Loaded {
     issuer: TokenIssuer,
@@ -43,7 +51,8 @@ pub struct KeyRing {
     db: PgPool,
     issuer_url: String,
     audience: String,
-    loaded: Arc<RwLock<Arc<Loaded>>>,
+    /// The keys in use: readers take a snapshot without locking; a reload swaps it whole.
+    loaded: Arc<ArcSwap<Loaded>>,
     /// When an unknown `kid` last forced a reload: bounds how often made-up kids can make us
     /// query Postgres, independently of when the keys were last loaded for other reasons.
     last_forced: Arc<std::sync::Mutex<Option<Instant>>>,
@@ -57,13 +66,13 @@ impl KeyRing {
             db,
             issuer_url,
             audience,
-            loaded: Arc::new(RwLock::new(Arc::new(loaded))),
+            loaded: Arc::new(ArcSwap::from_pointee(loaded)),
             last_forced: Arc::default(),
         })
     }
 
     async fn fetch(db: &PgPool, issuer_url: &str, audience: &str) -> Result<Loaded, KeyError> {
-        let mut tx = db.begin().await.map_err(StoreError::from)?;
+        let mut tx = db.begin().await?;
         let fresh = KeyPair::generate();
         let active = keys::ensure_active(
             &mut tx,
@@ -73,7 +82,7 @@ impl KeyRing {
         )
         .await?;
         let rows = keys::verifying(&mut tx, Utc::now() - RETIRED_KEY_GRACE).await?;
-        tx.commit().await.map_err(StoreError::from)?;
+        tx.commit().await?;
         let seed: [u8; 32] = active
             .seed
             .as_slice()
@@ -101,13 +110,13 @@ impl KeyRing {
     }
 
     fn current(&self) -> Arc<Loaded> {
-        self.loaded.read().expect("key ring lock").clone()
+        self.loaded.load_full()
     }
 
     /// Reloads from Postgres.
     pub async fn refresh(&self) -> Result<(), KeyError> {
         let loaded = Self::fetch(&self.db, &self.issuer_url, &self.audience).await?;
-        *self.loaded.write().expect("key ring lock") = Arc::new(loaded);
+        self.loaded.store(Arc::new(loaded));
         Ok(())
     }
 
@@ -161,7 +170,7 @@ impl KeyRing {
 /// [`RETIRED_KEY_GRACE`].
 pub async fn rotate(db: &PgPool) -> Result<String, KeyError> {
     let fresh = KeyPair::generate();
-    let mut tx = db.begin().await.map_err(StoreError::from)?;
+    let mut tx = db.begin().await?;
     keys::insert_and_retire_others(
         &mut tx,
         &fresh.kid,
@@ -169,6 +178,6 @@ pub async fn rotate(db: &PgPool) -> Result<String, KeyError> {
         &fresh.verifying_key().public,
     )
     .await?;
-    tx.commit().await.map_err(StoreError::from)?;
+    tx.commit().await?;
     Ok(fresh.kid)
 }

@@ -13,13 +13,14 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use sandgate_auth::{AccessClaims, Scope};
 
 use crate::AppState;
+use crate::error::BearerError;
 use crate::mcp::tools::ToolName;
 
 /// The path of the protected-resource metadata for `/mcp` (RFC 9728 §3.1: the resource's path is
@@ -89,14 +90,12 @@ pub async fn require_bearer(
         }
         Err(err) => {
             tracing::error!(error = ?err, "checking the token's grant failed");
-            return (
+            return BearerError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                Json(serde_json::json!({
-                    "error": "temporarily_unavailable",
-                    "error_description": "sandgate's database is unavailable; retry in a few seconds",
-                })),
+                "temporarily_unavailable",
+                "sandgate's database is unavailable; retry in a few seconds",
             )
-                .into_response();
+            .into_response();
         }
     }
     let (request, tool) = match called_tool(request, state.config.mcp.max_request_bytes).await {
@@ -132,14 +131,12 @@ async fn called_tool(
     }
     let (parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, max_bytes).await.map_err(|_| {
-        (
+        BearerError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            Json(serde_json::json!({
-                "error": "request_too_large",
-                "error_description": format!("the request body exceeds {max_bytes} bytes"),
-            })),
+            "request_too_large",
+            format!("the request body exceeds {max_bytes} bytes"),
         )
-            .into_response()
+        .into_response()
     })?;
     #[derive(serde::Deserialize)]
     struct Call<'a> {
@@ -201,21 +198,10 @@ fn insufficient_scope(state: &AppState, claims: &AccessClaims, tool: ToolName) -
     let challenge = format!(
         r#"Bearer error="insufficient_scope", scope="{scope_list}", resource_metadata="{metadata}", error_description="{description}""#
     );
-    let mut response = (
-        StatusCode::FORBIDDEN,
-        Json(serde_json::json!({
-            "error": "insufficient_scope",
-            "error_description": description,
-            "scope": scope_list,
-        })),
-    )
-        .into_response();
-    if let Ok(value) = HeaderValue::from_str(&challenge) {
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, value);
-    }
-    response
+    BearerError::new(StatusCode::FORBIDDEN, "insufficient_scope", description)
+        .with_scope(scope_list)
+        .with_challenge(challenge)
+        .into_response()
 }
 
 fn unauthorized(state: &AppState, err: Option<&str>) -> Response {
@@ -228,23 +214,16 @@ fn unauthorized(state: &AppState, err: Option<&str>) -> Response {
             r#"Bearer resource_metadata="{metadata}", scope="{scopes}", error="invalid_token", error_description="{err}""#
         ),
     };
-    let mut response = (
-        StatusCode::UNAUTHORIZED,
-        Json(serde_json::json!({
-            "error": if err.is_some() { "invalid_token" } else { "unauthorized" },
-            "error_description": err.map_or_else(
-                || "this endpoint needs an access token: Authorization: Bearer <token>".to_owned(),
-                str::to_owned,
-            ),
-        })),
-    )
-        .into_response();
-    if let Ok(value) = HeaderValue::from_str(&challenge) {
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, value);
-    }
-    response
+    let (error, description) = match err {
+        Some(err) => ("invalid_token", err.to_owned()),
+        None => (
+            "unauthorized",
+            "this endpoint needs an access token: Authorization: Bearer <token>".to_owned(),
+        ),
+    };
+    BearerError::new(StatusCode::UNAUTHORIZED, error, description)
+        .with_challenge(challenge)
+        .into_response()
 }
 
 /// `GET /.well-known/oauth-protected-resource[/mcp]` (RFC 9728).

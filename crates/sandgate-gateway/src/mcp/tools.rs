@@ -1,7 +1,6 @@
 //! The seven tools: their arguments, structured outputs and descriptions. The names of tools and
 //! arguments are a public contract (clients and docs depend on them).
 
-use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
@@ -514,39 +513,11 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
     ]
 });
 
-/// Guesses a MIME type from a file name, falling back to sniffing the first bytes.
+/// Guesses a MIME type from a file name (`mime_guess`), falling back to sniffing the first bytes
+/// of a file without a known extension.
 pub fn mime_type(path: &str, head: &[u8]) -> String {
-    let ext = path
-        .rsplit_once('.')
-        .map(|(_, e)| e.to_ascii_lowercase())
-        .unwrap_or_default();
-    let by_ext: BTreeMap<&str, &str> = [
-        ("png", "image/png"),
-        ("jpg", "image/jpeg"),
-        ("jpeg", "image/jpeg"),
-        ("gif", "image/gif"),
-        ("webp", "image/webp"),
-        ("svg", "image/svg+xml"),
-        ("csv", "text/csv"),
-        ("tsv", "text/tab-separated-values"),
-        ("txt", "text/plain"),
-        ("md", "text/markdown"),
-        ("json", "application/json"),
-        ("html", "text/html"),
-        ("py", "text/x-python"),
-        ("xml", "application/xml"),
-        ("pdf", "application/pdf"),
-        ("zip", "application/zip"),
-        (
-            "xlsx",
-            "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
-        ),
-        ("parquet", "application/vnd.apache.parquet"),
-    ]
-    .into_iter()
-    .collect();
-    if let Some(m) = by_ext.get(ext.as_str()) {
-        return (*m).to_owned();
+    if let Some(known) = mime_guess::from_path(path).first_raw() {
+        return known.to_owned();
     }
     if head.starts_with(b"\x89PNG\r\n\x1a\n") {
         "image/png".into()

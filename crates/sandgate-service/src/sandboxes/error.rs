@@ -68,6 +68,13 @@ impl From<StoreError> for ServiceError {
     }
 }
 
+impl From<sqlx::Error> for ServiceError {
+    /// A failed acquire, begin or commit: classified like any other database failure.
+    fn from(err: sqlx::Error) -> Self {
+        StoreError::from(err).into()
+    }
+}
+
 pub(super) fn over_limit(limits: &Limits) -> ServiceError {
     ServiceError::Limit {
         limit: "max concurrent sandboxes per tenant",

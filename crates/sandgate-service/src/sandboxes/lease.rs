@@ -19,7 +19,7 @@ impl SandboxService {
     ) -> Result<Resolved, ServiceError> {
         // Cheap early refusal before a container is taken.
         {
-            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let mut conn = self.db.acquire().await?;
             let live = sandboxes::count_live(&mut conn, caller.tenant).await?;
             if live >= i64::from(caller.limits.max_sandboxes) {
                 return Err(over_limit(&caller.limits));
@@ -70,7 +70,7 @@ impl SandboxService {
         match leased {
             // Another call bound the conversation first: answer with that sandbox.
             Err(ServiceError::Store(StoreError::Conflict(_))) if conversation.is_some() => {
-                let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+                let mut conn = self.db.acquire().await?;
                 let row = sandboxes::by_conversation(
                     &mut conn,
                     caller.tenant,
@@ -129,7 +129,7 @@ impl SandboxService {
         sandbox: &Sandbox,
         lease: &NewLease<'_>,
     ) -> Result<SandboxRow, ServiceError> {
-        let mut tx = self.db.begin().await.map_err(StoreError::from)?;
+        let mut tx = self.db.begin().await?;
         sandgate_store::tenants::lock(&mut tx, lease.tenant_id).await?;
         let live = sandboxes::count_live(&mut tx, lease.tenant_id).await?;
         if live >= i64::from(caller.limits.max_sandboxes) {
@@ -144,7 +144,7 @@ impl SandboxService {
             lease,
         )
         .await?;
-        tx.commit().await.map_err(StoreError::from)?;
+        tx.commit().await?;
         Ok(row)
     }
 }

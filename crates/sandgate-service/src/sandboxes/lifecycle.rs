@@ -53,13 +53,20 @@ pub enum LifecycleError {
     Service(#[from] ServiceError),
 }
 
+impl From<sqlx::Error> for LifecycleError {
+    /// A failed acquire, begin or commit: classified like any other database failure.
+    fn from(err: sqlx::Error) -> Self {
+        StoreError::from(err).into()
+    }
+}
+
 impl SandboxService {
     /// Closes every leased sandbox of this node past its idle timeout or lifetime (skipping those
     /// with a call in flight here); returns how many it closed.
     #[tracing::instrument(skip_all)]
     pub async fn reap(&self) -> Result<usize, LifecycleError> {
         let now = Utc::now();
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = self.db.acquire().await?;
         let due = sandboxes::overdue(&mut conn, &self.node, now).await?;
         drop(conn);
         let mut closed = 0;
@@ -95,7 +102,7 @@ impl SandboxService {
         // Rows first, containers second: a row read before the listing whose container is not
         // listed really has no container (containers do not come back), while a container
         // without a row may just be newer than the read.
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = self.db.acquire().await?;
         let rows = sandboxes::live_on_node(&mut conn, &self.node).await?;
         drop(conn);
         let containers = self.manager.list_containers().await?;
@@ -135,7 +142,7 @@ impl SandboxService {
             .map(|c| c.container_id.clone())
             .collect();
         if !unknown.is_empty() {
-            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let mut conn = self.db.acquire().await?;
             let recorded: HashMap<String, SandboxState> =
                 sandboxes::by_containers(&mut conn, &unknown)
                     .await?

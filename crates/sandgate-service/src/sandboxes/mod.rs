@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use sandgate_sandbox::{Sandbox, SandboxError, SandboxManager, SandboxProfile};
+use sandgate_store::PgPool;
 use sandgate_store::sandboxes::{self, SandboxRow, SandboxState};
-use sandgate_store::{PgPool, StoreError};
 use uuid::Uuid;
 
 use crate::config::LimitsConfig;
@@ -88,7 +88,7 @@ impl SandboxService {
 
     /// The limits in force for `tenant`: its own where set, else the configured defaults.
     pub async fn limits(&self, tenant: Uuid) -> Result<Limits, ServiceError> {
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = self.db.acquire().await?;
         let own = sandgate_store::tenants::limits(&mut conn, tenant)
             .await?
             .unwrap_or_default();
@@ -97,7 +97,7 @@ impl SandboxService {
 
     /// Refuses the call when the tenant made `max_calls_per_minute` calls in the last minute.
     pub async fn check_rate(&self, caller: &Caller) -> Result<(), ServiceError> {
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = self.db.acquire().await?;
         let calls = sandgate_store::audit::calls_last_minute(&mut conn, caller.tenant).await?;
         if calls >= i64::from(caller.limits.max_calls_per_minute) {
             return Err(ServiceError::RateLimited {
@@ -141,7 +141,7 @@ impl SandboxService {
     ) -> Result<Resolved, ServiceError> {
         let idle = Self::idle_timeout(&caller.limits, keep_alive)?;
         if let Some(conversation) = conversation {
-            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let mut conn = self.db.acquire().await?;
             if let Some(row) =
                 sandboxes::by_conversation(&mut conn, caller.tenant, conversation).await?
             {
@@ -167,7 +167,7 @@ impl SandboxService {
         match sandbox_id {
             Some(id) => {
                 let idle = Self::idle_timeout(&caller.limits, keep_alive)?;
-                let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+                let mut conn = self.db.acquire().await?;
                 let row = sandboxes::get(&mut conn, caller.tenant, id)
                     .await?
                     .ok_or_else(|| ServiceError::NotFound(id.to_owned()))?;
@@ -205,7 +205,7 @@ impl SandboxService {
             return Err(ended_error(&ended));
         }
         let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = self.db.acquire().await?;
         let touched = sandboxes::touch(&mut conn, caller.tenant, &row.id, new_idle).await?;
         let row = match touched {
             Some(row) => row,
@@ -259,7 +259,7 @@ impl SandboxService {
     /// Marks a sandbox lost and builds the error that says so.
     pub async fn lose(&self, sandbox_id: &str, why: String) -> ServiceError {
         let result = async {
-            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let mut conn = self.db.acquire().await?;
             let row = sandboxes::end(&mut conn, sandbox_id, SandboxState::Lost, &why).await?;
             drop(conn);
             self.remove_container(sandbox_id, row.as_ref().map(|r| r.container_id.as_str()))
@@ -284,7 +284,7 @@ impl SandboxService {
         state: SandboxState,
         reason: &str,
     ) -> Result<Option<SandboxRow>, ServiceError> {
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = self.db.acquire().await?;
         let ended = sandboxes::end(&mut conn, &row.id, state, reason).await?;
         drop(conn);
         if ended.is_some() {
@@ -316,7 +316,7 @@ impl SandboxService {
         caller: &Caller,
         sandbox_id: &str,
     ) -> Result<SandboxRow, ServiceError> {
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = self.db.acquire().await?;
         let row = sandboxes::get(&mut conn, caller.tenant, sandbox_id)
             .await?
             .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
@@ -336,7 +336,7 @@ impl SandboxService {
     /// how many were closed.
     #[tracing::instrument(skip_all, fields(grant_id = %grant_id))]
     pub async fn close_grant(&self, grant_id: Uuid) -> Result<usize, ServiceError> {
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = self.db.acquire().await?;
         let rows = sandboxes::live_of_grant(&mut conn, grant_id).await?;
         drop(conn);
         let mut closed = 0;
@@ -359,7 +359,7 @@ impl SandboxService {
         caller: &Caller,
         conversation: &str,
     ) -> Result<Option<String>, ServiceError> {
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = self.db.acquire().await?;
         Ok(
             sandboxes::by_conversation(&mut conn, caller.tenant, conversation)
                 .await?

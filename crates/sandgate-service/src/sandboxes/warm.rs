@@ -33,7 +33,7 @@ impl SandboxService {
         lease: &NewLease<'_>,
     ) -> Result<Option<Resolved>, ServiceError> {
         for _ in 0..WARM_ATTEMPTS {
-            let mut tx = self.db.begin().await.map_err(StoreError::from)?;
+            let mut tx = self.db.begin().await?;
             sandgate_store::tenants::lock(&mut tx, lease.tenant_id).await?;
             let live = sandboxes::count_live(&mut tx, lease.tenant_id).await?;
             if live >= i64::from(caller.limits.max_sandboxes) {
@@ -44,7 +44,7 @@ impl SandboxService {
             else {
                 return Ok(None);
             };
-            tx.commit().await.map_err(StoreError::from)?;
+            tx.commit().await?;
             tracing::Span::current().record("sandbox_id", &row.id);
             let _ = self.manager.refill(&self.profile.name);
             match self.warm_handle(&row).await {
@@ -64,7 +64,7 @@ impl SandboxService {
                 Err(why) => {
                     // The warm container is gone: the row is, too; try the next one.
                     tracing::warn!(sandbox_id = %row.id, why = %why, "a warm sandbox was unusable");
-                    let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+                    let mut conn = self.db.acquire().await?;
                     sandboxes::end(&mut conn, &row.id, SandboxState::Lost, &why).await?;
                     drop(conn);
                     if let Err(err) = self.manager.remove_container(&row.container_id).await {
@@ -114,7 +114,7 @@ impl SandboxService {
     pub async fn sync_pool(&self) -> Result<(), LifecycleError> {
         let ids = self.manager.ready_ids();
         if !ids.is_empty() {
-            let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+            let mut conn = self.db.acquire().await?;
             let rows: HashMap<String, SandboxState> = sandboxes::by_ids(&mut conn, &ids)
                 .await?
                 .into_iter()
@@ -132,7 +132,7 @@ impl SandboxService {
                             continue;
                         }
                         tracing::warn!(sandbox_id = %id, "a warm sandbox died while waiting");
-                        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+                        let mut conn = self.db.acquire().await?;
                         sandboxes::end(
                             &mut conn,
                             &id,

@@ -1,0 +1,144 @@
+//! The one mapping from failures to HTTP answers outside MCP's tool results: bearer-token
+//! refusals on `/mcp` (RFC 6750 JSON bodies with a `WWW-Authenticate` challenge) and download
+//! links (plain text for a person). Internal detail is logged, never sent.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use sandgate_sandbox::{ChannelError, SandboxError};
+use sandgate_service::ServiceError;
+use serde::Serialize;
+
+/// An RFC 6750 §3 error: `{"error", "error_description"[, "scope"]}` with an optional
+/// `WWW-Authenticate` challenge.
+#[derive(Debug, Serialize)]
+pub struct BearerError {
+    #[serde(skip)]
+    status: StatusCode,
+    error: &'static str,
+    error_description: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<String>,
+    #[serde(skip)]
+    challenge: Option<String>,
+}
+
+impl BearerError {
+    /// A refusal with `status`, the machine-readable `error` and a description saying what to do.
+    pub fn new(status: StatusCode, error: &'static str, description: impl Into<String>) -> Self {
+        Self {
+            status,
+            error,
+            error_description: description.into(),
+            scope: None,
+            challenge: None,
+        }
+    }
+
+    /// Adds the scopes that would do (`insufficient_scope`).
+    pub fn with_scope(mut self, scope: String) -> Self {
+        self.scope = Some(scope);
+        self
+    }
+
+    /// Adds the `WWW-Authenticate` challenge.
+    pub fn with_challenge(mut self, challenge: String) -> Self {
+        self.challenge = Some(challenge);
+        self
+    }
+}
+
+impl IntoResponse for BearerError {
+    fn into_response(self) -> Response {
+        let challenge = self
+            .challenge
+            .as_deref()
+            .and_then(|c| HeaderValue::from_str(c).ok());
+        let mut response = (self.status, Json(&self)).into_response();
+        if let Some(value) = challenge {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, value);
+        }
+        response
+    }
+}
+
+/// Why a download link gives no file.
+#[derive(Debug, thiserror::Error)]
+pub enum DownloadError {
+    /// The link was not minted by us (or was altered).
+    #[error("invalid link")]
+    InvalidLink,
+    /// The link's time is up.
+    #[error("expired link")]
+    Expired,
+    /// The service could not serve the file.
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+}
+
+impl DownloadError {
+    /// The status and the text a person sees: the one exhaustive mapping.
+    fn answer(&self) -> (StatusCode, &'static str) {
+        const GONE: &str = "The sandbox this file was in has ended, so the file is gone.";
+        const AWAY: &str = "Temporarily unavailable; retry in a moment.";
+        const FAILED: &str = "The file could not be read; retry in a moment.";
+        match self {
+            DownloadError::InvalidLink => {
+                (StatusCode::NOT_FOUND, "This download link is not valid.")
+            }
+            DownloadError::Expired => (
+                StatusCode::GONE,
+                "This download link has expired; ask for the file again.",
+            ),
+            DownloadError::Service(err) => match err {
+                // Another tenant's sandbox answers like a missing one: both are gone for the link.
+                ServiceError::NotFound(_) | ServiceError::Ended(_) | ServiceError::Lost { .. } => {
+                    (StatusCode::GONE, GONE)
+                }
+                ServiceError::Unavailable(_) | ServiceError::DatabaseAway => {
+                    (StatusCode::SERVICE_UNAVAILABLE, AWAY)
+                }
+                ServiceError::Limit { .. } | ServiceError::RateLimited { .. } => {
+                    (StatusCode::TOO_MANY_REQUESTS, AWAY)
+                }
+                // The agent refused: the file was moved, removed or grew past the limit.
+                ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => {
+                    (StatusCode::NOT_FOUND, "The file is no longer there.")
+                }
+                ServiceError::Store(_) | ServiceError::Sandbox(_) => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, FAILED)
+                }
+            },
+        }
+    }
+}
+
+impl IntoResponse for DownloadError {
+    fn into_response(self) -> Response {
+        let (status, message) = self.answer();
+        if status.is_server_error() {
+            tracing::error!(error = ?self, "serving a download link failed");
+        }
+        (
+            status,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("{message}\n"),
+        )
+            .into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_outage_is_not_a_gone_sandbox() {
+        let away = DownloadError::Service(ServiceError::DatabaseAway);
+        assert_eq!(away.answer().0, StatusCode::SERVICE_UNAVAILABLE);
+        let gone = DownloadError::Service(ServiceError::NotFound("sbx_x".into()));
+        assert_eq!(gone.answer().0, StatusCode::GONE);
+    }
+}

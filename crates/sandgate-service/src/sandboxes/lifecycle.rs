@@ -1,8 +1,6 @@
-//! Keeping Postgres and Docker in step (DESIGN §4): the reaper, reconciliation and the warm
-//! pool's rows.
+//! Keeping Postgres and Docker in step (DESIGN §4): the reaper and reconciliation (the warm
+//! pool's rows are kept by [`super::warm`]).
 //!
-//! - **Warm rows.** Every container the pool makes ready is recorded as a `warm` row, so a lease is
-//!   one transaction on Postgres whichever process started the container.
 //! - **Reaper.** Every `lifecycle.reaper_interval_ms`, leased sandboxes past their idle timeout or
 //!   lifetime are closed and their containers removed; at start-up this catches what expired while
 //!   the gateway was down.
@@ -15,9 +13,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
-use sandgate_sandbox::{ContainerFate, SandboxError};
+use sandgate_sandbox::{ContainerFate, ManagedContainer, SandboxError};
 use sandgate_store::StoreError;
-use sandgate_store::sandboxes::{self, SandboxState};
+use sandgate_store::sandboxes::{self, SandboxRow, SandboxState};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -106,12 +104,31 @@ impl SandboxService {
         let rows = sandboxes::live_on_node(&mut conn, &self.node).await?;
         drop(conn);
         let containers = self.manager.list_containers().await?;
-        let by_container: HashMap<&str, &sandgate_sandbox::ManagedContainer> = containers
+        let adopt = self
+            .settle_rows(&rows, &containers, startup, &mut done)
+            .await?;
+        self.remove_unknown(&rows, &containers, orphan_grace, &mut done)
+            .await?;
+        self.adopt_leased(adopt, &mut done).await;
+        self.sync_pool().await?;
+        Ok(done)
+    }
+
+    /// Marks rows whose container is gone or stopped `lost`; returns the leased rows whose
+    /// container runs, to re-attach at start-up.
+    async fn settle_rows(
+        &self,
+        rows: &[SandboxRow],
+        containers: &[ManagedContainer],
+        startup: bool,
+        done: &mut Reconciled,
+    ) -> Result<Vec<SandboxRow>, LifecycleError> {
+        let by_container: HashMap<&str, &ManagedContainer> = containers
             .iter()
             .map(|c| (c.container_id.as_str(), c))
             .collect();
         let mut adopt = Vec::new();
-        for row in &rows {
+        for row in rows {
             let why = match by_container.get(row.container_id.as_str()) {
                 None => Some(ContainerFate::Missing),
                 Some(c) if c.fate != ContainerFate::Running => {
@@ -135,6 +152,18 @@ impl SandboxService {
                 None => {}
             }
         }
+        Ok(adopt)
+    }
+
+    /// Removes containers of this instance that Postgres knows as ended, or does not know and
+    /// that are older than `orphan_grace` and not this process's own.
+    async fn remove_unknown(
+        &self,
+        rows: &[SandboxRow],
+        containers: &[ManagedContainer],
+        orphan_grace: Duration,
+        done: &mut Reconciled,
+    ) -> Result<(), LifecycleError> {
         let known: HashSet<&str> = rows.iter().map(|r| r.container_id.as_str()).collect();
         let unknown: Vec<String> = containers
             .iter()
@@ -183,6 +212,12 @@ impl SandboxService {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Re-attaches leased sandboxes whose containers run (start-up), so their first call does
+    /// not wait for it.
+    async fn adopt_leased(&self, adopt: Vec<SandboxRow>, done: &mut Reconciled) {
         for row in adopt {
             if self.live.lock().expect("live map").contains_key(&row.id) {
                 continue;
@@ -206,8 +241,6 @@ impl SandboxService {
                 }
             }
         }
-        self.sync_pool().await?;
-        Ok(done)
     }
 
     /// Starts the background work: recording warm sandboxes as they become ready, the reaper and

@@ -94,9 +94,9 @@ impl DownloadError {
             ),
             DownloadError::Service(err) => match err {
                 // Another tenant's sandbox answers like a missing one: both are gone for the link.
-                ServiceError::NotFound(_) | ServiceError::Ended(_) | ServiceError::Lost { .. } => {
-                    (StatusCode::GONE, GONE)
-                }
+                ServiceError::NotFound(_)
+                | ServiceError::Ended { .. }
+                | ServiceError::Lost { .. } => (StatusCode::GONE, GONE),
                 ServiceError::Unavailable(_) | ServiceError::DatabaseAway => {
                     (StatusCode::SERVICE_UNAVAILABLE, AWAY)
                 }

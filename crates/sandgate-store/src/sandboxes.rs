@@ -232,12 +232,69 @@ pub async fn touch(
     .await?)
 }
 
-/// Ends a sandbox (`closed` or `lost`) with a reason; returns the row if it was live.
+/// Why a sandbox ended, as kept in `sandboxes.close_reason` (text: `closed`, `idle`,
+/// `lifetime`, `disconnected`, or for a lost one what became of its container).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseReason {
+    /// Its tenant closed it.
+    Closed,
+    /// Its idle timeout passed.
+    Idle,
+    /// Its maximum lifetime passed.
+    Lifetime,
+    /// The app whose token leased it was disconnected.
+    Disconnected,
+    /// Its container vanished or died; what happened, in words.
+    Lost(String),
+}
+
+impl CloseReason {
+    /// The stored text.
+    pub fn as_str(&self) -> &str {
+        match self {
+            CloseReason::Closed => "closed",
+            CloseReason::Idle => "idle",
+            CloseReason::Lifetime => "lifetime",
+            CloseReason::Disconnected => "disconnected",
+            CloseReason::Lost(why) => why,
+        }
+    }
+
+    /// The state a sandbox ending for this reason is left in.
+    pub fn state(&self) -> SandboxState {
+        match self {
+            CloseReason::Lost(_) => SandboxState::Lost,
+            _ => SandboxState::Closed,
+        }
+    }
+
+    /// Reads a stored reason of a row in `state`.
+    pub fn from_stored(state: SandboxState, text: &str) -> Self {
+        match (state, text) {
+            (SandboxState::Lost, why) => CloseReason::Lost(why.to_owned()),
+            (_, "idle") => CloseReason::Idle,
+            (_, "lifetime") => CloseReason::Lifetime,
+            (_, "disconnected") => CloseReason::Disconnected,
+            _ => CloseReason::Closed,
+        }
+    }
+}
+
+impl SandboxRow {
+    /// Why the sandbox ended, when it has.
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        self.close_reason
+            .as_deref()
+            .map(|text| CloseReason::from_stored(self.state, text))
+    }
+}
+
+/// Ends a sandbox (`closed`, or `lost` for [`CloseReason::Lost`]) with its reason; returns the
+/// row if it was live.
 pub async fn end(
     conn: &mut PgConnection,
     id: &str,
-    state: SandboxState,
-    reason: &str,
+    reason: &CloseReason,
 ) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET state = $2, closed_at = now(), close_reason = $3
@@ -245,8 +302,8 @@ pub async fn end(
          RETURNING {COLUMNS}"
     )))
     .bind(id)
-    .bind(state)
-    .bind(reason)
+    .bind(reason.state())
+    .bind(reason.as_str())
     .fetch_optional(conn)
     .await?)
 }

@@ -64,7 +64,7 @@ fn service_failure(err: &ServiceError, tool: &str) -> Failure {
     let refused = |kind, sandbox_id: Option<&String>| (Outcome::Refused, kind, sandbox_id.cloned());
     let (outcome, kind, sandbox_id) = match err {
         E::NotFound(id) => refused(ErrorKind::NotFound, Some(id)),
-        E::Ended(_) => refused(ErrorKind::Ended, None),
+        E::Ended { .. } => refused(ErrorKind::Ended, None),
         E::Lost { sandbox_id, .. } => refused(ErrorKind::Lost, Some(sandbox_id)),
         E::Limit { .. } => refused(ErrorKind::Limit, None),
         E::RateLimited { .. } => refused(ErrorKind::RateLimited, None),
@@ -109,7 +109,7 @@ fn public_message(err: &ServiceError) -> String {
             }
         },
         ServiceError::NotFound(_)
-        | ServiceError::Ended(_)
+        | ServiceError::Ended { .. }
         | ServiceError::Lost { .. }
         | ServiceError::Limit { .. }
         | ServiceError::RateLimited { .. }

@@ -1,8 +1,9 @@
 //! Why a sandbox operation could not be done, and the texts that say so.
 
+use chrono::{DateTime, Utc};
 use sandgate_sandbox::{ContainerFate, SandboxError};
 use sandgate_store::StoreError;
-use sandgate_store::sandboxes::{SandboxRow, SandboxState};
+use sandgate_store::sandboxes::{CloseReason, SandboxRow, SandboxState};
 
 use super::Limits;
 
@@ -14,8 +15,17 @@ pub enum ServiceError {
     #[error("no sandbox {0} exists; call create_sandbox to get one")]
     NotFound(String),
     /// The sandbox ended (closed, expired, disconnected).
-    #[error("{0}")]
-    Ended(String),
+    #[error("{}", ended_message(sandbox_id, reason, at, *idle_timeout_seconds))]
+    Ended {
+        /// The sandbox.
+        sandbox_id: String,
+        /// Why it ended, when recorded.
+        reason: Option<CloseReason>,
+        /// When it ended.
+        at: Option<DateTime<Utc>>,
+        /// Its idle timeout, seconds (said when it expired idle).
+        idle_timeout_seconds: i32,
+    },
     /// Its container vanished or died.
     #[error(
         "sandbox {sandbox_id} was lost ({why}); its files and variables are gone; call create_sandbox for a new one"
@@ -90,29 +100,46 @@ pub fn describe_fate(fate: &ContainerFate) -> String {
 
 /// The error for a call on a sandbox that is no longer live, saying when and why.
 pub(crate) fn ended_error(row: &SandboxRow) -> ServiceError {
-    let at = row
-        .closed_at
+    match row.close_reason() {
+        Some(CloseReason::Lost(why)) => ServiceError::Lost {
+            sandbox_id: row.id.clone(),
+            why,
+        },
+        _ if row.state == SandboxState::Lost => ServiceError::Lost {
+            sandbox_id: row.id.clone(),
+            why: "its container disappeared".into(),
+        },
+        reason => ServiceError::Ended {
+            sandbox_id: row.id.clone(),
+            reason,
+            at: row.closed_at,
+            idle_timeout_seconds: row.idle_timeout_seconds.unwrap_or_default(),
+        },
+    }
+}
+
+/// What the model reads about a sandbox that ended: when, why, and what to do.
+fn ended_message(
+    id: &str,
+    reason: &Option<CloseReason>,
+    at: &Option<DateTime<Utc>>,
+    idle_timeout_seconds: i32,
+) -> String {
+    let at = at
         .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
         .unwrap_or_else(|| "an unknown time".into());
-    let id = &row.id;
-    let message = match (row.state, row.close_reason.as_deref()) {
-        (SandboxState::Lost, reason) => {
-            return ServiceError::Lost {
-                sandbox_id: id.clone(),
-                why: reason.unwrap_or("its container disappeared").to_owned(),
-            };
-        }
-        (_, Some("idle")) => format!(
-            "sandbox {id} expired after {} s idle at {at}; its files and variables are gone; call create_sandbox for a new one",
-            row.idle_timeout_seconds.unwrap_or_default()
+    match reason {
+        Some(CloseReason::Idle) => format!(
+            "sandbox {id} expired after {idle_timeout_seconds} s idle at {at}; its files and variables are gone; call create_sandbox for a new one"
         ),
-        (_, Some("lifetime")) => format!(
+        Some(CloseReason::Lifetime) => format!(
             "sandbox {id} reached its maximum lifetime at {at} and was closed; call create_sandbox for a new one"
         ),
-        (_, Some("disconnected")) => {
+        Some(CloseReason::Disconnected) => {
             format!("sandbox {id} was closed at {at} because its app was disconnected")
         }
-        _ => format!("sandbox {id} was closed at {at}; call create_sandbox for a new one"),
-    };
-    ServiceError::Ended(message)
+        Some(CloseReason::Closed | CloseReason::Lost(_)) | None => {
+            format!("sandbox {id} was closed at {at}; call create_sandbox for a new one")
+        }
+    }
 }

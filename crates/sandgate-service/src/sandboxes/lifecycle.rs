@@ -15,7 +15,7 @@ use std::time::Duration;
 use chrono::Utc;
 use sandgate_sandbox::{ContainerFate, ManagedContainer, SandboxError};
 use sandgate_store::StoreError;
-use sandgate_store::sandboxes::{self, SandboxRow, SandboxState};
+use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -73,16 +73,12 @@ impl SandboxService {
                 continue;
             }
             let reason = if row.expires_at.is_some_and(|e| e <= now) {
-                "lifetime"
+                CloseReason::Lifetime
             } else {
-                "idle"
+                CloseReason::Idle
             };
-            if self
-                .end(&row, SandboxState::Closed, reason)
-                .await?
-                .is_some()
-            {
-                tracing::info!(sandbox_id = %row.id, tenant_id = ?row.tenant_id, reason, "closed an overdue sandbox");
+            if self.end(&row, reason.clone()).await?.is_some() {
+                tracing::info!(sandbox_id = %row.id, tenant_id = ?row.tenant_id, reason = reason.as_str(), "closed an overdue sandbox");
                 closed += 1;
             }
         }
@@ -142,8 +138,9 @@ impl SandboxService {
             };
             match why {
                 Some(fate) => {
-                    let state = SandboxState::Lost;
-                    if self.end(row, state, &describe_fate(&fate)).await?.is_some() {
+                    let lost = CloseReason::Lost(describe_fate(&fate));
+                    let ended = self.end(row, lost).await?;
+                    if ended.is_some() {
                         tracing::warn!(sandbox_id = %row.id, fate = %fate, "a sandbox's container is gone; marked lost");
                         done.lost += 1;
                     }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use sandgate_sandbox::{Sandbox, SandboxError, SandboxManager, SandboxProfile};
 use sandgate_store::PgPool;
-use sandgate_store::sandboxes::{self, SandboxRow, SandboxState};
+use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
 use uuid::Uuid;
 
 use crate::config::LimitsConfig;
@@ -194,14 +194,11 @@ impl SandboxService {
         if overdue(&row, now) && !self.is_busy(&row.id) {
             // The reaper has not got to it yet: end it now rather than serve past its time.
             let reason = if row.expires_at.is_some_and(|e| e <= now) {
-                "lifetime"
+                CloseReason::Lifetime
             } else {
-                "idle"
+                CloseReason::Idle
             };
-            let ended = self
-                .end(&row, SandboxState::Closed, reason)
-                .await?
-                .unwrap_or(row);
+            let ended = self.end(&row, reason).await?.unwrap_or(row);
             return Err(ended_error(&ended));
         }
         let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
@@ -260,7 +257,8 @@ impl SandboxService {
     pub async fn lose(&self, sandbox_id: &str, why: String) -> ServiceError {
         let result = async {
             let mut conn = self.db.acquire().await?;
-            let row = sandboxes::end(&mut conn, sandbox_id, SandboxState::Lost, &why).await?;
+            let row =
+                sandboxes::end(&mut conn, sandbox_id, &CloseReason::Lost(why.clone())).await?;
             drop(conn);
             self.remove_container(sandbox_id, row.as_ref().map(|r| r.container_id.as_str()))
                 .await;
@@ -281,11 +279,10 @@ impl SandboxService {
     pub(crate) async fn end(
         &self,
         row: &SandboxRow,
-        state: SandboxState,
-        reason: &str,
+        reason: CloseReason,
     ) -> Result<Option<SandboxRow>, ServiceError> {
         let mut conn = self.db.acquire().await?;
-        let ended = sandboxes::end(&mut conn, &row.id, state, reason).await?;
+        let ended = sandboxes::end(&mut conn, &row.id, &reason).await?;
         drop(conn);
         if ended.is_some() {
             self.remove_container(&row.id, Some(&row.container_id))
@@ -324,7 +321,7 @@ impl SandboxService {
         if row.state != SandboxState::Leased {
             return Err(ended_error(&row));
         }
-        let ended = self.end(&row, SandboxState::Closed, "closed").await?;
+        let ended = self.end(&row, CloseReason::Closed).await?;
         match ended {
             Some(ended) => Ok(ended),
             // Ended concurrently; whatever ended it, it is gone.
@@ -342,11 +339,7 @@ impl SandboxService {
         let mut closed = 0;
         for row in rows {
             // `end` removes the container too, by handle or by id.
-            if self
-                .end(&row, SandboxState::Closed, "disconnected")
-                .await?
-                .is_some()
-            {
+            if self.end(&row, CloseReason::Disconnected).await?.is_some() {
                 closed += 1;
             }
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sandgate_sandbox::Sandbox;
 use sandgate_store::StoreError;
-use sandgate_store::sandboxes::{self, NewLease, SandboxRow, SandboxState};
+use sandgate_store::sandboxes::{self, CloseReason, NewLease, SandboxRow, SandboxState};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -65,7 +65,7 @@ impl SandboxService {
                     // The warm container is gone: the row is, too; try the next one.
                     tracing::warn!(sandbox_id = %row.id, why = %why, "a warm sandbox was unusable");
                     let mut conn = self.db.acquire().await?;
-                    sandboxes::end(&mut conn, &row.id, SandboxState::Lost, &why).await?;
+                    sandboxes::end(&mut conn, &row.id, &CloseReason::Lost(why.clone())).await?;
                     drop(conn);
                     if let Err(err) = self.manager.remove_container(&row.container_id).await {
                         tracing::warn!(error = %err, "removing an unusable warm container failed");
@@ -133,13 +133,8 @@ impl SandboxService {
                         }
                         tracing::warn!(sandbox_id = %id, "a warm sandbox died while waiting");
                         let mut conn = self.db.acquire().await?;
-                        sandboxes::end(
-                            &mut conn,
-                            &id,
-                            SandboxState::Lost,
-                            "its warm container died",
-                        )
-                        .await?;
+                        let why = CloseReason::Lost("its warm container died".into());
+                        sandboxes::end(&mut conn, &id, &why).await?;
                         drop(conn);
                         let _ = self.manager.close(sandbox).await;
                     }

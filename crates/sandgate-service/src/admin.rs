@@ -79,6 +79,7 @@ pub struct LimitChanges {
 
 /// Applies `changes` to a tenant's limits (all of them back to the defaults first when `reset`)
 /// and returns the tenant's own limits and the ones in force.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn set_tenant_limits(
     config: &Config,
     tenant: Uuid,
@@ -173,6 +174,7 @@ pub fn render_limits(own: &TenantLimits, effective: &Limits) -> String {
 }
 
 /// A tenant's most recent audit events, newest first.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn audit(
     config: &Config,
     tenant: Uuid,
@@ -209,6 +211,7 @@ pub fn render_audit(events: &[AuditEvent]) -> String {
 }
 
 /// Live (leased) sandboxes, of one tenant or all, newest first.
+#[tracing::instrument(skip_all, fields(tenant_id = ?tenant))]
 pub async fn sandboxes(
     config: &Config,
     tenant: Option<Uuid>,
@@ -252,6 +255,7 @@ async fn pool(config: &Config) -> Result<PgPool, AdminError> {
 }
 
 /// Creates a tenant and returns it.
+#[tracing::instrument(skip_all)]
 pub async fn create_tenant(config: &Config, name: &str) -> Result<tenants::Tenant, AdminError> {
     let db = pool(config).await?;
     let mut conn = db.acquire().await?;
@@ -269,6 +273,7 @@ pub async fn create_tenant(config: &Config, name: &str) -> Result<tenants::Tenan
 
 /// Issues an access token for `tenant` with `scopes`, valid for `ttl`, whose audience is this
 /// gateway's MCP URL. For server-to-server integrations and tests.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn issue_token(
     config: &Config,
     tenant: Uuid,
@@ -295,12 +300,14 @@ pub async fn issue_token(
 }
 
 /// Rotates the signing key; returns the new key's id.
+#[tracing::instrument(skip_all)]
 pub async fn rotate_keys(config: &Config) -> Result<String, AdminError> {
     let db = pool(config).await?;
     Ok(keys::rotate(&db).await?)
 }
 
 /// Creates a user of `tenant` who can log in to approve apps; returns the user's id.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn create_user(
     config: &Config,
     tenant: Uuid,
@@ -336,6 +343,7 @@ pub struct CreatedClient {
 /// Creates a confidential client acting for `tenant`: it may use client credentials with
 /// `scopes` (its connection is recorded as a grant, so it shows up and can be revoked), and the
 /// authorization code flow with `redirect_uris`.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn create_client(
     config: &Config,
     tenant: Uuid,

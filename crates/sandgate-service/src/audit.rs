@@ -37,6 +37,7 @@ impl AuditLog {
     /// Writes an event, or queues it when Postgres does not take it now. `db_known_down` (the
     /// call itself failed for want of Postgres) skips the direct attempt, which would only make
     /// the caller wait for the pool's acquire timeout a second time.
+    #[tracing::instrument(skip_all)]
     pub async fn record(&self, event: AuditEvent, db_known_down: bool) {
         // Events queued earlier go first: the trail stays in order.
         let queue_empty = self.queue.capacity() == self.queue.max_capacity();

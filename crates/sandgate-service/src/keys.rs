@@ -60,6 +60,7 @@ pub struct KeyRing {
 
 impl KeyRing {
     /// Loads the keys, creating the first signing key if there is none.
+    #[tracing::instrument(skip_all)]
     pub async fn load(db: PgPool, issuer_url: String, audience: String) -> Result<Self, KeyError> {
         let loaded = Self::fetch(&db, &issuer_url, &audience).await?;
         Ok(Self {
@@ -114,6 +115,7 @@ impl KeyRing {
     }
 
     /// Reloads from Postgres.
+    #[tracing::instrument(skip_all)]
     pub async fn refresh(&self) -> Result<(), KeyError> {
         let loaded = Self::fetch(&self.db, &self.issuer_url, &self.audience).await?;
         self.loaded.store(Arc::new(loaded));
@@ -121,6 +123,7 @@ impl KeyRing {
     }
 
     /// Reloads when the loaded keys are older than the refresh period.
+    #[tracing::instrument(skip_all)]
     pub async fn refresh_if_stale(&self) {
         if self.current().at.elapsed() >= REFRESH_EVERY
             && let Err(err) = self.refresh().await
@@ -151,6 +154,7 @@ impl KeyRing {
 
     /// Verifies an access token. A token signed by a key we have not loaded yet (rotated by
     /// another replica) triggers one reload before it is refused.
+    #[tracing::instrument(skip_all)]
     pub async fn verify(&self, token: &str) -> Result<AccessClaims, TokenError> {
         self.refresh_if_stale().await;
         let loaded = self.current();
@@ -168,6 +172,7 @@ impl KeyRing {
 
 /// Rotates the signing key: a new key signs from now on; the old ones keep verifying for
 /// [`RETIRED_KEY_GRACE`].
+#[tracing::instrument(skip_all)]
 pub async fn rotate(db: &PgPool) -> Result<String, KeyError> {
     let fresh = KeyPair::generate();
     let mut tx = db.begin().await?;

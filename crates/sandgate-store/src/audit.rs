@@ -122,6 +122,7 @@ impl std::fmt::Display for ErrorKind {
 }
 
 /// Appends an event (its `at` is set by the database).
+#[tracing::instrument(skip_all, fields(tenant_id = %event.tenant_id, tool = %event.tool))]
 pub async fn record(conn: &mut PgConnection, event: &AuditEvent) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO audit_events (tenant_id, token_id, subject, conversation_id, sandbox_id, tool,
@@ -143,6 +144,7 @@ pub async fn record(conn: &mut PgConnection, event: &AuditEvent) -> Result<(), S
 }
 
 /// A tenant's most recent events, newest first.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn recent(
     conn: &mut PgConnection,
     tenant_id: Uuid,
@@ -161,6 +163,7 @@ pub async fn recent(
 
 /// How many calls a tenant made in the last minute, not counting those refused for making too
 /// many (a client that keeps knocking must not lock itself out for ever).
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn calls_last_minute(
     conn: &mut PgConnection,
     tenant_id: Uuid,

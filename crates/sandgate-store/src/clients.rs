@@ -61,6 +61,7 @@ pub struct NewClient<'a> {
 }
 
 /// Stores a client; a metadata document's row is replaced (refetched) when it exists.
+#[tracing::instrument(skip_all)]
 pub async fn upsert(conn: &mut PgConnection, c: &NewClient<'_>) -> Result<Client, StoreError> {
     let row = sqlx::query_as::<_, Client>(sqlx::AssertSqlSafe(format!(
         "INSERT INTO oauth_clients (id, kind, name, redirect_uris, auth_method, secret_hash, grant_types,
@@ -87,6 +88,7 @@ pub async fn upsert(conn: &mut PgConnection, c: &NewClient<'_>) -> Result<Client
 }
 
 /// A client by id.
+#[tracing::instrument(skip_all)]
 pub async fn get(conn: &mut PgConnection, id: &str) -> Result<Option<Client>, StoreError> {
     Ok(sqlx::query_as::<_, Client>(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM oauth_clients WHERE id = $1"

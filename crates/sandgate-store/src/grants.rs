@@ -37,6 +37,7 @@ const COLUMNS: &str = "id, tenant_id, user_id, client_id, scopes, created_at, up
 
 /// The live grant of a user (or, with `user_id` None, of a tenant's client credentials) to a
 /// client, if any.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn live_for(
     conn: &mut PgConnection,
     tenant_id: Uuid,
@@ -56,6 +57,7 @@ pub async fn live_for(
 
 /// Records an approval: the live grant for (tenant, user, client) gets `scopes`, or a new one is
 /// made. Returns the grant.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn approve(
     conn: &mut PgConnection,
     tenant_id: Uuid,
@@ -86,6 +88,7 @@ pub async fn approve(
 }
 
 /// A grant by id.
+#[tracing::instrument(skip_all)]
 pub async fn get(conn: &mut PgConnection, id: Uuid) -> Result<Option<Grant>, StoreError> {
     Ok(sqlx::query_as::<_, Grant>(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM grants WHERE id = $1"
@@ -113,6 +116,7 @@ pub struct Connection {
 }
 
 /// The live connections a user sees: the ones they approved.
+#[tracing::instrument(skip_all)]
 pub async fn connections_of_user(
     conn: &mut PgConnection,
     user_id: Uuid,
@@ -129,6 +133,7 @@ pub async fn connections_of_user(
 
 /// Revokes a grant and every refresh token under it. Returns false if it was not live.
 /// `user_id`, when given, must own the grant (a user can only disconnect their own apps).
+#[tracing::instrument(skip_all)]
 pub async fn revoke(
     conn: &mut PgConnection,
     id: Uuid,
@@ -157,6 +162,7 @@ pub async fn revoke(
 
 /// Whether an access token may still be used: its grant (if any) is live and its jti was not
 /// revoked. Marks the grant used (at most once a minute, to keep writes rare).
+#[tracing::instrument(skip_all)]
 pub async fn token_is_active(
     conn: &mut PgConnection,
     grant_id: Option<Uuid>,
@@ -193,6 +199,7 @@ pub async fn token_is_active(
 }
 
 /// Revokes one access token by jti until `expires_at`.
+#[tracing::instrument(skip_all)]
 pub async fn revoke_access_token(
     conn: &mut PgConnection,
     jti: &str,
@@ -252,6 +259,7 @@ pub struct NewAuthCode<'a> {
 }
 
 /// Stores an authorization code.
+#[tracing::instrument(skip_all)]
 pub async fn insert_code(conn: &mut PgConnection, c: &NewAuthCode<'_>) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO auth_codes (code_hash, grant_id, client_id, redirect_uri, code_challenge, resource, scopes, expires_at)
@@ -272,6 +280,7 @@ pub async fn insert_code(conn: &mut PgConnection, c: &NewAuthCode<'_>) -> Result
 
 /// Locks a code's row for redemption and returns it. Run it in a transaction, then either
 /// [`mark_code_used`] (tokens issued) or [`delete_code`] (redemption refused: the code is burnt).
+#[tracing::instrument(skip_all)]
 pub async fn lock_code(
     conn: &mut PgConnection,
     code_hash: &[u8],
@@ -286,6 +295,7 @@ pub async fn lock_code(
 }
 
 /// Marks a code redeemed: presenting it again is a replay.
+#[tracing::instrument(skip_all)]
 pub async fn mark_code_used(conn: &mut PgConnection, code_hash: &[u8]) -> Result<(), StoreError> {
     sqlx::query("UPDATE auth_codes SET used_at = now() WHERE code_hash = $1")
         .bind(code_hash)
@@ -296,6 +306,7 @@ pub async fn mark_code_used(conn: &mut PgConnection, code_hash: &[u8]) -> Result
 
 /// Deletes a code whose redemption was refused (it issued nothing, so there is nothing to revoke
 /// if it comes back; it is simply unknown).
+#[tracing::instrument(skip_all)]
 pub async fn delete_code(conn: &mut PgConnection, code_hash: &[u8]) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM auth_codes WHERE code_hash = $1")
         .bind(code_hash)
@@ -345,6 +356,7 @@ pub struct NewRefreshToken<'a> {
 }
 
 /// Stores a refresh token.
+#[tracing::instrument(skip_all)]
 pub async fn insert_refresh(
     conn: &mut PgConnection,
     t: &NewRefreshToken<'_>,
@@ -367,6 +379,7 @@ pub async fn insert_refresh(
 
 /// Takes a refresh token for rotation: locks its row, returns it as it was and marks it used.
 /// The caller checks `used_at` (reuse), `revoked_at` and expiry; run it in a transaction.
+#[tracing::instrument(skip_all)]
 pub async fn take_refresh(
     conn: &mut PgConnection,
     token_hash: &[u8],
@@ -388,6 +401,7 @@ pub async fn take_refresh(
 }
 
 /// A refresh token by hash, without changing it (revocation).
+#[tracing::instrument(skip_all)]
 pub async fn refresh_by_hash(
     conn: &mut PgConnection,
     token_hash: &[u8],
@@ -402,6 +416,7 @@ pub async fn refresh_by_hash(
 }
 
 /// Revokes every refresh token of a family (reuse detected, or RFC 7009 revocation).
+#[tracing::instrument(skip_all)]
 pub async fn revoke_family(conn: &mut PgConnection, family_id: Uuid) -> Result<u64, StoreError> {
     Ok(sqlx::query(
         "UPDATE refresh_tokens SET revoked_at = now() WHERE family_id = $1 AND revoked_at IS NULL",

@@ -31,6 +31,7 @@ impl std::fmt::Debug for SigningKeyRow {
 }
 
 /// Keys that may verify tokens: the active one and those retired after `retired_after`.
+#[tracing::instrument(skip_all)]
 pub async fn verifying(
     conn: &mut PgConnection,
     retired_after: DateTime<Utc>,
@@ -45,6 +46,7 @@ pub async fn verifying(
 }
 
 /// The key that signs new tokens (the newest unretired one), if any.
+#[tracing::instrument(skip_all)]
 pub async fn active(conn: &mut PgConnection) -> Result<Option<SigningKeyRow>, StoreError> {
     Ok(sqlx::query_as::<_, SigningKeyRow>(
         "SELECT kid, seed, public_key, created_at, retired_at FROM signing_keys
@@ -55,6 +57,7 @@ pub async fn active(conn: &mut PgConnection) -> Result<Option<SigningKeyRow>, St
 }
 
 /// Stores a new key and retires every other active one (rotation). Run it in a transaction.
+#[tracing::instrument(skip_all)]
 pub async fn insert_and_retire_others(
     conn: &mut PgConnection,
     kid: &str,
@@ -79,6 +82,7 @@ pub async fn insert_and_retire_others(
 
 /// Stores `kid` as the first key unless an active key exists already; returns the active key.
 /// Run it in a transaction.
+#[tracing::instrument(skip_all)]
 pub async fn ensure_active(
     conn: &mut PgConnection,
     kid: &str,

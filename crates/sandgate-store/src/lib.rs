@@ -89,6 +89,7 @@ pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
 }
 
 /// Checks that Postgres answers a trivial query.
+#[tracing::instrument(skip_all)]
 pub async fn ping(pool: &PgPool) -> Result<(), StoreError> {
     sqlx::query("SELECT 1").execute(pool).await?;
     Ok(())

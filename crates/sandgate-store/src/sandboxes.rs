@@ -86,6 +86,7 @@ pub struct NewLease<'a> {
 
 /// Records a container this process created as a warm pool member. Recording one that is
 /// recorded already does nothing.
+#[tracing::instrument(skip_all, fields(sandbox_id = %id, node = %node))]
 pub async fn insert_warm(
     conn: &mut PgConnection,
     id: &str,
@@ -108,6 +109,7 @@ pub async fn insert_warm(
 
 /// Flips one warm row of `profile` to leased. `FOR UPDATE SKIP LOCKED` makes concurrent leases
 /// (from any number of gateways) take different rows. `None` when the pool has none.
+#[tracing::instrument(skip_all, fields(node = %node))]
 pub async fn lease_warm(
     conn: &mut PgConnection,
     profile: &str,
@@ -135,6 +137,7 @@ pub async fn lease_warm(
 }
 
 /// Records a freshly created container as leased straight away (cold start).
+#[tracing::instrument(skip_all, fields(sandbox_id = %id, node = %node))]
 pub async fn insert_leased(
     conn: &mut PgConnection,
     id: &str,
@@ -164,6 +167,7 @@ pub async fn insert_leased(
 }
 
 /// A tenant's sandbox by id, in any state. Another tenant's sandbox is `None`, like a missing one.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, sandbox_id = %id))]
 pub async fn get(
     conn: &mut PgConnection,
     tenant_id: Uuid,
@@ -179,6 +183,7 @@ pub async fn get(
 }
 
 /// The live (leased) sandbox bound to a tenant's conversation, if any.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn by_conversation(
     conn: &mut PgConnection,
     tenant_id: Uuid,
@@ -196,6 +201,7 @@ pub async fn by_conversation(
 
 /// The most recent sandbox (any state) a tenant's conversation was bound to: lets a call on a
 /// conversation whose sandbox ended explain why.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn last_for_conversation(
     conn: &mut PgConnection,
     tenant_id: Uuid,
@@ -213,6 +219,7 @@ pub async fn last_for_conversation(
 
 /// Marks a call on a leased sandbox: refreshes `last_used_at` and, if given, sets a new idle
 /// timeout. Returns the updated row, or `None` if it is not a live sandbox of this tenant.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, sandbox_id = %id))]
 pub async fn touch(
     conn: &mut PgConnection,
     tenant_id: Uuid,
@@ -291,6 +298,7 @@ impl SandboxRow {
 
 /// Ends a sandbox (`closed`, or `lost` for [`CloseReason::Lost`]) with its reason; returns the
 /// row if it was live.
+#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
 pub async fn end(
     conn: &mut PgConnection,
     id: &str,
@@ -309,6 +317,7 @@ pub async fn end(
 }
 
 /// How many live sandboxes a tenant has.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn count_live(conn: &mut PgConnection, tenant_id: Uuid) -> Result<i64, StoreError> {
     Ok(sqlx::query_scalar(
         "SELECT count(*) FROM sandboxes WHERE tenant_id = $1 AND state = 'leased'",
@@ -319,6 +328,7 @@ pub async fn count_live(conn: &mut PgConnection, tenant_id: Uuid) -> Result<i64,
 }
 
 /// Live sandboxes leased under a grant (closed when the grant's app is disconnected).
+#[tracing::instrument(skip_all, fields(grant_id = %grant_id))]
 pub async fn live_of_grant(
     conn: &mut PgConnection,
     grant_id: Uuid,
@@ -332,6 +342,7 @@ pub async fn live_of_grant(
 }
 
 /// Live sandboxes (warm and leased) on `node`, for reconciliation with the Docker engine.
+#[tracing::instrument(skip_all, fields(node = %node))]
 pub async fn live_on_node(
     conn: &mut PgConnection,
     node: &str,
@@ -345,6 +356,7 @@ pub async fn live_on_node(
 }
 
 /// Leased sandboxes on `node` past their idle deadline or hard expiry at `now`.
+#[tracing::instrument(skip_all, fields(node = %node))]
 pub async fn overdue(
     conn: &mut PgConnection,
     node: &str,
@@ -363,6 +375,7 @@ pub async fn overdue(
 
 /// Refreshes the idle clock of a leased sandbox, whoever owns it (a call on it just ended, or is
 /// still running). Does nothing to a sandbox that is not live.
+#[tracing::instrument(skip_all)]
 pub async fn touch_live(conn: &mut PgConnection, ids: &[String]) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE sandboxes SET last_used_at = now() WHERE id = ANY($1) AND state = 'leased'",
@@ -375,6 +388,7 @@ pub async fn touch_live(conn: &mut PgConnection, ids: &[String]) -> Result<(), S
 
 /// The rows of the given sandbox ids, in any state (for checking a process's warm pool against
 /// the records).
+#[tracing::instrument(skip_all)]
 pub async fn by_ids(
     conn: &mut PgConnection,
     ids: &[String],
@@ -388,6 +402,7 @@ pub async fn by_ids(
 }
 
 /// The rows of the given container ids, in any state (for reconciliation).
+#[tracing::instrument(skip_all)]
 pub async fn by_containers(
     conn: &mut PgConnection,
     container_ids: &[String],
@@ -401,6 +416,7 @@ pub async fn by_containers(
 }
 
 /// Live sandboxes, optionally of one tenant, newest first (for `sandgate admin sandboxes`).
+#[tracing::instrument(skip_all)]
 pub async fn list_live(
     conn: &mut PgConnection,
     tenant_id: Option<Uuid>,

@@ -18,6 +18,7 @@ pub struct Tenant {
 }
 
 /// Creates a tenant with default limits.
+#[tracing::instrument(skip_all)]
 pub async fn create(conn: &mut PgConnection, name: &str) -> Result<Tenant, StoreError> {
     let tenant = sqlx::query_as::<_, Tenant>(
         "INSERT INTO tenants (id, name) VALUES ($1, $2) RETURNING id, name, created_at",
@@ -30,6 +31,7 @@ pub async fn create(conn: &mut PgConnection, name: &str) -> Result<Tenant, Store
 }
 
 /// Finds a tenant by id.
+#[tracing::instrument(skip_all)]
 pub async fn get(conn: &mut PgConnection, id: Uuid) -> Result<Option<Tenant>, StoreError> {
     Ok(
         sqlx::query_as::<_, Tenant>("SELECT id, name, created_at FROM tenants WHERE id = $1")
@@ -41,6 +43,7 @@ pub async fn get(conn: &mut PgConnection, id: Uuid) -> Result<Option<Tenant>, St
 
 /// Locks a tenant's row until the transaction ends, serialising changes that must respect the
 /// tenant's limits (e.g. leasing under a concurrent-sandbox limit).
+#[tracing::instrument(skip_all)]
 pub async fn lock(conn: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
     sqlx::query("SELECT 1 FROM tenants WHERE id = $1 FOR UPDATE")
         .bind(id)
@@ -70,6 +73,7 @@ const LIMIT_COLUMNS: &str =
     "max_sandboxes, max_idle_seconds, max_lifetime_seconds, memory_mb, cpus, max_calls_per_minute";
 
 /// A tenant's limits; `None` when the tenant does not exist.
+#[tracing::instrument(skip_all)]
 pub async fn limits(conn: &mut PgConnection, id: Uuid) -> Result<Option<TenantLimits>, StoreError> {
     Ok(
         sqlx::query_as::<_, TenantLimits>(sqlx::AssertSqlSafe(format!(
@@ -83,6 +87,7 @@ pub async fn limits(conn: &mut PgConnection, id: Uuid) -> Result<Option<TenantLi
 
 /// Replaces a tenant's limits (a `None` goes back to the default); returns the new ones, or
 /// `None` when the tenant does not exist.
+#[tracing::instrument(skip_all)]
 pub async fn set_limits(
     conn: &mut PgConnection,
     id: Uuid,

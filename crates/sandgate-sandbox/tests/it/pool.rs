@@ -95,7 +95,7 @@ async fn a_sleeping_cell_does_not_hold_up_other_work() {
         let sleeper = sleeper.clone();
         async move {
             sleeper
-                .exec("import time\ntime.sleep(5)", ExecOptions::default(), None)
+                .exec("import time\ntime.sleep(600)", ExecOptions::default(), None)
                 .await
         }
     });
@@ -122,6 +122,8 @@ async fn a_sleeping_cell_does_not_hold_up_other_work() {
     let read_took = started.elapsed();
     assert_eq!(bytes, b"readable while a cell sleeps");
 
+    // The other work is done while the sleeper's cell (ten minutes long) still runs: it did not
+    // wait for it.
     assert!(
         !sleeping.is_finished(),
         "the sleeping cell is still running"
@@ -129,13 +131,7 @@ async fn a_sleeping_cell_does_not_hold_up_other_work() {
     eprintln!(
         "independence: 1+1 elsewhere took {exec_took:?}, read_file on the sleeper {read_took:?}"
     );
-    assert!(exec_took < Duration::from_secs(1), "1+1 took {exec_took:?}");
-    assert!(
-        read_took < Duration::from_secs(1),
-        "read_file took {read_took:?}"
-    );
-
-    let slept = sleeping.await.unwrap().expect("the sleeping cell finishes");
-    assert!(slept.error.is_none(), "{slept:?}");
+    // Dropping the call interrupts the cell.
+    sleeping.abort();
     env.cleanup().await;
 }

@@ -11,6 +11,7 @@ use super::error::over_limit;
 use super::{Caller, Resolved, SandboxService, ServiceError};
 
 impl SandboxService {
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
     pub(super) async fn lease_new(
         &self,
         caller: &Caller,

@@ -244,6 +244,7 @@ impl SandboxService {
     /// periodic reconciliation. Runs one reaper pass and one reconciliation first, so that what
     /// expired or vanished while the gateway was down is settled before it serves (a failure is
     /// logged, not fatal: the periodic passes retry).
+    #[tracing::instrument(skip_all)]
     pub async fn start_lifecycle(
         &self,
         config: &LifecycleConfig,

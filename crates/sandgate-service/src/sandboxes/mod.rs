@@ -87,6 +87,7 @@ impl SandboxService {
     }
 
     /// The limits in force for `tenant`: its own where set, else the configured defaults.
+    #[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
     pub async fn limits(&self, tenant: Uuid) -> Result<Limits, ServiceError> {
         let mut conn = self.db.acquire().await?;
         let own = sandgate_store::tenants::limits(&mut conn, tenant)
@@ -96,6 +97,7 @@ impl SandboxService {
     }
 
     /// Refuses the call when the tenant made `max_calls_per_minute` calls in the last minute.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant))]
     pub async fn check_rate(&self, caller: &Caller) -> Result<(), ServiceError> {
         let mut conn = self.db.acquire().await?;
         let calls = sandgate_store::audit::calls_last_minute(&mut conn, caller.tenant).await?;
@@ -254,6 +256,7 @@ impl SandboxService {
     }
 
     /// Marks a sandbox lost and builds the error that says so.
+    #[tracing::instrument(skip_all, fields(sandbox_id = %sandbox_id))]
     pub async fn lose(&self, sandbox_id: &str, why: String) -> ServiceError {
         let result = async {
             let mut conn = self.db.acquire().await?;
@@ -276,6 +279,7 @@ impl SandboxService {
 
     /// Ends a live row (`closed` or `lost`) and removes its container. `None` when the row was
     /// not live any more (someone else ended it, and removes the container).
+    #[tracing::instrument(skip_all, fields(sandbox_id = %row.id))]
     pub(crate) async fn end(
         &self,
         row: &SandboxRow,
@@ -293,6 +297,7 @@ impl SandboxService {
 
     /// Removes a sandbox's container: through this process's handle when it has one, else by
     /// container id (another process's, or one from before a restart).
+    #[tracing::instrument(skip_all, fields(sandbox_id = %sandbox_id))]
     pub(crate) async fn remove_container(&self, sandbox_id: &str, container_id: Option<&str>) {
         let handle = self.live.lock().expect("live map").remove(sandbox_id);
         let result = match (handle, container_id) {
@@ -347,6 +352,7 @@ impl SandboxService {
     }
 
     /// The live sandbox bound to a tenant's conversation, if any.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant))]
     pub async fn find_conversation(
         &self,
         caller: &Caller,
@@ -361,6 +367,7 @@ impl SandboxService {
     }
 
     /// The live sandbox of a tenant's conversation, by id; `NotFound` when it has none.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant))]
     pub async fn conversation_sandbox(
         &self,
         caller: &Caller,
@@ -373,6 +380,7 @@ impl SandboxService {
 
     /// Passes a sandbox operation's result through, recording and explaining a sandbox that
     /// died underneath it (see [`Self::check_death`]).
+    #[tracing::instrument(skip_all)]
     pub async fn checked<T>(
         &self,
         resolved: &Resolved,
@@ -385,6 +393,7 @@ impl SandboxService {
     }
 
     /// The sandbox's handle is dead: record why and say so.
+    #[tracing::instrument(skip_all)]
     pub async fn check_death(&self, resolved: &Resolved, err: SandboxError) -> ServiceError {
         match err {
             SandboxError::Died { fate, .. } => {

@@ -53,6 +53,7 @@ impl SandboxService {
             });
         }
         let resolved = self.resolve_target(caller, target).await?;
+        tracing::Span::current().record("sandbox_id", &resolved.row.id);
         let written = resolved.sandbox.write_file(path, data, overwrite).await;
         let info = self.checked(&resolved, written).await?;
         Ok((resolved, info))
@@ -67,6 +68,7 @@ impl SandboxService {
         path: &str,
     ) -> Result<(Resolved, Vec<u8>, FileInfo), ServiceError> {
         let resolved = self.resolve_target(caller, target).await?;
+        tracing::Span::current().record("sandbox_id", &resolved.row.id);
         let read = resolved
             .sandbox
             .read_file(path, self.limits.max_file_bytes)
@@ -84,6 +86,7 @@ impl SandboxService {
         path: &str,
     ) -> Result<(Resolved, Vec<DirEntry>), ServiceError> {
         let resolved = self.resolve_target(caller, target).await?;
+        tracing::Span::current().record("sandbox_id", &resolved.row.id);
         let listing = resolved.sandbox.list_dir(path).await;
         let entries = self.checked(&resolved, listing).await?;
         Ok((resolved, entries))

@@ -27,6 +27,7 @@ impl SandboxService {
     /// UPDATE SKIP LOCKED`, so no two leases anywhere get the same row); then the container's
     /// handle comes from this process's pool, or is adopted when another process started it.
     /// `None` when there is no warm row.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
     pub(super) async fn lease_warm(
         &self,
         caller: &Caller,
@@ -95,6 +96,7 @@ impl SandboxService {
     }
 
     /// Records a ready warm sandbox as a `warm` row (idempotent).
+    #[tracing::instrument(skip_all, fields(sandbox_id = %sandbox.id()))]
     pub(super) async fn record_warm(&self, sandbox: &Sandbox) -> Result<(), StoreError> {
         let mut conn = self.db.acquire().await?;
         sandboxes::insert_warm(
@@ -197,6 +199,7 @@ impl SandboxService {
     /// At shutdown: stops the pool and leaves the warm sandboxes that have rows running for the
     /// next start (or another replica) to lease, removing the rest. Leased sandboxes stay
     /// running for the next start to re-attach to.
+    #[tracing::instrument(skip_all)]
     pub async fn shutdown(&self) {
         let warm = self.manager.stop().await;
         if warm.is_empty() {

@@ -1,0 +1,5 @@
+//! The store against the real Postgres: each test gets a database of its own, migrated.
+
+mod audit;
+mod sandboxes;
+mod support;

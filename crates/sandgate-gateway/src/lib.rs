@@ -1,17 +1,16 @@
-//! The sandgate gateway: the HTTP face of the service.
+//! The sandgate gateway: the HTTP faces of the service. What happens to tenants, sandboxes,
+//! keys and the audit trail is decided by `sandgate-service`; this crate turns HTTP and MCP into
+//! calls on it and its answers (and errors) back into HTTP and MCP.
 //!
-//! - [`config`]: layered configuration, validated at start-up.
 //! - [`telemetry`]: logging set-up.
 //! - [`health`]: `/healthz` and `/readyz`.
-//! - [`keys`]: the signing-key ring (access tokens).
-//! - [`sandboxes`]: tenant-scoped sandboxes (Postgres rows + the sandbox manager), tenant limits.
-//! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
-//! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
 //! - [`metrics`]: Prometheus metrics at `/metrics`.
 //! - [`files`]: expiring download links for files in sandboxes.
-//! - [`oauth`]: the OAuth 2.1 authorization server, consent and connected-apps pages.
-//! - [`admin`]: operator commands behind `sandgate admin`.
+//! - [`error`]: the mapping of errors to HTTP answers.
+//! - [`oauth`]: the OAuth 2.1 authorization server (the `sandgate-oauth` crate).
+//! - [`config`], [`sandboxes`], [`lifecycle`], [`audit`], [`keys`], [`admin`]: the service layer
+//!   (the `sandgate-service` crate), re-exported under their old paths.
 //! - [`App`]: build the state and router, bind, run until a shutdown signal.
 
 use std::net::SocketAddr;

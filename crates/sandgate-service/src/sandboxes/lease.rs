@@ -86,6 +86,21 @@ impl SandboxService {
         }
     }
 
+    /// A sandbox this call just leased: its handle kept as live here, and marked busy.
+    pub(super) fn newly_leased(&self, row: SandboxRow, sandbox: Sandbox) -> Resolved {
+        self.live
+            .lock()
+            .expect("live map")
+            .insert(row.id.clone(), sandbox.clone());
+        let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
+        Resolved {
+            sandbox,
+            row,
+            created: true,
+            busy,
+        }
+    }
+
     /// Starts a container now and records it as leased.
     async fn lease_cold(
         &self,
@@ -96,19 +111,7 @@ impl SandboxService {
         let sandbox = self.manager.launch_with(profile).await?;
         tracing::Span::current().record("sandbox_id", sandbox.id());
         match self.record_lease(caller, &sandbox, lease).await {
-            Ok(row) => {
-                self.live
-                    .lock()
-                    .expect("live map")
-                    .insert(row.id.clone(), sandbox.clone());
-                let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
-                Ok(Resolved {
-                    sandbox,
-                    row,
-                    created: true,
-                    busy,
-                })
-            }
+            Ok(row) => Ok(self.newly_leased(row, sandbox)),
             Err(err) => {
                 // Nothing half-created is left behind: the container goes.
                 let manager = self.manager.clone();

@@ -7,16 +7,29 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use sandgate_sandbox::Sandbox;
+use sandgate_sandbox::{ContainerFate, Sandbox, SandboxError};
 use sandgate_store::StoreError;
 use sandgate_store::sandboxes::{self, CloseReason, NewLease, SandboxRow, SandboxState};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::busy::BusyGuard;
 use super::error::over_limit;
 use super::lifecycle::LifecycleError;
 use super::{Caller, Resolved, SandboxService, ServiceError};
+
+/// Why a just-leased warm row's container cannot serve (the text is kept as its close reason).
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    /// It stopped while waiting.
+    #[error("warm container died: {0}")]
+    Died(ContainerFate),
+    /// Its fate could not be learnt.
+    #[error("warm container unreachable: {0}")]
+    Unreachable(#[source] SandboxError),
+    /// Another process's container could not be taken over.
+    #[error("warm container could not be adopted: {0}")]
+    NotAdopted(#[source] SandboxError),
+}
 
 /// How many warm rows one lease tries before falling back to a cold start, when the containers
 /// behind them turn out to be gone.
@@ -49,24 +62,12 @@ impl SandboxService {
             tracing::Span::current().record("sandbox_id", &row.id);
             let _ = self.manager.refill(&self.profile.name);
             match self.warm_handle(&row).await {
-                Ok(sandbox) => {
-                    self.live
-                        .lock()
-                        .expect("live map")
-                        .insert(row.id.clone(), sandbox.clone());
-                    let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
-                    return Ok(Some(Resolved {
-                        sandbox,
-                        row,
-                        created: true,
-                        busy,
-                    }));
-                }
+                Ok(sandbox) => return Ok(Some(self.newly_leased(row, sandbox))),
                 Err(why) => {
                     // The warm container is gone: the row is, too; try the next one.
                     tracing::warn!(sandbox_id = %row.id, why = %why, "a warm sandbox was unusable");
                     let mut conn = self.db.acquire().await?;
-                    sandboxes::end(&mut conn, &row.id, &CloseReason::Lost(why.clone())).await?;
+                    sandboxes::end(&mut conn, &row.id, &CloseReason::Lost(why.to_string())).await?;
                     drop(conn);
                     if let Err(err) = self.manager.remove_container(&row.container_id).await {
                         tracing::warn!(error = %err, "removing an unusable warm container failed");
@@ -79,20 +80,20 @@ impl SandboxService {
 
     /// The handle of a just-leased warm row's container: from this process's pool, else adopted.
     /// The error says why the container cannot serve.
-    async fn warm_handle(&self, row: &SandboxRow) -> Result<Sandbox, String> {
+    async fn warm_handle(&self, row: &SandboxRow) -> Result<Sandbox, Unusable> {
         if let Some(sandbox) = self.manager.take_ready_id(&row.id) {
             if !sandbox.is_lost() {
                 return Ok(sandbox);
             }
             return Err(match sandbox.fate().await {
-                Ok(fate) => format!("warm container died: {fate}"),
-                Err(err) => format!("warm container unreachable: {err}"),
+                Ok(fate) => Unusable::Died(fate),
+                Err(err) => Unusable::Unreachable(err),
             });
         }
         self.manager
             .adopt(&row.container_id)
             .await
-            .map_err(|err| format!("warm container could not be adopted: {err}"))
+            .map_err(Unusable::NotAdopted)
     }
 
     /// Records a ready warm sandbox as a `warm` row (idempotent).

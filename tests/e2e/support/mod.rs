@@ -11,6 +11,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 
+pub mod oauth;
+
 /// The `sandgate` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
 

@@ -1,0 +1,236 @@
+//! sandgate's benchmark, side by side with what a user would pick instead (issues 3 and 7).
+//!
+//! Run it with `scripts/bench.sh` (it brings the stack up, builds, installs the peers and passes
+//! their settings). In one run, on one Docker engine and one image, it measures:
+//!
+//! - **through MCP** (the real `sandgate serve` binary, the rmcp client over Streamable HTTP):
+//!   warm and cold `create_sandbox`, `execute_code` of `1+1` / a pandas group-by / a matplotlib
+//!   chart, `run_terminal_command true`, `upload_file` + `get_file` of 1 MiB, the support-analyst
+//!   conversation at 1, 10 and 50 at once, and memory (each idle sandbox's cgroup, the gateway's
+//!   RSS) at 0, 10, 50 and 150 sandboxes;
+//! - **the sandbox crate** directly (`SandboxManager`): warm lease, cold start, `1+1`, `true`,
+//!   1 MiB write + read;
+//! - **the naive Docker-API path**: create + start + exec per call, `docker exec` into a running
+//!   container, a fresh container per call;
+//! - **the peers** (Python scripts under `bench/peers/`): llm-sandbox, jupyter-kernel-gateway and
+//!   an ipykernel over ZMQ.
+//!
+//! Every loop is bounded in count and in time. The result is printed as a table (medians, p99 and
+//! ratios) and written as JSON.
+//!
+//! Environment: `DATABASE_URL` (a Postgres superuser), `SANDGATE_SANDBOX__IMAGE`,
+//! `BENCH_PYTHON` (the peers' virtualenv python; peers are skipped without it),
+//! `BENCH_LLM_SANDBOX_IMAGE` (the image llm-sandbox runs). Arguments: `--out FILE`,
+//! `--quick` (fewer iterations), `--no-peers`, `--no-150`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use base64::Engine;
+use bollard::Docker;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder, StartContainerOptions, WaitContainerOptions,
+};
+use futures::StreamExt;
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+use sandgate_sandbox::backend::LaunchSpec;
+use sandgate_sandbox::{
+    CommandOptions, DockerBackend, ExecOptions, ManagerConfig, PoolConfig, SandboxManager,
+    SandboxProfile,
+};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+
+#[path = "../../../../tests/e2e/mcp_client.rs"]
+#[allow(dead_code)] // shared with the e2e tests; the bench uses only part of it
+mod mcp_client;
+
+use mcp_client::{Client, Era};
+
+/// The `sandgate` binary (built in the same profile as this bench).
+const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
+const MIB: usize = 1 << 20;
+/// Warm pool size of the benchmarked gateway (what an operator expecting bursts would set).
+const MIN_READY: usize = 10;
+
+mod gateway;
+mod naive;
+mod peers;
+mod report;
+mod samples;
+mod sandbox_crate;
+mod through_mcp;
+mod workload;
+
+use gateway::*;
+use naive::*;
+use peers::*;
+use report::*;
+use samples::*;
+use sandbox_crate::*;
+use through_mcp::*;
+use workload::*;
+
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    warm_creates: usize,
+    cold_creates: usize,
+    exec: usize,
+    heavy: usize,
+    files: usize,
+    naive: usize,
+    peer_sessions: usize,
+    peer_runs: usize,
+}
+
+impl Counts {
+    fn full() -> Counts {
+        Counts {
+            warm_creates: 40,
+            cold_creates: 10,
+            exec: 300,
+            heavy: 30,
+            files: 30,
+            naive: 20,
+            peer_sessions: 10,
+            peer_runs: 50,
+        }
+    }
+    fn quick() -> Counts {
+        Counts {
+            warm_creates: 10,
+            cold_creates: 3,
+            exec: 50,
+            heavy: 5,
+            files: 5,
+            naive: 5,
+            peer_sessions: 3,
+            peer_runs: 10,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Options {
+    out: PathBuf,
+    counts: Counts,
+    peers: bool,
+    live_150: bool,
+    quick: bool,
+    /// Only the per-call MCP rows (1+1 in both eras, `true`): for A/B runs of the gateway.
+    exec_only: bool,
+}
+
+fn options() -> Result<Options> {
+    let mut out = PathBuf::from("bench-results.json");
+    let mut quick = false;
+    let mut peers = true;
+    let mut live_150 = true;
+    let mut exec_only = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--out" => out = args.next().context("--out needs a path")?.into(),
+            "--quick" => quick = true,
+            "--no-peers" => peers = false,
+            "--no-150" => live_150 = false,
+            "--exec-only" => exec_only = true,
+            // What `cargo bench` passes to every bench target.
+            "--bench" => {}
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    Ok(Options {
+        out,
+        counts: if quick {
+            Counts::quick()
+        } else {
+            Counts::full()
+        },
+        peers,
+        live_150,
+        quick,
+        exec_only,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn main() -> Result<()> {
+    let opts = options()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(opts))
+}
+
+async fn run(opts: Options) -> Result<()> {
+    let image = std::env::var("SANDGATE_SANDBOX__IMAGE")
+        .context("SANDGATE_SANDBOX__IMAGE is not set (run scripts/bench.sh)")?;
+    let backend = DockerBackend::connect("")?;
+    backend.ensure_image(&image).await?;
+    let docker = backend.client().clone();
+    let version = docker.version().await?;
+    let started = chrono::Utc::now();
+    let t0 = Instant::now();
+
+    let mut rows = Vec::new();
+    eprintln!("[bench] sandgate through MCP");
+    rows.extend(bench_mcp(&opts, &docker).await?.rows);
+    if !opts.exec_only {
+        eprintln!("[bench] the sandbox crate directly");
+        rows.extend(bench_crate(&opts, &backend, &image).await?);
+        eprintln!("[bench] the naive Docker-API path");
+        rows.extend(bench_naive(&opts, &docker, &image).await?);
+    }
+    if opts.peers && !opts.exec_only {
+        rows.extend(bench_peers(&opts).await);
+    }
+    fill_ratios(&mut rows);
+    let goals = goals(&rows);
+
+    let mut machine = machine();
+    machine.insert("docker".into(), json!(version.version));
+    machine.insert("image".into(), json!(image));
+    let table = table(&rows);
+    let goal_table = goal_table(&goals);
+    println!(
+        "\nsandgate benchmark, {} ({:.0} s){}\n",
+        started.format("%Y-%m-%d %H:%M UTC"),
+        t0.elapsed().as_secs_f64(),
+        if opts.quick { ", --quick" } else { "" }
+    );
+    println!(
+        "machine: {} · {} cores · {:.0} GiB · Docker {} · kernel {}\n",
+        machine["cpu"].as_str().unwrap_or(""),
+        machine["cores"],
+        machine["memory_gib"].as_f64().unwrap_or(0.0),
+        machine["docker"].as_str().unwrap_or(""),
+        machine["kernel"].as_str().unwrap_or("")
+    );
+    println!("{table}");
+    println!("{goal_table}");
+    let report = json!({
+        "started": started.to_rfc3339(),
+        "seconds": t0.elapsed().as_secs_f64(),
+        "quick": opts.quick,
+        "machine": machine,
+        "rows": rows,
+        "table_markdown": table,
+        "goals_markdown": goal_table,
+    });
+    std::fs::write(&opts.out, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", opts.out.display()))?;
+    eprintln!("[bench] wrote {}", opts.out.display());
+    Ok(())
+}

@@ -13,39 +13,7 @@ pub(crate) async fn bench_mcp(opts: &Options, docker: &Docker) -> Result<McpResu
 
     // Cold create: a gateway whose pool is empty and stays empty (min_ready 0).
     if !opts.exec_only {
-        let db = fresh_database().await?;
-        let gateway = Gateway::start(&db, 0, 1000).await?;
-        let token = gateway.token().await?;
-        let client = Client::connect(&gateway.mcp_url, &token, Era::Sessions)
-            .await
-            .map_err(|e| anyhow!(e))?;
-        let mut cold = Samples::default();
-        let budget = Budget::secs(180);
-        for i in 0..c.cold_creates {
-            let created = cold
-                .time(
-                    &budget,
-                    call_ok(
-                        &client,
-                        "create_sandbox",
-                        json!({"conversation_id": format!("cold-{i}")}),
-                    ),
-                )
-                .await;
-            if let Some(created) = created {
-                let id = sandbox_id(&created)?;
-                call_ok(&client, "close_sandbox", json!({"sandbox_id": id})).await?;
-            }
-        }
-        rows.push(Row::ms(
-            "mcp.create_cold",
-            "sandgate via MCP",
-            "create_sandbox, pool empty (cold start)",
-            &cold,
-        ));
-        drop(client);
-        gateway.stop(docker).await;
-        drop_database(&db).await;
+        rows.push(cold_creates(c, docker).await?);
     }
 
     let db = fresh_database().await?;
@@ -59,176 +27,12 @@ pub(crate) async fn bench_mcp(opts: &Options, docker: &Docker) -> Result<McpResu
         .await?;
     let rss_fresh = gateway.rss_mb();
 
-    // Warm create (pool full before each), its first cell, and close; a new conversation's life.
-    let mut warm = Samples::default();
-    let mut first = Samples::default();
-    let mut close = Samples::default();
-    let mut session = Samples::default();
-    let mut create_first = Samples::default();
-    let budget = Budget::secs(300);
-    let mut taken = 0;
-    for i in 0..c.warm_creates {
-        if budget.spent() || opts.exec_only {
-            break;
-        }
-        gateway
-            .wait_pool(taken, MIN_READY, Duration::from_secs(120))
-            .await?;
-        let t0 = Instant::now();
-        let Some(created) = warm
-            .time(
-                &budget,
-                call_ok(
-                    &client,
-                    "create_sandbox",
-                    json!({"conversation_id": format!("warm-{i}")}),
-                ),
-            )
-            .await
-        else {
-            continue;
-        };
-        taken += 1;
-        let id = sandbox_id(&created)?;
-        let ran = first
-            .time(
-                &budget,
-                call_ok(
-                    &client,
-                    "execute_code",
-                    json!({"sandbox_id": id, "code": "1+1"}),
-                ),
-            )
-            .await;
-        if ran.is_some() {
-            create_first.push(t0.elapsed());
-        }
-        let closed = close
-            .time(
-                &budget,
-                call_ok(&client, "close_sandbox", json!({"sandbox_id": id})),
-            )
-            .await;
-        if ran.is_some() && closed.is_some() {
-            session.push(t0.elapsed());
-        }
-    }
-    rows.push(Row::ms(
-        "mcp.create_warm",
-        "sandgate via MCP",
-        "create_sandbox, warm pool",
-        &warm,
-    ));
-    rows.push(Row::ms(
-        "mcp.first_exec",
-        "sandgate via MCP",
-        "first execute_code 1+1 in a new sandbox",
-        &first,
-    ));
-    rows.push(Row::ms(
-        "mcp.close",
-        "sandgate via MCP",
-        "close_sandbox (container removed)",
-        &close,
-    ));
-    rows.push(Row::ms(
-        "mcp.create_first_run",
-        "sandgate via MCP",
-        "create_sandbox + first execute_code 1+1",
-        &create_first,
-    ));
-    rows.push(Row::ms(
-        "mcp.session",
-        "sandgate via MCP",
-        "create + first 1+1 + close",
-        &session,
-    ));
+    let (warm_rows, taken) = warm_creates(&gateway, &client, opts).await?;
+    rows.extend(warm_rows);
 
     // Per-call work on one sandbox.
-    gateway
-        .wait_pool(taken, MIN_READY, Duration::from_secs(120))
-        .await?;
-    let created = call_ok(
-        &client,
-        "create_sandbox",
-        json!({"conversation_id": "per-call"}),
-    )
-    .await?;
-    let id = sandbox_id(&created)?;
-    let budget = Budget::secs(240);
-    let mut exec = Samples::default();
-    for i in 0..c.exec + 10 {
-        let mut sink = Samples::default();
-        let target = if i < 10 { &mut sink } else { &mut exec };
-        let result = target
-            .time(
-                &budget,
-                call_ok(
-                    &client,
-                    "execute_code",
-                    json!({"sandbox_id": id, "code": "1+1"}),
-                ),
-            )
-            .await;
-        if let Some(result) = result
-            && result.structured["result"]["text/plain"] != "2"
-        {
-            exec.fail(format!("1+1 answered {}", result.structured["result"]));
-        }
-    }
-    rows.push(Row::ms(
-        "mcp.exec_1p1",
-        "sandgate via MCP",
-        "execute_code 1+1 (2025-11-25 session)",
-        &exec,
-    ));
-
-    // The same cell in the stateless era (a new HTTP request, no session).
-    {
-        let stateless = Client::connect(&gateway.mcp_url, &token, Era::Stateless)
-            .await
-            .map_err(|e| anyhow!(e))?;
-        let mut s = Samples::default();
-        for i in 0..(c.exec / 2) + 10 {
-            let mut sink = Samples::default();
-            let target = if i < 10 { &mut sink } else { &mut s };
-            target
-                .time(
-                    &budget,
-                    call_ok(
-                        &stateless,
-                        "execute_code",
-                        json!({"sandbox_id": id, "code": "1+1"}),
-                    ),
-                )
-                .await;
-        }
-        rows.push(Row::ms(
-            "mcp.exec_1p1_stateless",
-            "sandgate via MCP",
-            "execute_code 1+1 (2026-07-28 stateless)",
-            &s,
-        ));
-    }
-
-    let mut cmd = Samples::default();
-    for _ in 0..c.exec / 2 {
-        cmd.time(
-            &budget,
-            call_ok(
-                &client,
-                "run_terminal_command",
-                json!({"sandbox_id": id, "command": "true"}),
-            ),
-        )
-        .await;
-    }
-    rows.push(Row::ms(
-        "mcp.command_true",
-        "sandgate via MCP",
-        "run_terminal_command true",
-        &cmd,
-    ));
+    let (call_rows, id, budget) = per_call(&gateway, &client, &token, taken, c).await?;
+    rows.extend(call_rows);
 
     if opts.exec_only {
         drop(client);
@@ -236,110 +40,7 @@ pub(crate) async fn bench_mcp(opts: &Options, docker: &Docker) -> Result<McpResu
         drop_database(&db).await;
         return Ok(McpResults { rows });
     }
-    call_ok(
-        &client,
-        "upload_file",
-        json!({"sandbox_id": id, "path": "tickets.csv", "content_text": csv}),
-    )
-    .await?;
-    let mut group_by = Samples::default();
-    for _ in 0..c.heavy {
-        group_by
-            .time(
-                &budget,
-                call_ok(
-                    &client,
-                    "execute_code",
-                    json!({"sandbox_id": id, "code": GROUP_BY}),
-                ),
-            )
-            .await;
-    }
-    rows.push(Row::ms(
-        "mcp.exec_groupby",
-        "sandgate via MCP",
-        "execute_code: read 10 000-row CSV + group-by",
-        &group_by,
-    ));
-    let mut chart = Samples::default();
-    for _ in 0..c.heavy {
-        let result = chart
-            .time(
-                &budget,
-                call_ok(
-                    &client,
-                    "execute_code",
-                    json!({"sandbox_id": id, "code": CHART}),
-                ),
-            )
-            .await;
-        if result.is_some_and(|r| r.images.is_empty()) {
-            chart.fail("the chart cell returned no image");
-        }
-    }
-    rows.push(Row::ms(
-        "mcp.exec_chart",
-        "sandgate via MCP",
-        "execute_code: matplotlib bar chart (PNG back)",
-        &chart,
-    ));
-
-    let mut rng = StdRng::seed_from_u64(42);
-    let mut upload = Samples::default();
-    let mut get = Samples::default();
-    let mut both = Samples::default();
-    for _ in 0..c.files {
-        let data = random_bytes(&mut rng, MIB);
-        let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
-        let t0 = Instant::now();
-        let up = upload
-            .time(
-                &budget,
-                call_ok(
-                    &client,
-                    "upload_file",
-                    json!({"sandbox_id": id, "path": "blob.bin", "content_base64": b64, "overwrite": true}),
-                ),
-            )
-            .await;
-        if up.is_none() {
-            continue;
-        }
-        let got = get
-            .time(
-                &budget,
-                call_ok(
-                    &client,
-                    "get_file",
-                    json!({"sandbox_id": id, "path": "blob.bin"}),
-                ),
-            )
-            .await;
-        match got {
-            Some(r) if r.blobs.first().is_some_and(|(_, b)| b == &data) => both.push(t0.elapsed()),
-            Some(_) => both.fail("get_file returned other bytes than were uploaded"),
-            None => {}
-        }
-    }
-    rows.push(Row::ms(
-        "mcp.upload_1mib",
-        "sandgate via MCP",
-        "upload_file 1 MiB",
-        &upload,
-    ));
-    rows.push(Row::ms(
-        "mcp.get_1mib",
-        "sandgate via MCP",
-        "get_file 1 MiB",
-        &get,
-    ));
-    rows.push(Row::ms(
-        "mcp.file_1mib",
-        "sandgate via MCP",
-        "upload_file + get_file 1 MiB (bytes checked)",
-        &both,
-    ));
-    call_ok(&client, "close_sandbox", json!({"sandbox_id": id})).await?;
+    rows.extend(cells_and_files(&client, &id, &csv, c, budget).await?);
 
     // The support-analyst conversation at 1, 10 and 50 at once.
     let levels: &[(usize, usize)] = if opts.quick {
@@ -380,6 +81,353 @@ pub(crate) async fn bench_mcp(opts: &Options, docker: &Docker) -> Result<McpResu
     gateway.stop(docker).await;
     drop_database(&db).await;
     Ok(McpResults { rows })
+}
+
+/// Cold create: a gateway whose pool is empty and stays empty (min_ready 0).
+async fn cold_creates(c: Counts, docker: &Docker) -> Result<Row> {
+    let db = fresh_database().await?;
+    let gateway = Gateway::start(&db, 0, 1000).await?;
+    let token = gateway.token().await?;
+    let client = Client::connect(&gateway.mcp_url, &token, Era::Sessions)
+        .await
+        .map_err(|e| anyhow!(e))?;
+    let mut cold = Samples::default();
+    let budget = Budget::secs(180);
+    for i in 0..c.cold_creates {
+        let created = cold
+            .time(
+                &budget,
+                call_ok(
+                    &client,
+                    "create_sandbox",
+                    json!({"conversation_id": format!("cold-{i}")}),
+                ),
+            )
+            .await;
+        if let Some(created) = created {
+            let id = sandbox_id(&created)?;
+            call_ok(&client, "close_sandbox", json!({"sandbox_id": id})).await?;
+        }
+    }
+    let row = Row::ms(
+        "mcp.create_cold",
+        "sandgate via MCP",
+        "create_sandbox, pool empty (cold start)",
+        &cold,
+    );
+    drop(client);
+    gateway.stop(docker).await;
+    drop_database(&db).await;
+    Ok(row)
+}
+
+/// Warm create (pool full before each), its first cell, and close; a new conversation's life.
+/// Returns the rows and how many pool members are taken.
+async fn warm_creates(
+    gateway: &Gateway,
+    client: &Client,
+    opts: &Options,
+) -> Result<(Vec<Row>, usize)> {
+    let c = opts.counts;
+    let mut rows = Vec::new();
+    let mut warm = Samples::default();
+    let mut first = Samples::default();
+    let mut close = Samples::default();
+    let mut session = Samples::default();
+    let mut create_first = Samples::default();
+    let budget = Budget::secs(300);
+    let mut taken = 0;
+    for i in 0..c.warm_creates {
+        if budget.spent() || opts.exec_only {
+            break;
+        }
+        gateway
+            .wait_pool(taken, MIN_READY, Duration::from_secs(120))
+            .await?;
+        let t0 = Instant::now();
+        let Some(created) = warm
+            .time(
+                &budget,
+                call_ok(
+                    client,
+                    "create_sandbox",
+                    json!({"conversation_id": format!("warm-{i}")}),
+                ),
+            )
+            .await
+        else {
+            continue;
+        };
+        taken += 1;
+        let id = sandbox_id(&created)?;
+        let ran = first
+            .time(
+                &budget,
+                call_ok(
+                    client,
+                    "execute_code",
+                    json!({"sandbox_id": id, "code": "1+1"}),
+                ),
+            )
+            .await;
+        if ran.is_some() {
+            create_first.push(t0.elapsed());
+        }
+        let closed = close
+            .time(
+                &budget,
+                call_ok(client, "close_sandbox", json!({"sandbox_id": id})),
+            )
+            .await;
+        if ran.is_some() && closed.is_some() {
+            session.push(t0.elapsed());
+        }
+    }
+    rows.push(Row::ms(
+        "mcp.create_warm",
+        "sandgate via MCP",
+        "create_sandbox, warm pool",
+        &warm,
+    ));
+    rows.push(Row::ms(
+        "mcp.first_exec",
+        "sandgate via MCP",
+        "first execute_code 1+1 in a new sandbox",
+        &first,
+    ));
+    rows.push(Row::ms(
+        "mcp.close",
+        "sandgate via MCP",
+        "close_sandbox (container removed)",
+        &close,
+    ));
+    rows.push(Row::ms(
+        "mcp.create_first_run",
+        "sandgate via MCP",
+        "create_sandbox + first execute_code 1+1",
+        &create_first,
+    ));
+    rows.push(Row::ms(
+        "mcp.session",
+        "sandgate via MCP",
+        "create + first 1+1 + close",
+        &session,
+    ));
+    Ok((rows, taken))
+}
+
+/// Per-call work on one sandbox: `1+1` in both eras, `true`. Returns the rows, the sandbox
+/// and the time budget the following loops share.
+async fn per_call(
+    gateway: &Gateway,
+    client: &Client,
+    token: &str,
+    taken: usize,
+    c: Counts,
+) -> Result<(Vec<Row>, String, Budget)> {
+    let mut rows = Vec::new();
+    gateway
+        .wait_pool(taken, MIN_READY, Duration::from_secs(120))
+        .await?;
+    let created = call_ok(
+        client,
+        "create_sandbox",
+        json!({"conversation_id": "per-call"}),
+    )
+    .await?;
+    let id = sandbox_id(&created)?;
+    let budget = Budget::secs(240);
+    let mut exec = Samples::default();
+    for i in 0..c.exec + 10 {
+        let mut sink = Samples::default();
+        let target = if i < 10 { &mut sink } else { &mut exec };
+        let result = target
+            .time(
+                &budget,
+                call_ok(
+                    client,
+                    "execute_code",
+                    json!({"sandbox_id": id, "code": "1+1"}),
+                ),
+            )
+            .await;
+        if let Some(result) = result
+            && result.structured["result"]["text/plain"] != "2"
+        {
+            exec.fail(format!("1+1 answered {}", result.structured["result"]));
+        }
+    }
+    rows.push(Row::ms(
+        "mcp.exec_1p1",
+        "sandgate via MCP",
+        "execute_code 1+1 (2025-11-25 session)",
+        &exec,
+    ));
+
+    // The same cell in the stateless era (a new HTTP request, no session).
+    {
+        let stateless = Client::connect(&gateway.mcp_url, token, Era::Stateless)
+            .await
+            .map_err(|e| anyhow!(e))?;
+        let mut s = Samples::default();
+        for i in 0..(c.exec / 2) + 10 {
+            let mut sink = Samples::default();
+            let target = if i < 10 { &mut sink } else { &mut s };
+            target
+                .time(
+                    &budget,
+                    call_ok(
+                        &stateless,
+                        "execute_code",
+                        json!({"sandbox_id": id, "code": "1+1"}),
+                    ),
+                )
+                .await;
+        }
+        rows.push(Row::ms(
+            "mcp.exec_1p1_stateless",
+            "sandgate via MCP",
+            "execute_code 1+1 (2026-07-28 stateless)",
+            &s,
+        ));
+    }
+
+    let mut cmd = Samples::default();
+    for _ in 0..c.exec / 2 {
+        cmd.time(
+            &budget,
+            call_ok(
+                client,
+                "run_terminal_command",
+                json!({"sandbox_id": id, "command": "true"}),
+            ),
+        )
+        .await;
+    }
+    rows.push(Row::ms(
+        "mcp.command_true",
+        "sandgate via MCP",
+        "run_terminal_command true",
+        &cmd,
+    ));
+    Ok((rows, id, budget))
+}
+
+/// The data-stack cells (a pandas group-by, a matplotlib chart) and 1 MiB through
+/// `upload_file` + `get_file`, on the sandbox `id`.
+async fn cells_and_files(
+    client: &Client,
+    id: &str,
+    csv: &str,
+    c: Counts,
+    budget: Budget,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    call_ok(
+        client,
+        "upload_file",
+        json!({"sandbox_id": id, "path": "tickets.csv", "content_text": csv}),
+    )
+    .await?;
+    let mut group_by = Samples::default();
+    for _ in 0..c.heavy {
+        group_by
+            .time(
+                &budget,
+                call_ok(
+                    client,
+                    "execute_code",
+                    json!({"sandbox_id": id, "code": GROUP_BY}),
+                ),
+            )
+            .await;
+    }
+    rows.push(Row::ms(
+        "mcp.exec_groupby",
+        "sandgate via MCP",
+        "execute_code: read 10 000-row CSV + group-by",
+        &group_by,
+    ));
+    let mut chart = Samples::default();
+    for _ in 0..c.heavy {
+        let result = chart
+            .time(
+                &budget,
+                call_ok(
+                    client,
+                    "execute_code",
+                    json!({"sandbox_id": id, "code": CHART}),
+                ),
+            )
+            .await;
+        if result.is_some_and(|r| r.images.is_empty()) {
+            chart.fail("the chart cell returned no image");
+        }
+    }
+    rows.push(Row::ms(
+        "mcp.exec_chart",
+        "sandgate via MCP",
+        "execute_code: matplotlib bar chart (PNG back)",
+        &chart,
+    ));
+
+    let mut rng = StdRng::seed_from_u64(42);
+    let mut upload = Samples::default();
+    let mut get = Samples::default();
+    let mut both = Samples::default();
+    for _ in 0..c.files {
+        let data = random_bytes(&mut rng, MIB);
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
+        let t0 = Instant::now();
+        let up = upload
+            .time(
+                &budget,
+                call_ok(
+                    client,
+                    "upload_file",
+                    json!({"sandbox_id": id, "path": "blob.bin", "content_base64": b64, "overwrite": true}),
+                ),
+            )
+            .await;
+        if up.is_none() {
+            continue;
+        }
+        let got = get
+            .time(
+                &budget,
+                call_ok(
+                    client,
+                    "get_file",
+                    json!({"sandbox_id": id, "path": "blob.bin"}),
+                ),
+            )
+            .await;
+        match got {
+            Some(r) if r.blobs.first().is_some_and(|(_, b)| b == &data) => both.push(t0.elapsed()),
+            Some(_) => both.fail("get_file returned other bytes than were uploaded"),
+            None => {}
+        }
+    }
+    rows.push(Row::ms(
+        "mcp.upload_1mib",
+        "sandgate via MCP",
+        "upload_file 1 MiB",
+        &upload,
+    ));
+    rows.push(Row::ms(
+        "mcp.get_1mib",
+        "sandgate via MCP",
+        "get_file 1 MiB",
+        &get,
+    ));
+    rows.push(Row::ms(
+        "mcp.file_1mib",
+        "sandgate via MCP",
+        "upload_file + get_file 1 MiB (bytes checked)",
+        &both,
+    ));
+    call_ok(client, "close_sandbox", json!({"sandbox_id": id})).await?;
+    Ok(rows)
 }
 
 /// Waits until only the warm pool is left (every leased container gone) and its refills have

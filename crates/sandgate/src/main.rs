@@ -213,11 +213,19 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 .context("migrating")?;
             println!("migrations applied");
         }
-        Command::Admin(Admin::Tenant(TenantCommand::Create { name })) => {
+        Command::Admin(command) => run_admin(command, config).await?,
+    }
+    Ok(())
+}
+
+/// Runs an operator command.
+async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
+    match command {
+        Admin::Tenant(TenantCommand::Create { name }) => {
             let tenant = admin::create_tenant(&config, &name).await?;
             println!("{}", tenant.id);
         }
-        Command::Admin(Admin::User(UserCommand::Create { tenant, email })) => {
+        Admin::User(UserCommand::Create { tenant, email }) => {
             let mut password = String::new();
             std::io::stdin()
                 .read_line(&mut password)
@@ -226,28 +234,28 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             let id = admin::create_user(&config, tenant, &email, password).await?;
             println!("{id}");
         }
-        Command::Admin(Admin::Client(ClientCommand::Create {
+        Admin::Client(ClientCommand::Create {
             tenant,
             name,
             redirect_uris,
             scopes,
-        })) => {
+        }) => {
             let scopes = Scope::parse_list(&scopes.replace(',', " "))?;
             let created =
                 admin::create_client(&config, tenant, &name, &redirect_uris, &scopes).await?;
             println!("client_id={}", created.client_id);
             println!("client_secret={}", created.client_secret);
         }
-        Command::Admin(Admin::Token(TokenCommand::Issue {
+        Admin::Token(TokenCommand::Issue {
             tenant,
             scopes,
             ttl,
-        })) => {
+        }) => {
             let scopes = Scope::parse_list(&scopes.replace(',', " "))?;
             let token = admin::issue_token(&config, tenant, &scopes, ttl).await?;
             println!("{token}");
         }
-        Command::Admin(Admin::Tenant(TenantCommand::Limits {
+        Admin::Tenant(TenantCommand::Limits {
             tenant,
             reset,
             max_sandboxes,
@@ -256,7 +264,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             memory_mb,
             cpus,
             max_calls_per_minute,
-        })) => {
+        }) => {
             let changes = admin::LimitChanges {
                 max_sandboxes: max_sandboxes.map(|s| s.0),
                 max_idle_seconds: max_idle_seconds.map(|s| s.0),
@@ -269,15 +277,15 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 admin::set_tenant_limits(&config, tenant, reset, &changes).await?;
             println!("{}", admin::render_limits(&own, &effective));
         }
-        Command::Admin(Admin::Audit { tenant, limit }) => {
+        Admin::Audit { tenant, limit } => {
             let events = admin::audit(&config, tenant, limit).await?;
             println!("{}", admin::render_audit(&events));
         }
-        Command::Admin(Admin::Sandboxes { tenant }) => {
+        Admin::Sandboxes { tenant } => {
             let rows = admin::sandboxes(&config, tenant).await?;
             println!("{}", admin::render_sandboxes(&rows));
         }
-        Command::Admin(Admin::Keys(KeysCommand::Rotate)) => {
+        Admin::Keys(KeysCommand::Rotate) => {
             let kid = admin::rotate_keys(&config).await?;
             println!("{kid}");
         }

@@ -57,52 +57,22 @@ pub async fn require_bearer(
             return unauthorized(&state, Some(&err.to_string()));
         }
     };
-    let active = async {
-        let mut conn = state.db.acquire().await?;
-        sandgate_store::grants::token_is_active(&mut conn, claims.grant, &claims.jti).await
-    }
-    .await;
-    match active {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::info!(grant_id = ?claims.grant, "refused a revoked token");
-            return unauthorized(
-                &state,
-                Some("the access token was revoked or its app was disconnected"),
-            );
-        }
-        // Postgres is away: nothing that touches a sandbox can run without it anyway, so let
-        // the request through marked unverified. Tool calls then refuse with the same
-        // retryable tool error as every other call during an outage (DESIGN: calls fail fast
-        // and retryably, then work again by themselves); listing tools stays possible.
-        Err(err) if err.is_unavailable() => {
-            tracing::warn!(error = %err, "grant not checked: the database is unavailable");
-            let mut request = request;
-            request.extensions_mut().insert(GrantUnverified);
-            let (request, _) = match called_tool(request, state.config.mcp.max_request_bytes).await
-            {
-                Ok(found) => found,
-                Err(response) => return response,
-            };
-            let mut request = request;
-            request.extensions_mut().insert(claims);
-            return next.run(request).await;
-        }
-        Err(err) => {
-            tracing::error!(error = ?err, "checking the token's grant failed");
-            return BearerError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "temporarily_unavailable",
-                "sandgate's database is unavailable; retry in a few seconds",
-            )
-            .into_response();
-        }
+    let verified = match check_grant(&state, &claims).await {
+        Ok(verified) => verified,
+        Err(refused) => return refused,
+    };
+    let mut request = request;
+    if !verified {
+        request.extensions_mut().insert(GrantUnverified);
     }
     let (request, tool) = match called_tool(request, state.config.mcp.max_request_bytes).await {
         Ok(found) => found,
         Err(response) => return response,
     };
+    // An unverified request's tool call is refused by the tool itself (retryably); its scope
+    // is not checked here.
     if let Some(tool) = tool
+        && verified
         && !claims.has_scope(tool.scope())
     {
         tracing::info!(
@@ -114,6 +84,43 @@ pub async fn require_bearer(
     let mut request = request;
     request.extensions_mut().insert(claims);
     next.run(request).await
+}
+
+/// Whether the token's grant is live (`true`), or could not be checked because Postgres is
+/// away (`false`); a revoked token or another failure is refused with the response to send.
+async fn check_grant(state: &AppState, claims: &AccessClaims) -> Result<bool, Response> {
+    let active = async {
+        let mut conn = state.db.acquire().await?;
+        sandgate_store::grants::token_is_active(&mut conn, claims.grant, &claims.jti).await
+    }
+    .await;
+    match active {
+        Ok(true) => Ok(true),
+        Ok(false) => {
+            tracing::info!(grant_id = ?claims.grant, "refused a revoked token");
+            Err(unauthorized(
+                state,
+                Some("the access token was revoked or its app was disconnected"),
+            ))
+        }
+        // Postgres is away: nothing that touches a sandbox can run without it anyway, so let
+        // the request through marked unverified. Tool calls then refuse with the same
+        // retryable tool error as every other call during an outage (DESIGN: calls fail fast
+        // and retryably, then work again by themselves); listing tools stays possible.
+        Err(err) if err.is_unavailable() => {
+            tracing::warn!(error = %err, "grant not checked: the database is unavailable");
+            Ok(false)
+        }
+        Err(err) => {
+            tracing::error!(error = ?err, "checking the token's grant failed");
+            Err(BearerError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "temporarily_unavailable",
+                "sandgate's database is unavailable; retry in a few seconds",
+            )
+            .into_response())
+        }
+    }
 }
 
 /// The tool a `tools/call` request names, if it is one of ours. Under 2026-07-28 the

@@ -11,6 +11,8 @@ use sandgate_sandbox::{ChannelError, SandboxError};
 use sandgate_service::ServiceError;
 use sandgate_store::audit::{ErrorKind, Outcome};
 
+use super::calls::Answer;
+
 /// Why a tool call produced no normal result.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CallError {
@@ -36,6 +38,44 @@ pub(crate) struct Failure {
     pub kind: ErrorKind,
     /// The sandbox the failure names, for the audit trail.
     pub sandbox_id: Option<String>,
+}
+
+/// How a call is answered and recorded, whether it worked or not.
+#[derive(Debug)]
+pub(crate) struct Settled {
+    /// The answer to the client.
+    pub response: Result<CallToolResponse, ErrorData>,
+    /// The audit trail's outcome (and the metric label).
+    pub outcome: Outcome,
+    /// The audit trail's error kind, when it failed.
+    pub kind: Option<ErrorKind>,
+    /// The sandbox the call reached or the failure names.
+    pub sandbox_id: Option<String>,
+}
+
+/// Settles a call of `tool`: its answer, or its error through the one mapping below.
+pub(crate) fn settle(result: Result<Answer, CallError>, tool: &str) -> Settled {
+    match result {
+        Ok(answer) => Settled {
+            outcome: if answer.result.is_error == Some(true) {
+                Outcome::UserError
+            } else {
+                Outcome::Ok
+            },
+            response: Ok(answer.result.into()),
+            kind: None,
+            sandbox_id: answer.sandbox_id,
+        },
+        Err(err) => {
+            let failure = err.into_failure(tool);
+            Settled {
+                response: failure.response,
+                outcome: failure.outcome,
+                kind: Some(failure.kind),
+                sandbox_id: failure.sandbox_id,
+            }
+        }
+    }
 }
 
 impl CallError {

@@ -21,7 +21,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use sandgate_auth::AccessClaims;
-use sandgate_store::audit::{AuditEvent, ErrorKind, Outcome};
+use sandgate_store::audit::{AuditEvent, ErrorKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -140,6 +140,22 @@ fn session_conversation(ctx: &RequestContext<RoleServer>) -> Option<String> {
         .map(|id| format!("mcp-session:{id}"))
 }
 
+impl McpServer {
+    /// Who is calling, with the tenant's limits; refuses a tenant over its call rate.
+    async fn caller(&self, claims: &AccessClaims) -> Result<Caller, ServiceError> {
+        let service = &self.inner.sandboxes;
+        let caller = Caller {
+            tenant: claims.tenant,
+            subject: claims.sub.clone(),
+            token_id: claims.jti.clone(),
+            grant: claims.grant,
+            limits: service.limits(claims.tenant).await?,
+        };
+        service.check_rate(&caller).await?;
+        Ok(caller)
+    }
+}
+
 impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
@@ -200,15 +216,7 @@ impl ServerHandler for McpServer {
             if unverified {
                 return Err(CallError::Service(ServiceError::DatabaseAway));
             }
-            let service = &self.inner.sandboxes;
-            let caller = Caller {
-                tenant: claims.tenant,
-                subject: claims.sub.clone(),
-                token_id: claims.jti.clone(),
-                grant: claims.grant,
-                limits: service.limits(claims.tenant).await?,
-            };
-            service.check_rate(&caller).await?;
+            let caller = self.caller(&claims).await?;
             self.dispatch(
                 tool,
                 request.arguments,
@@ -221,36 +229,24 @@ impl ServerHandler for McpServer {
         .instrument(span)
         .await;
         let elapsed = started.elapsed();
-        let (response, sandbox_id, outcome, error_kind) = match outcome {
-            Ok(answer) => {
-                let outcome = if answer.result.is_error == Some(true) {
-                    Outcome::UserError
-                } else {
-                    Outcome::Ok
-                };
-                (Ok(answer.result.into()), answer.sandbox_id, outcome, None)
-            }
-            Err(err) => {
-                let failure = err.into_failure(tool.as_str());
-                let kind = Some(failure.kind);
-                (failure.response, failure.sandbox_id, failure.outcome, kind)
-            }
-        };
-        self.inner.metrics.record_call(tool, outcome, elapsed);
+        let settled = errors::settle(outcome, tool.as_str());
+        self.inner
+            .metrics
+            .record_call(tool, settled.outcome, elapsed);
         let event = AuditEvent {
             at: Utc::now(),
             tenant_id: claims.tenant,
             token_id: Some(claims.jti.clone()),
             subject: Some(claims.sub.clone()),
             conversation_id: conversation,
-            sandbox_id,
+            sandbox_id: settled.sandbox_id,
             tool: tool.as_str().to_owned(),
-            outcome,
-            error_kind,
+            outcome: settled.outcome,
+            error_kind: settled.kind,
             duration_ms: i32::try_from(elapsed.as_millis()).unwrap_or(i32::MAX),
         };
         let db_down = event.error_kind == Some(ErrorKind::Unavailable);
         self.inner.audit.record(event, db_down).await;
-        response
+        settled.response
     }
 }

@@ -1005,6 +1005,9 @@ class CellRunner(FrameServer):
                 self.running_exec = req["id"]
                 # An interrupt that arrived while the cell still waited here applies now.
                 self.interrupt_requested = req["id"] == self.interrupt_target
+            # Tells the agent the cell has been taken: should the kernel die from now on, the
+            # cell may have run; before, the agent hands it to the next kernel instead.
+            WRITER.event(req["id"], "started")
             try:
                 self.run_exec(req)
             except Exception as err:  # a bug: report it and keep serving
@@ -1183,13 +1186,15 @@ class Run:
         self.display_bytes = 0
         self.truncated = False
         self.interrupted = False
+        self.started = False  # the kernel has taken the cell (it may have run)
         self.junk = 0
+        self.req = req
 
 
 class Agent(FrameServer):
     # Ops that run acting as the sandbox user on the reader thread (path checks); their workers
     # switch too.
-    USER_OPS = frozenset({"write_file", "read_file", "list_dir", "command"})
+    USER_OPS = frozenset({"write_file", "read_file", "list_dir"})
 
     def __init__(self, proto_in):
         super().__init__(proto_in)
@@ -1241,7 +1246,10 @@ class Agent(FrameServer):
             # for requests it does not run: never relayed.
             return
         event = frame.get("event")
-        if event is not None:
+        if event == "started":
+            with self.state_lock:
+                run.started = True
+        elif event is not None:
             self.relay_event(run, event, frame)
         elif frame.get("ok") is True and isinstance(frame.get("result"), dict):
             self.finish_exec(run, frame["result"])
@@ -1378,6 +1386,12 @@ class Agent(FrameServer):
             self.kernel = None
         old.kill()
         sweep(self.keep_roots(kernel=False))
+        if run is not None and not run.started and not run.interrupted:
+            # The kernel died before it took the cell: the next kernel runs it, and it is told
+            # that the state was lost.
+            with self.state_lock:
+                self.exec_queue.appendleft(run.req)
+            run = None
         if run is not None:
             WRITER.ok(
                 run.id,
@@ -1496,11 +1510,9 @@ class Agent(FrameServer):
         if timeout_ms is not None and (not isinstance(timeout_ms, (int, float)) or timeout_ms < 0):
             raise OpError("bad_request", "timeout_ms must be a non-negative number")
         limit = int_arg(frame, "output_limit", DEFAULT_OUTPUT_LIMIT)
-        cwd = resolve_path(frame.get("cwd"))
-        if not os.path.exists(cwd):
-            raise OpError("not_found", f"{cwd} does not exist")
-        if not os.path.isdir(cwd):
-            raise OpError("not_a_directory", f"{cwd} is not a directory")
+        # Checked as the user; the threads that start processes must stay root (a thread inherits
+        # the credentials of the one that creates it).
+        cwd = CREDS.run_as_user(checked_cwd, frame.get("cwd"))
         if frame.get("background"):
             self.start_job(req_id, command, cwd)
             return
@@ -1592,12 +1604,13 @@ class Agent(FrameServer):
         self.spawn("kill_job", self.finish_kill_job, req_id, job_id, proc)
 
     def finish_kill_job(self, req_id, job_id, proc):
-        if proc is not None:
-            deadline = time.monotonic() + SWEEP_S
-            while proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.01)
-        with self.state_lock:
-            job = dict(self.jobs.get(job_id, {}))
+        deadline = time.monotonic() + SWEEP_S
+        while True:
+            with self.state_lock:
+                job = dict(self.jobs.get(job_id, {}))
+            if not job.get("running") or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)  # wait_job records the end
         WRITER.ok(req_id, {"killed": proc is not None, "job": job})
 
     def run_command(self, req_id, command, timeout_ms, limit, cwd):
@@ -1914,6 +1927,15 @@ class Agent(FrameServer):
 
 # The name the agent's own code objects carry ("<string>" when run with -c).
 AGENT_FILE = CellRunner.on_sigint.__code__.co_filename
+
+
+def checked_cwd(path):
+    cwd = resolve_path(path)
+    if not os.path.exists(cwd):
+        raise OpError("not_found", f"{cwd} does not exist")
+    if not os.path.isdir(cwd):
+        raise OpError("not_a_directory", f"{cwd} is not a directory")
+    return cwd
 
 
 def int_arg(frame, name, default):

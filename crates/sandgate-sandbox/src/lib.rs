@@ -16,6 +16,7 @@ pub mod config;
 pub mod docker;
 pub mod manager;
 pub mod protocol;
+pub mod telemetry;
 
 #[cfg(test)]
 mod testing;
@@ -23,7 +24,8 @@ mod testing;
 pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
 pub use channel::{
     AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
-    Display, EntryKind, ExecOptions, ExecOutcome, FileInfo, OutputEvent, PingInfo,
+    Display, EntryKind, ExecOptions, ExecOutcome, FileInfo, Job, Listing, OutputEvent, PingInfo,
+    Space,
 };
 pub use config::{ChannelConfig, ManagerConfig, PoolConfig, SandboxProfile};
 pub use docker::{DockerBackend, DockerError};

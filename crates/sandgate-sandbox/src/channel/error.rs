@@ -59,6 +59,12 @@ pub enum AgentError {
         /// The agent's text.
         message: String,
     },
+    /// A limit of the sandbox was reached (e.g. too many background jobs).
+    #[error("{message}")]
+    Limit {
+        /// The agent's text (names the limit and what to do).
+        message: String,
+    },
     /// A bug in the agent.
     #[error("the sandbox agent failed: {message}")]
     Internal {
@@ -83,6 +89,7 @@ impl AgentError {
             },
             "bad_request" => Self::BadRequest { message },
             "io" => Self::Io { message },
+            "limit" => Self::Limit { message },
             "internal" => Self::Internal { message },
             other => Self::Internal {
                 message: format!("{other}: {message}"),

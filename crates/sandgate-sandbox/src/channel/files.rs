@@ -131,18 +131,18 @@ impl AgentChannel {
     }
 
     /// Lists a directory under /home/user (`""` or `"."` for the home itself), sorted by name.
-    #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.shared.label))]
     pub async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, ChannelError> {
+        Ok(self.list(path).await?.entries)
+    }
+
+    /// Lists a directory under /home/user with the space used and left there.
+    #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.shared.label))]
+    pub async fn list(&self, path: &str) -> Result<Listing, ChannelError> {
         let path = if path.is_empty() { "." } else { path };
         let mut call = self.start("list_dir", json!({"path": path})).await?;
         let result = call
             .finish("list_dir", self.inner.config.call_timeout)
             .await?;
-        #[derive(Deserialize)]
-        struct Wire {
-            entries: Vec<DirEntry>,
-        }
-        let wire: Wire = decode("list_dir", result)?;
-        Ok(wire.entries)
+        decode("list_dir", result)
     }
 }

@@ -108,56 +108,35 @@ impl Shared {
     }
 }
 
-/// Logs the container's stderr line by line (agent diagnostics, crash tracebacks), bounded.
-pub(crate) struct StderrLog {
-    pub(crate) label: String,
-    pub(crate) line: Vec<u8>,
-}
-
-impl StderrLog {
-    const MAX_LINE: usize = 8192;
-
-    pub(crate) fn push(&mut self, data: &[u8]) {
-        for &b in data {
-            if b == b'\n' {
-                self.flush();
-            } else if self.line.len() < Self::MAX_LINE {
-                self.line.push(b);
-            }
-        }
-    }
-
-    pub(crate) fn flush(&mut self) {
-        if !self.line.is_empty() {
-            let text = String::from_utf8_lossy(&self.line);
-            tracing::warn!(sandbox = %self.label, line = %text, "sandbox stderr");
-            self.line.clear();
-        }
-    }
-}
-
 pub(crate) async fn read_loop(
     shared: Arc<Shared>,
     mut output: BoxStream<'static, std::io::Result<StreamChunk>>,
 ) {
     let mut lines = LineSplitter::new(MAX_FRAME_BYTES);
-    let mut stderr = StderrLog {
-        label: shared.label.clone(),
-        line: Vec::new(),
-    };
+    let mut stderr = StderrLog::new(shared.label.clone());
+    let mut budget = OutputBudget::new();
     let reason = loop {
         match output.next().await {
             None => break "the sandbox's output stream ended".to_owned(),
             Some(Err(err)) => break format!("reading the sandbox's output failed: {err}"),
             Some(Ok(StreamChunk::Stderr(data))) => stderr.push(&data),
             Some(Ok(StreamChunk::Stdout(data))) => {
-                for frame in lines.push(&data) {
+                let frames = lines.push(&data);
+                let pause = budget.charge(frames.len(), data.len());
+                for frame in frames {
                     shared.dispatch(frame).await;
+                }
+                if !pause.is_zero() {
+                    // Over budget: stop reading for a while. The agent's writes block meanwhile,
+                    // so the sandbox slows down; other sandboxes have readers of their own.
+                    tracing::debug!(sandbox = %shared.label, ?pause, "sandbox output throttled");
+                    tokio::time::sleep(pause).await;
                 }
             }
         }
     };
     stderr.flush();
+    stderr.summarize();
     shared.lose(reason);
 }
 

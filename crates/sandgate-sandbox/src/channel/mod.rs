@@ -6,6 +6,7 @@
 //! while a cell runs); the agent decides what runs concurrently. When the stream ends every pending
 //! call fails with [`ChannelError::AttachLost`] and the reason; the manager then asks the engine why.
 
+mod budget;
 mod calls;
 mod error;
 mod files;
@@ -15,6 +16,7 @@ mod output;
 mod tests;
 mod types;
 
+use budget::*;
 pub use error::{AgentError, ChannelError};
 use link::*;
 use output::*;
@@ -215,14 +217,24 @@ impl AgentChannel {
     }
 
     /// Restarts the kernel (last resort for a cell that ignores interrupts): all variables are
-    /// lost, files stay. Returns the new ready frame.
-    #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.shared.label))]
-    pub async fn restart(&self) -> Result<ReadyInfo, ChannelError> {
-        let seen = self.inner.shared.link.borrow().readies;
-        // The `{"restarting": true}` answer is not needed: the new ready frame is what counts.
-        drop(self.start("restart", json!({})).await?);
-        self.wait_ready_after(seen, self.inner.config.ready_timeout)
+    /// lost, files stay. Returns the new kernel's process id.
+    pub async fn restart(&self) -> Result<u64, ChannelError> {
+        self.restart_because("the kernel was restarted at the gateway's request")
             .await
+    }
+
+    /// Restarts the kernel; `reason` is what the cell running in it is told.
+    #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.shared.label))]
+    pub(crate) async fn restart_because(&self, reason: &str) -> Result<u64, ChannelError> {
+        let mut call = self.start("restart", json!({"reason": reason})).await?;
+        let result = call
+            .finish("restart", self.inner.config.ready_timeout)
+            .await?;
+        #[derive(Deserialize)]
+        struct Wire {
+            kernel_pid: u64,
+        }
+        Ok(decode::<Wire>("restart", result)?.kernel_pid)
     }
 
     /// Checks that the agent answers (it does even while a cell runs).

@@ -5,6 +5,7 @@ use super::*;
 
 use super::error::size_in_message;
 use crate::testing::{FakeAgent, eventually, fake_agent};
+use std::collections::HashMap;
 
 async fn open() -> (AgentChannel, FakeAgent) {
     let (streams, agent) = fake_agent(true);
@@ -156,4 +157,65 @@ fn output_is_bounded_at_a_char_boundary_and_marked() {
     out.mark_if_dropped(false, 10);
     assert!(out.dropped);
     assert!(out.stderr.contains("[output truncated by the gateway"));
+}
+
+/// Counts the events logged with a given message.
+#[derive(Clone, Default)]
+struct CountEvents(Arc<Mutex<HashMap<String, usize>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountEvents {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        *self.0.lock().unwrap().entry(message.0).or_default() += 1;
+    }
+}
+
+#[tokio::test]
+async fn a_sandbox_flooding_stderr_stays_within_its_log_budget() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let counts = CountEvents::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(counts.clone()));
+    let dropped_before = crate::telemetry::counters().stderr_lines_dropped.get();
+    let (channel, _agent) = open().await;
+    channel
+        .exec("stderr:5000", quick(10_000), None)
+        .await
+        .expect("the cell answers despite the flood");
+    drop(channel);
+    let counts = counts.0.lock().unwrap().clone();
+    let logged = counts.get("sandbox stderr").copied().unwrap_or(0);
+    assert!(
+        logged <= STDERR_BURST_LINES as usize + 2,
+        "{logged} stderr lines reached the log"
+    );
+    assert!(logged > 0, "the first lines are logged: {counts:?}");
+    let dropped = crate::telemetry::counters().stderr_lines_dropped.get() - dropped_before;
+    assert!(dropped >= 5000 - logged as u64 - 2, "dropped {dropped}");
+}
+
+#[test]
+fn an_output_budget_pauses_a_sandbox_that_sends_too_fast() {
+    let mut budget = OutputBudget::new();
+    assert!(budget.charge(10, 1000).is_zero(), "within budget");
+    let pause = budget.charge(100_000, 10);
+    assert!(
+        pause > Duration::ZERO,
+        "100k frames at once are over budget"
+    );
+    let bytes = budget.charge(1, 1 << 30);
+    assert!(bytes > Duration::ZERO, "1 GiB at once is over budget");
 }

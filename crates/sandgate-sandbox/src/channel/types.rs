@@ -82,8 +82,13 @@ pub struct ExecOutcome {
     pub truncated: bool,
     /// The cell hit its timeout and was interrupted.
     pub timed_out: bool,
-    /// The cell did not stop when interrupted; the kernel was restarted and its variables are gone.
+    /// The kernel's variables are gone: the cell did not stop when interrupted and the kernel was
+    /// restarted, or the kernel died (during this cell, or since the previous one) and a fresh one
+    /// took its place. Files in /home/user are kept.
     pub state_lost: bool,
+    /// Why the state was lost, in words for the model (e.g. "the Python kernel was killed by
+    /// SIGKILL …"), when it was.
+    pub state_lost_reason: Option<String>,
     /// Wall time of the call.
     pub duration: Duration,
 }
@@ -128,6 +133,38 @@ pub struct CommandOutcome {
     pub duration: Duration,
 }
 
+/// A background job (PROTOCOL.md, `command` with `background`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Job {
+    /// Its handle, e.g. `job-1`.
+    pub id: String,
+    /// Its main process inside the sandbox.
+    pub pid: u64,
+    /// The command line it runs.
+    pub command: String,
+    /// The file inside the sandbox its stdout and stderr go to.
+    pub log: String,
+    /// When it started, unix seconds.
+    pub started: f64,
+    /// Whether it is still running.
+    pub running: bool,
+    /// Its exit code, once it exited normally.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+}
+
+/// Space in the file system of /home/user (its quota), bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct Space {
+    /// The size of the file system.
+    pub total: u64,
+    /// Bytes in use.
+    pub used: u64,
+    /// Bytes still available.
+    pub free: u64,
+}
+
 /// A file in the sandbox, as written or read.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct FileInfo {
@@ -137,6 +174,9 @@ pub struct FileInfo {
     pub size: u64,
     /// Lower-case hex SHA-256 of the content.
     pub sha256: String,
+    /// Space used and left in /home/user, when the agent reported it.
+    #[serde(default)]
+    pub space: Option<Space>,
 }
 
 /// The type of a directory entry.
@@ -174,4 +214,17 @@ pub struct PingInfo {
     pub pid: u64,
     /// Whether a cell is running.
     pub busy: bool,
+    /// The kernel's pid (the process that runs cells).
+    #[serde(default)]
+    pub kernel_pid: Option<u64>,
+}
+
+/// A directory listing with the space used and left in /home/user.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Listing {
+    /// The entries, sorted by name.
+    pub entries: Vec<DirEntry>,
+    /// Space used and left, when the agent reported it.
+    #[serde(default)]
+    pub space: Option<Space>,
 }

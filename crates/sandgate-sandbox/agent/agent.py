@@ -201,6 +201,9 @@ class Credentials:
             self.setresuid, self.setresgid = numbers
             self.libc = ctypes.CDLL(None, use_errno=True)
             os.setgroups([])  # root's supplementary groups must not apply to user-context checks
+            # Not dumpable: /proc/<agent>/fd and /mem stay closed to other uids whatever the
+            # kernel's (or gVisor's) ptrace-access rules say about root processes.
+            self.libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
 
     def popen_args(self):
         """Arguments for subprocess.Popen that start a process as the sandbox user."""

@@ -537,6 +537,7 @@ impl McpServer {
                     sha256: info.sha256,
                     download_url,
                     download_expires_at: rfc3339(expires),
+                    space: info.space.map(SpaceOutput::from),
                 };
                 let summary = format!(
                     "{} ({} bytes, {}) from sandbox {}. Download link for a person (valid until {}): {}",
@@ -576,12 +577,14 @@ impl McpServer {
                     )
                     .await?;
                 let path = args.path.unwrap_or_else(|| ".".into());
-                let listing = resolved.sandbox.list_dir(&path).await;
-                let entries = service.checked(&resolved, listing).await?;
+                let listing = resolved.sandbox.list(&path).await;
+                let listing = service.checked(&resolved, listing).await?;
                 let out = ListFilesOutput {
                     sandbox_id: resolved.row.id.clone(),
                     path: absolute(&path),
-                    entries: entries
+                    space: listing.space.map(SpaceOutput::from),
+                    entries: listing
+                        .entries
                         .into_iter()
                         .map(|e| FileEntry {
                             name: e.name,
@@ -602,6 +605,13 @@ impl McpServer {
                 }
                 if out.entries.is_empty() {
                     text.push_str("(empty)\n");
+                }
+                if let Some(space) = &out.space {
+                    text.push_str(&format!(
+                        "{} MiB used, {} MiB free in /home/user\n",
+                        space.used_bytes >> 20,
+                        space.free_bytes >> 20
+                    ));
                 }
                 Ok(Answer {
                     sandbox_id: Some(out.sandbox_id.clone()),
@@ -710,6 +720,7 @@ impl McpServer {
             truncated: outcome.truncated,
             timed_out: outcome.timed_out,
             state_lost: outcome.state_lost,
+            state_lost_reason: outcome.state_lost_reason,
             duration_ms: outcome.duration.as_millis() as u64,
         };
         let is_error = out.error.is_some() || out.timed_out;
@@ -842,7 +853,13 @@ fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String {
         ));
     }
     if out.state_lost {
-        text.push_str("[the cell did not stop, so the Python kernel was restarted: variables are gone, files in /home/user are kept]\n");
+        let why = out
+            .state_lost_reason
+            .as_deref()
+            .unwrap_or("the Python kernel was restarted");
+        text.push_str(&format!(
+            "[{why}: variables are gone, files in /home/user are kept]\n"
+        ));
     }
     if out.truncated {
         text.push_str("[output truncated]\n");

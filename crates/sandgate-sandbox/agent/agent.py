@@ -352,7 +352,8 @@ def user_env(extra=None):
 
 def describe_exit(returncode, oom_before):
     """Why the kernel ended, in words for the model."""
-    if oom_kills() > oom_before:
+    oom_after = oom_kills()
+    if oom_before is not None and oom_after is not None and oom_after > oom_before:
         return (
             "the Python kernel was killed by the out-of-memory killer: the sandbox's memory limit "
             "was reached"
@@ -363,25 +364,32 @@ def describe_exit(returncode, oom_before):
             name = signal.Signals(sig).name
         except ValueError:
             name = f"signal {sig}"
-        hint = {
-            signal.SIGKILL: " (by user code, e.g. `kill -9`)",
-            signal.SIGSEGV: " (a crash, e.g. in a C extension)",
-            signal.SIGABRT: " (an abort, e.g. in a C extension)",
-        }.get(sig, "")
+        if sig == signal.SIGKILL:
+            hint = (
+                " (by user code, e.g. `kill -9`)"
+                if oom_after is not None
+                else " (by user code, or by the out-of-memory killer at the sandbox's memory limit)"
+            )
+        else:
+            hint = {
+                signal.SIGSEGV: " (a crash, e.g. in a C extension)",
+                signal.SIGABRT: " (an abort, e.g. in a C extension)",
+            }.get(sig, "")
         return f"the Python kernel was killed by {name}{hint}"
     return f"the Python kernel exited with status {returncode} (e.g. os._exit or sys.exit outside a cell)"
 
 
 def oom_kills():
-    """The container's out-of-memory kill count (cgroup v2), 0 when it cannot be read."""
-    try:
-        with open("/sys/fs/cgroup/memory.events") as f:
-            for line in f:
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
+    """The container's out-of-memory kill count (cgroup v2 or v1), None when it cannot be read."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 # --------------------------------------------------------------------------------------------------

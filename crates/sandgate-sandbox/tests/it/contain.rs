@@ -328,3 +328,25 @@ async fn killing_the_kernel_from_a_terminal_loses_its_state_but_not_the_sandbox(
     assert_eq!(text(&cell(&sandbox, "2 + 2").await), "4");
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn ordinary_shell_work_runs_under_the_profiles_runtime() {
+    // Under gVisor this needs the image's statx shim (deploy/sandbox/statx_shim.c).
+    let env = TestEnv::new("contain-shell", 0).await;
+    let sandbox = env.lease().await;
+    let out = shell(
+        &sandbox,
+        "set -e; echo data > a.txt; ls -la /home/user; stat / >/dev/null; ls -la /tmp >/dev/null; \
+         cp -p a.txt b.txt; find . -newer /etc/hostname -name b.txt; tar cf t.tar a.txt b.txt; \
+         tar tvf t.tar",
+    )
+    .await;
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    assert!(out.stdout.contains(" a.txt\n"), "a long listing: {out:?}");
+    assert!(out.stdout.contains("./b.txt\n"), "find -newer: {out:?}");
+    assert!(
+        out.stdout.contains("user/user"),
+        "tar keeps owners: {out:?}"
+    );
+    env.cleanup().await;
+}

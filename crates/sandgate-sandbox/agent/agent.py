@@ -1543,19 +1543,9 @@ class Agent(FrameServer):
         # The job creates its log itself, as the sandbox user, so the agent never writes into a
         # directory user code controls.
         script = 'mkdir -p -- "$3" && cd -- "$1" || exit 126; exec bash -lc "$2" >"$4" 2>&1'
-        try:
-            proc = subprocess.Popen(
-                ["bash", "-c", script, "sandgate-job", cwd, command, JOBS_DIR, log_path],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-                close_fds=True,
-                env=user_env(),
-                **CREDS.popen_args(),
-            )
-        except OSError as err:
-            raise OpError("io", f"cannot start bash: {err}")
+        proc = start_user_shell(
+            [script, "sandgate-job", cwd, command, JOBS_DIR, log_path], subprocess.DEVNULL
+        )
         job = {
             "id": job_id,
             "pid": proc.pid,
@@ -1626,19 +1616,8 @@ class Agent(FrameServer):
 
     def run_command(self, req_id, command, timeout_ms, limit, cwd):
         sink = OutputSink(req_id, limit)
-        try:
-            proc = subprocess.Popen(
-                ["bash", "-c", 'cd -- "$1" || exit 126; exec bash -lc "$2"', "sandgate", cwd, command],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                close_fds=True,
-                env=user_env(),
-                **CREDS.popen_args(),
-            )
-        except OSError as err:
-            raise OpError("io", f"cannot start bash: {err}")
+        script = 'cd -- "$1" || exit 126; exec bash -lc "$2"'
+        proc = start_user_shell([script, "sandgate", cwd, command], subprocess.PIPE)
         pgid = proc.pid  # start_new_session: the child leads its own session and group
         with self.state_lock:
             self.commands[req_id] = pgid
@@ -1938,6 +1917,25 @@ class Agent(FrameServer):
 
 # The name the agent's own code objects carry ("<string>" when run with -c).
 AGENT_FILE = CellRunner.on_sigint.__code__.co_filename
+
+
+def start_user_shell(args, output):
+    """Starts `bash -c <args…>` as the sandbox user in a session of its own, stdin from /dev/null,
+    stdout and stderr to `output` (PIPE or DEVNULL), with the user's environment. (cwd is changed
+    by the script: the agent, root without DAC_OVERRIDE, cannot enter the user's home itself.)"""
+    try:
+        return subprocess.Popen(
+            ["bash", "-c", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+            close_fds=True,
+            env=user_env(),
+            **CREDS.popen_args(),
+        )
+    except OSError as err:
+        raise OpError("io", f"cannot start bash: {err}")
 
 
 def checked_cwd(path):

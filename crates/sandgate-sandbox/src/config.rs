@@ -158,3 +158,38 @@ impl ManagerConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> SandboxProfile {
+        SandboxProfile {
+            name: "default".into(),
+            image: "sandgate-sandbox:latest".into(),
+            runtime: "runc".into(),
+            memory_mb: 512,
+            cpus: 1.0,
+            pids_limit: 256,
+            nofile: 1024,
+            tmp_size_mb: 64,
+            home_size_mb: 512,
+        }
+    }
+
+    #[test]
+    fn the_container_limit_covers_memory_and_both_tmpfs_mounts() {
+        assert_eq!(profile().container_memory_mb(), 512 + 64 + 512);
+        assert_eq!(profile().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_home_too_large_to_account_for_is_refused_naming_the_key() {
+        let huge = SandboxProfile {
+            home_size_mb: MAX_CONTAINER_MEMORY_MB,
+            ..profile()
+        };
+        let err = huge.validate().unwrap_err();
+        assert!(err.starts_with("home_size_mb:"), "{err}");
+    }
+}

@@ -7,8 +7,10 @@
 //! - [`docker`]: the Docker implementation (bollard): the hardening baseline, the embedded agent.
 //! - [`protocol`]: the agent protocol's wire format (`agent/PROTOCOL.md`).
 //! - [`channel`]: [`AgentChannel`], one attach stream per sandbox with concurrent calls on it:
-//!   exec, command, file transfer, listing, ping; timeouts, interrupts, restarts.
+//!   exec, command, background jobs, file transfer, listing, ping; timeouts, interrupts,
+//!   restarts, output budgets.
 //! - [`manager`]: [`SandboxManager`] (warm pools, lease, adopt, close) and [`Sandbox`].
+//! - [`telemetry`]: counters of what sandboxes sent beyond their budgets, for `/metrics`.
 
 pub mod backend;
 pub mod channel;

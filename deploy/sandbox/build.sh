@@ -222,14 +222,26 @@ fi
 
 t=$(now_ms)
 log "step 4/4: docker build (final steps: finalize.sh)"
+# The build context: the recipe plus the statx shim compiled here (the image has no compiler; the
+# shim needs nothing but syscall(2) from any glibc, so the machine's compiler will do).
+context="$work/context-$recipe_hash"
+rm -rf "$context"
+mkdir -p "$context"
+cp "${files[@]/#/$here/}" "$context/"
+command -v cc >/dev/null || {
+	log "installing a C compiler (gcc) for the statx shim"
+	"${as_root[@]}" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev" >&2
+}
+cc -shared -fPIC -O2 -Wall -Werror -o "$context/statx_shim.so" "$here/statx_shim.c"
 docker_build_log="$work/docker-build-$recipe_hash.log"
-if ! DOCKER_BUILDKIT=0 docker build "${build_args[@]}" -t "$tag" -t sandgate-sandbox:latest "$here" \
+if ! DOCKER_BUILDKIT=0 docker build "${build_args[@]}" -t "$tag" -t sandgate-sandbox:latest "$context" \
 	>"$docker_build_log" 2>&1; then
 	log "docker build failed; last lines of $docker_build_log:"
 	tail -n 25 "$docker_build_log" | sed 's/^/[sandbox]   | /' >&2
 	exit 1
 fi
 grep -E '^Step [0-9]+/' "$docker_build_log" | sed 's/^/[sandbox]   /' >&2 || true
+rm -rf "$context"
 log "step 4/4: done in $(since "$t")"
 size=$(docker image inspect -f '{{.Size}}' "$tag")
 log "built $tag ($((size / 1024 / 1024)) MiB) in $(since "$t_all")"

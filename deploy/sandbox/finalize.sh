@@ -15,6 +15,16 @@ install -d -o 1000 -g 1000 -m 0755 /home/user /home/user/outputs
 
 ln -sf /usr/bin/python3 /usr/local/bin/python
 
+# gVisor: the statx shim (statx_shim.c says why), preloaded into every dynamically linked program.
+if [ -f "$here/statx_shim.so" ]; then
+	install -d -m 0755 /usr/local/lib/sandgate
+	install -m 0644 "$here/statx_shim.so" /usr/local/lib/sandgate/statx_shim.so
+	echo /usr/local/lib/sandgate/statx_shim.so >/etc/ld.so.preload
+	ls -l / >/dev/null # the preload loads and works
+else
+	echo "finalize: statx_shim.so missing (build with deploy/sandbox/build.sh): ls -l will fail under runsc" >&2
+fi
+
 # matplotlib reads its font list from MPLCONFIGDIR, which must be writable (a
 # read-only one makes it warn and fall back to a fresh temporary directory), so
 # at run time it is /tmp/matplotlib (tmpfs, empty when the sandbox starts).

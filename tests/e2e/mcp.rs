@@ -214,7 +214,7 @@ async fn support_analyst(era: Era) {
     let listing = client
         .ok(
             "run_terminal_command",
-            json!({"sandbox_id": sandbox_id, "command": "ls -la data outputs"}),
+            json!({"sandbox_id": sandbox_id, "command": "ls -la /home/user data outputs"}),
         )
         .await;
     assert_eq!(listing.structured["exit_code"], 0);

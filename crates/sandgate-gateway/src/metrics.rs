@@ -94,6 +94,17 @@ impl Metrics {
             "Started-and-ready sandboxes waiting in this process's warm pool",
             pool_ready.clone(),
         );
+        let sandbox = sandgate_sandbox::telemetry::counters();
+        registry.register(
+            "sandbox_stderr_lines_dropped",
+            "Lines of sandbox container stderr not logged because the sandbox was over its log budget",
+            sandbox.stderr_lines_dropped.clone(),
+        );
+        registry.register(
+            "sandbox_output_throttled",
+            "Times a sandbox's output was paused for sending frames or bytes faster than its budget",
+            sandbox.output_throttled.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -169,6 +180,23 @@ mod tests {
         assert!(text.contains("sandgate_pool_ready_sandboxes 2"), "{text}");
         assert!(
             text.contains("sandgate_tool_call_duration_seconds_count{tool=\"execute_code\"} 3"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn sandbox_budget_counters_are_exported() {
+        let metrics = Metrics::new();
+        sandgate_sandbox::telemetry::counters()
+            .stderr_lines_dropped
+            .inc_by(3);
+        let text = metrics.render(0).unwrap();
+        assert!(
+            text.contains("sandgate_sandbox_stderr_lines_dropped_total "),
+            "{text}"
+        );
+        assert!(
+            text.contains("sandgate_sandbox_output_throttled_total "),
             "{text}"
         );
     }

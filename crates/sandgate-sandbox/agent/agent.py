@@ -1,30 +1,28 @@
 """sandgate sandbox agent: the main process of every sandbox container.
 
 It speaks the newline-delimited JSON protocol described in PROTOCOL.md (next to this file) over the
-container's attached stdin/stdout and runs, for the gateway:
+container's attached stdin/stdout. The same source runs in two roles:
 
-* ``exec``: Python cells in a persistent kernel (an IPython ``InteractiveShell`` when IPython is
-  importable, plain ``exec`` otherwise) on the main thread, one at a time;
-* ``command``: shell commands (``bash -lc``) in their own process groups, concurrently;
-* file operations confined to the home directory, plus ``interrupt``, ``restart`` and ``ping``.
+* the **agent** (started by the gateway as ``python3 -u -c <source>``, as root with only the
+  capabilities SETUID, SETGID and KILL): owns the protocol descriptors, answers ``ping``, runs
+  ``command`` (shell commands and background jobs), the file operations, ``interrupt`` and
+  ``restart``, supervises the kernel, and ends every process a call leaves behind;
+* the **kernel** (``python3 -u -c <source> kernel``, started by the agent as uid 1000 with no
+  capabilities): runs the Python cells (an IPython ``InteractiveShell`` when IPython is importable,
+  plain ``exec`` otherwise) and talks to the agent over a private pair of pipes.
 
-It is stdlib-only on purpose: the Rust gateway embeds this file and starts it as
-``python3 -u -c <source>``, so any image with python3 can be a sandbox profile. IPython, numpy,
-pandas and matplotlib are used when present and skipped when not.
+User code (cells and commands) runs as uid 1000 and therefore can neither open the agent's
+descriptors under /proc, nor signal it, nor write a frame the gateway reads: the agent only relays
+kernel frames that belong to the cell the kernel is running. When the kernel dies (a segfault,
+``os._exit``, ``kill -9``, the out-of-memory killer) the agent says why, starts a fresh kernel, and
+files in the home directory stay.
 
-Threads:
-
-* the *reader* thread parses frames from the protocol input and dispatches them. Control ops are
-  answered on it directly (``interrupt``, ``ping``) or handed to a worker thread (file ops,
-  commands), so nothing a cell does can delay them; ``exec`` requests go to a queue;
-* the *main* thread drains that queue. Cells must run there because signals (and therefore
-  ``KeyboardInterrupt``) are only delivered to the main thread, and because user code (matplotlib,
-  ``signal.signal``) assumes it;
-* two *pump* threads drain the pipes that fd 1 and fd 2 point at and turn their bytes into
-  ``stdout``/``stderr`` events of the running ``exec``.
+It is stdlib-only on purpose: the Rust gateway embeds this file, so any image with python3 can be a
+sandbox profile. IPython, numpy, pandas and matplotlib are used when present and skipped when not.
 
 Environment: ``SANDGATE_AGENT_HOME`` overrides the home directory (default ``/home/user``), so the
-agent can be tested on a host.
+agent can be tested on a host (then, not being root, it runs the kernel and commands as its own
+user, and it ends leftover processes among its own descendants only).
 """
 
 import ast
@@ -32,6 +30,7 @@ import base64
 import binascii
 import codecs
 import collections
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -53,12 +52,20 @@ import time
 import traceback
 import types
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 HOME = os.path.realpath(os.environ.get("SANDGATE_AGENT_HOME") or "/home/user")
 
+# The sandbox user: cells and commands run as this uid/gid (when the agent runs as root).
+USER_UID = 1000
+USER_GID = 1000
+
 # Defaults for arguments the gateway normally always sends.
 DEFAULT_OUTPUT_LIMIT = 1 << 20
+# Room kept beyond a call's output limit for the truncation marker and JSON framing.
+MARKER_SLACK = 4096
+# Decoded image bytes one cell may send (PNG charts); more are dropped and the cell is truncated.
+DISPLAY_LIMIT = 32 << 20
 # File data travels in chunks of at most this many raw bytes (PROTOCOL.md, read_file).
 CHUNK_SIZE = 256 * 1024
 # A frame longer than this is refused instead of buffered: one huge line must not exhaust memory.
@@ -73,10 +80,17 @@ WRITE_IDLE_TIMEOUT_S = 300.0
 # After a command's main process has exited we still collect what is already in its pipes, but do
 # not wait longer than this for EOF (a process that escaped the group may hold the pipe open).
 COMMAND_DRAIN_S = 0.2
+# How long a sweep keeps killing leftover processes (a fork loop races it) before giving up.
+SWEEP_S = 2.0
+# Most background jobs running at once.
+MAX_JOBS = 8
+# Where a background job's output goes (created by the job itself, as the sandbox user).
+JOBS_DIR = "/tmp/sandgate-jobs"
+# How long a fresh kernel may take to say ready (it preloads the data stack first).
+KERNEL_READY_S = 120.0
 
-# Private state handed to the next incarnation of the agent across os.execv (restart).
-ENV_FDS = "SANDGATE_AGENT_FDS"
-ENV_PENDING = "SANDGATE_AGENT_PENDING"
+# The kernel's end of its pipes to the agent, named in its environment: "<input fd>,<output fd>".
+ENV_KERNEL_FDS = "SANDGATE_KERNEL_FDS"
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 
@@ -90,7 +104,8 @@ def strip_ansi(text):
 
 
 class ProtocolWriter:
-    """Writes frames to the private duplicate of the original stdout.
+    """Writes frames to a private descriptor (the agent: the container's stdout; the kernel: its
+    pipe to the agent).
 
     Many threads emit frames, so one lock serialises them, and each frame is written as one complete
     line with a single write call (looping only if the kernel accepts part of it), so frames never
@@ -108,6 +123,9 @@ class ProtocolWriter:
         line = (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode(
             "utf-8", "replace"
         )
+        self.send_line(line)
+
+    def send_line(self, line):
         with self.lock:
             view = memoryview(line)
             try:
@@ -115,8 +133,7 @@ class ProtocolWriter:
                     written = os.write(self.fd, view)
                     view = view[written:]
             except OSError as err:
-                # The gateway is gone: nobody can receive results any more. Do not leave command
-                # process groups behind.
+                # The other side is gone: nobody can receive results any more.
                 log(f"protocol output failed ({err}); exiting")
                 shutdown(1)
 
@@ -133,7 +150,7 @@ class ProtocolWriter:
 
 
 WRITER = None  # ProtocolWriter, set in main()
-LOG_FD = None  # duplicate of the original stderr (the container log), set in main()
+LOG_FD = None  # the agent: duplicate of the original stderr (the container log); set in main()
 
 
 def log(message):
@@ -153,6 +170,226 @@ class OpError(Exception):
         super().__init__(message)
         self.kind = kind
         self.message = message
+
+
+# --------------------------------------------------------------------------------------------------
+# Credentials and processes
+
+
+class Credentials:
+    """Who the agent is and how it acts as the sandbox user.
+
+    As root (in a container), file operations run on a thread whose effective uid/gid are switched to
+    the sandbox user's with the raw setresuid/setresgid system calls: those change one thread only
+    (glibc's wrappers would change every thread), so the file operation is checked, and creates
+    files, exactly as the user would, while the rest of the agent stays root. Child processes get the
+    user's uid/gid in full, which also clears every capability.
+    """
+
+    # (setresuid, setresgid) system call numbers per architecture.
+    SYSCALLS = {"x86_64": (117, 119), "aarch64": (147, 149), "arm64": (147, 149)}
+
+    def __init__(self):
+        # On a host (SANDGATE_AGENT_HOME set, the tests) the agent never switches users, even as
+        # root: there is no sandbox user there, and sweeping "all uid-1000 processes" would be wrong.
+        self.root = os.geteuid() == 0 and "SANDGATE_AGENT_HOME" not in os.environ
+        self.libc = None
+        if self.root:
+            numbers = self.SYSCALLS.get(platform.machine())
+            if numbers is None:
+                raise RuntimeError(f"unsupported architecture {platform.machine()}")
+            self.setresuid, self.setresgid = numbers
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            os.setgroups([])  # root's supplementary groups must not apply to user-context checks
+            # Not dumpable: /proc/<agent>/fd and /mem stay closed to other uids whatever the
+            # kernel's (or gVisor's) ptrace-access rules say about root processes.
+            self.libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+
+    def popen_args(self):
+        """Arguments for subprocess.Popen that start a process as the sandbox user."""
+        if not self.root:
+            return {}
+        return {"user": USER_UID, "group": USER_GID, "extra_groups": []}
+
+    def _switch(self, uid, gid):
+        def call(number, value):
+            if self.libc.syscall(number, -1, value, -1) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"switching the thread's credentials failed: {os.strerror(err)}")
+
+        if uid == 0:
+            call(self.setresuid, 0)
+            call(self.setresgid, 0)
+        else:
+            call(self.setresgid, gid)
+            call(self.setresuid, uid)
+
+    def run_as_user(self, target, *args):
+        """Calls target(*args) with this thread acting as the sandbox user."""
+        if not self.root:
+            return target(*args)
+        self._switch(USER_UID, USER_GID)
+        try:
+            return target(*args)
+        finally:
+            self._switch(0, 0)
+
+
+CREDS = None  # Credentials, set in agent_main()
+
+
+def read_processes():
+    """pid -> (ppid, real uid, state) of every process visible in /proc."""
+    procs = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2 :].split()
+            state, ppid = fields[0].decode(), int(fields[1])
+            uid = None
+            with open(f"/proc/{pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"Uid:"):
+                        uid = int(line.split()[1])
+                        break
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        procs[pid] = (ppid, uid, state)
+    return procs
+
+
+def tree(procs, roots):
+    """The pids in `roots` and all their descendants."""
+    children = collections.defaultdict(list)
+    for pid, (ppid, _, _) in procs.items():
+        children[ppid].append(pid)
+    seen = set()
+    todo = [pid for pid in roots if pid in procs]
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        todo.extend(children.get(pid, ()))
+    return seen
+
+
+def sweep(keep_roots, keep_pids=()):
+    """Kills every user process outside the trees of `keep_roots` (the kernel, running commands,
+    background jobs), repeating until none is left or SWEEP_S has passed.
+
+    As root the candidates are all processes of the sandbox user, wherever they were reparented
+    (setsid, double fork, nohup: none of them changes the uid); on a host (tests), the agent's own
+    descendants. Returns the number of processes killed.
+    """
+    me = os.getpid()
+    deadline = time.monotonic() + SWEEP_S
+    killed = 0
+    while True:
+        procs = read_processes()
+        keep = tree(procs, keep_roots) | {me} | set(keep_pids)
+        if CREDS is not None and CREDS.root:
+            candidates = {pid for pid, (_, uid, _) in procs.items() if uid == USER_UID}
+        else:
+            candidates = tree(procs, [me])
+        victims = [pid for pid in candidates - keep if procs[pid][2] not in ("Z", "X")]
+        if not victims:
+            return killed
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        if time.monotonic() >= deadline:
+            log(f"sweep gave up with {len(victims)} processes left")
+            return killed
+        time.sleep(0.01)
+
+
+def kill_group(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def leader_exited(pid):
+    """True once `pid` has exited, without reaping it.
+
+    WNOWAIT leaves the process a zombie, so its pid, which is also the id of its process group,
+    cannot be taken by an unrelated process before we have killed the group.
+    """
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def user_env(extra=None):
+    """The environment of user processes: nothing of the agent's own."""
+    env = {
+        "HOME": HOME,
+        "USER": "user",
+        "LOGNAME": "user",
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "MPLBACKEND": "Agg",
+        "PYTHONUNBUFFERED": "1",
+        # IPython wants a writable profile directory; keep it out of the user's home (and quota).
+        "IPYTHONDIR": os.path.join(tempfile.gettempdir(), "sandgate-ipython"),
+    }
+    for name in ("SANDGATE_AGENT_HOME", "MPLCONFIGDIR", "PYTHONPATH", "IPYTHONDIR", "LC_ALL", "TZ"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    env.update(extra or {})
+    return env
+
+
+def describe_exit(returncode, oom_before):
+    """Why the kernel ended, in words for the model."""
+    oom_after = oom_kills()
+    if oom_before is not None and oom_after is not None and oom_after > oom_before:
+        return (
+            "the Python kernel was killed by the out-of-memory killer: the sandbox's memory limit "
+            "was reached"
+        )
+    if returncode < 0:
+        sig = -returncode
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        if sig == signal.SIGKILL:
+            hint = (
+                " (by user code, e.g. `kill -9`)"
+                if oom_after is not None
+                else " (by user code, or by the out-of-memory killer at the sandbox's memory limit)"
+            )
+        else:
+            hint = {
+                signal.SIGSEGV: " (a crash, e.g. in a C extension)",
+                signal.SIGABRT: " (an abort, e.g. in a C extension)",
+            }.get(sig, "")
+        return f"the Python kernel was killed by {name}{hint}"
+    return f"the Python kernel exited with status {returncode} (e.g. os._exit or sys.exit outside a cell)"
+
+
+def oom_kills():
+    """The container's out-of-memory kill count (cgroup v2 or v1), None when it cannot be read."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -286,10 +523,10 @@ class FdCapture:
 # --------------------------------------------------------------------------------------------------
 # Paths (PROTOCOL.md, "Paths")
 #
-# Confinement is checked on the resolved path. The agent runs as the same uid as user code, so this
-# is a guard against gateway/model mistakes, not a security boundary against code in the sandbox
-# (the container is that boundary); a cell racing a symlink swap against a file op only reaches what
-# it could reach anyway.
+# Confinement is checked on the resolved path. File operations run acting as the sandbox user (see
+# Credentials), so this is a guard against gateway/model mistakes, not a security boundary against
+# code in the sandbox: a cell racing a symlink swap against a file op only reaches what it could
+# reach anyway.
 
 
 def resolve_path(path, default="."):
@@ -561,175 +798,16 @@ class PlainKernel:
 
 
 # --------------------------------------------------------------------------------------------------
-# The agent
+# Frames in
 
 
-class Agent:
-    def __init__(self, proto_in, proto_out, pending):
+class FrameServer:
+    """Reads newline-delimited JSON requests from a descriptor and calls `op_<name>` for each."""
+
+    def __init__(self, proto_in):
         self.proto_in = proto_in
-        self.proto_out = proto_out
-        self.buffer = bytearray(pending)
+        self.buffer = bytearray()
         self.scanned = 0  # bytes of buffer already known to hold no newline
-        self.main_ident = threading.get_ident()
-        self.state_lock = threading.Lock()
-        # exec queue, drained by the main thread (PROTOCOL.md, exec: "in request order").
-        self.exec_queue = collections.deque()
-        self.exec_ready = threading.Condition(self.state_lock)
-        self.running_exec = None  # id of the exec running on the main thread
-        self.interruptible = False  # True only while user code runs (see on_sigint)
-        # Set by `interrupt` for the running exec: covers an interrupt that arrives after the cell
-        # was taken from the queue but before its code started (the signal alone would be dropped).
-        self.interrupt_requested = False
-        # Set when on_sigint has actually raised KeyboardInterrupt for the current interrupt.
-        self.interrupt_delivered = False
-        self.commands = {}  # request id -> process group id of a running command
-        self.uploads = {}  # request id -> queue of chunk frames of a running write_file
-        self.upload_tmp = {}  # request id -> temporary file of a running write_file
-        self.capture = None
-        self.figures = None
-        self.kernel = None
-        self.preloaded = []
-
-    # ----- start-up
-
-    def start(self):
-        self.capture = FdCapture()
-        # The gateway passes -u; should it not, print output would wait in Python's buffer and
-        # arrive after that of child processes. (Harmless when -u already made it unbuffered.)
-        for stream in (sys.stdout, sys.stderr):
-            stream.reconfigure(line_buffering=True)
-        try:
-            os.makedirs(HOME, exist_ok=True)
-            os.chdir(HOME)
-        except OSError as err:
-            log(f"cannot enter {HOME}: {err}")
-        os.environ["MPLBACKEND"] = "Agg"
-        # IPython wants a writable profile directory; keep it out of the user's home (and quota).
-        if "IPYTHONDIR" not in os.environ:
-            os.environ["IPYTHONDIR"] = os.path.join(tempfile.gettempdir(), "sandgate-ipython")
-        self.figures = Figures(self.capture)
-        self.preload()
-        try:
-            self.kernel = IPythonKernel(self.figures)
-        except ImportError:
-            self.kernel = PlainKernel()
-        except Exception as err:  # a broken IPython install must not take the sandbox down
-            log(f"IPython unusable, using plain exec: {err!r}")
-            self.kernel = PlainKernel()
-        signal.signal(signal.SIGINT, self.on_sigint)
-        signal.signal(signal.SIGTERM, lambda *_: shutdown(0))
-        WRITER.send(
-            {
-                "event": "ready",
-                "protocol": PROTOCOL_VERSION,
-                "pid": os.getpid(),
-                "python": platform.python_version(),
-                "ipython": isinstance(self.kernel, IPythonKernel),
-                "preloaded": self.preloaded,
-            }
-        )
-
-    def preload(self):
-        """Imports the data stack now so that the first cell of a leased sandbox starts at once."""
-        for name in ("numpy", "pandas", "matplotlib"):
-            try:
-                __import__(name)
-                if name == "matplotlib":
-                    import matplotlib
-
-                    matplotlib.use("Agg")
-                    import matplotlib.pyplot  # noqa: F401  (the slow part of the import)
-
-                    self.figures.patch_pyplot()
-            except Exception as err:  # missing or broken: skipped, as the protocol allows
-                log(f"preload of {name} skipped: {err!r}")
-                continue
-            self.preloaded.append(name)
-
-    # ----- main thread: cells
-
-    def on_sigint(self, signum, frame):
-        # Interrupts are aimed at user code. One that lands while the agent itself runs (the cell has
-        # just finished) is dropped rather than breaking the agent's bookkeeping.
-        if self.interruptible:
-            self.interrupt_delivered = True
-            raise KeyboardInterrupt
-
-    def keep_interrupting(self, target):
-        """Re-sends SIGINT until the interrupt has been raised in the cell or the cell has ended.
-
-        A signal that arrives between Python's last check for signals and the start of a blocking
-        system call (time.sleep's nanosleep) does not interrupt that call, so the cell would only
-        see it when the call returns; repeating the signal closes that window.
-        """
-        while True:
-            time.sleep(0.2)
-            with self.state_lock:
-                if self.running_exec != target or self.interrupt_delivered:
-                    return
-                signal.pthread_kill(self.main_ident, signal.SIGINT)
-
-    def main_loop(self):
-        while True:
-            with self.exec_ready:
-                while not self.exec_queue:
-                    self.exec_ready.wait()
-                req = self.exec_queue.popleft()
-                self.running_exec = req["id"]
-                self.interrupt_requested = False
-            try:
-                self.run_exec(req)
-            except Exception as err:  # an agent bug: report it and keep serving
-                log(f"exec failed: {traceback.format_exc()}")
-                WRITER.error(req["id"], "internal", f"agent error: {err!r}")
-            finally:
-                with self.state_lock:
-                    self.running_exec = None
-
-    def run_exec(self, req):
-        req_id = req["id"]
-        sink = OutputSink(req_id, req["output_limit"])
-        count = self.kernel.next_count()
-        self.capture.attach(sink)
-        self.figures.begin(req_id, count)
-        value, error = None, None
-        try:
-            self.interruptible = True
-            try:
-                if self.interrupt_requested:
-                    self.interrupt_delivered = True
-                    raise KeyboardInterrupt
-                value, error = self.kernel.run(req["code"])
-                # A cell that imported pyplot itself gets the patched show from its next cell on;
-                # figures it left open are emitted below either way.
-                self.figures.patch_pyplot()
-                self.figures.flush()
-            finally:
-                self.interruptible = False
-        except KeyboardInterrupt:
-            # The interrupt came before the cell's code started, or hit the figure flush after it.
-            error = error or {"name": "KeyboardInterrupt", "value": "", "traceback": []}
-        except Exception as err:
-            traceback.print_exc()  # goes to the cell's stderr
-            error = error or {"name": type(err).__name__, "value": str(err), "traceback": []}
-        finally:
-            self.figures.end()
-            self.capture.detach()
-        # Not running any more before the answer goes out: a ping or interrupt that follows the
-        # result must not see this cell as busy.
-        with self.state_lock:
-            self.running_exec = None
-        WRITER.ok(
-            req_id,
-            {
-                "execution_count": count,
-                "result": value or None,
-                "error": error,
-                "truncated": sink.truncated,
-            },
-        )
-
-    # ----- reader thread: frames
 
     def read_frames(self):
         """Yields raw lines from the protocol input; None for a line too long to accept."""
@@ -775,7 +853,7 @@ class Agent:
             except Exception as err:  # bad input must never kill the agent
                 log(f"frame handling failed: {traceback.format_exc()}")
                 WRITER.error(None, "internal", f"agent error: {err!r}")
-        # Protocol input closed: the gateway is gone for good (PROTOCOL.md: exit on EOF).
+        # Protocol input closed: the other side is gone for good (PROTOCOL.md: exit on EOF).
         shutdown(0)
 
     def handle_line(self, line):
@@ -804,19 +882,28 @@ class Agent:
             handler = getattr(self, f"op_{op}", None) if isinstance(op, str) else None
             if handler is None:
                 raise OpError("bad_request", f"unknown op {op!r}")
-            handler(req_id, frame)
+            self.dispatch_op(op, handler, req_id, frame)
         except OpError as err:
             WRITER.error(req_id, err.kind, err.message)
         except Exception as err:  # an agent bug: this request fails, the agent lives on
             log(f"{op} failed: {traceback.format_exc()}")
             WRITER.error(req_id, "internal", f"agent error: {err!r}")
 
-    def spawn(self, name, target, req_id, *args):
+    def dispatch_op(self, op, handler, req_id, frame):
+        handler(req_id, frame)
+
+    def route_chunk(self, req_id, frame):
+        pass
+
+    def spawn(self, name, target, req_id, *args, as_user=False):
         """Runs a request on its own thread; its OpError or crash becomes the final frame."""
 
         def run():
             try:
-                target(req_id, *args)
+                if as_user:
+                    CREDS.run_as_user(target, req_id, *args)
+                else:
+                    target(req_id, *args)
             except OpError as err:
                 WRITER.error(req_id, err.kind, err.message)
             except Exception as err:
@@ -825,12 +912,161 @@ class Agent:
 
         threading.Thread(target=run, name=f"{name}-{req_id}", daemon=True).start()
 
-    # ----- ops
 
-    def op_ping(self, req_id, frame):
+# --------------------------------------------------------------------------------------------------
+# The kernel process (uid 1000): cells
+
+
+class CellRunner(FrameServer):
+    """The kernel role: runs `exec` requests from the agent on its main thread, one at a time."""
+
+    def __init__(self, proto_in):
+        super().__init__(proto_in)
+        self.main_ident = threading.get_ident()
+        self.state_lock = threading.Lock()
+        self.exec_queue = collections.deque()
+        self.exec_ready = threading.Condition(self.state_lock)
+        self.running_exec = None  # id of the exec running on the main thread
+        self.interruptible = False  # True only while user code runs (see on_sigint)
+        # Set by `interrupt` for the running exec: covers an interrupt that arrives after the cell
+        # was taken from the queue but before its code started (the signal alone would be dropped).
+        self.interrupt_requested = False
+        # Set when on_sigint has actually raised KeyboardInterrupt for the current interrupt.
+        self.interrupt_delivered = False
+        self.interrupt_target = None  # the last cell the agent asked to interrupt
+        self.capture = None
+        self.figures = None
+        self.kernel = None
+        self.preloaded = []
+
+    def start(self):
+        self.capture = FdCapture()
+        # The agent passes -u; should it not, print output would wait in Python's buffer and
+        # arrive after that of child processes. (Harmless when -u already made it unbuffered.)
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(line_buffering=True)
+        try:
+            os.chdir(HOME)
+        except OSError as err:
+            print(f"cannot enter {HOME}: {err}", file=sys.stderr)
+        os.environ["MPLBACKEND"] = "Agg"
+        self.figures = Figures(self.capture)
+        self.preload()
+        try:
+            self.kernel = IPythonKernel(self.figures)
+        except ImportError:
+            self.kernel = PlainKernel()
+        except Exception:  # a broken IPython install must not take the sandbox down
+            self.kernel = PlainKernel()
+        signal.signal(signal.SIGINT, self.on_sigint)
+        WRITER.send(
+            {
+                "event": "ready",
+                "pid": os.getpid(),
+                "python": platform.python_version(),
+                "ipython": isinstance(self.kernel, IPythonKernel),
+                "preloaded": self.preloaded,
+                "next_count": self.kernel.next_count(),
+            }
+        )
+
+    def preload(self):
+        """Imports the data stack now so that the first cell of a leased sandbox starts at once."""
+        for name in ("numpy", "pandas", "matplotlib"):
+            try:
+                __import__(name)
+                if name == "matplotlib":
+                    import matplotlib
+
+                    matplotlib.use("Agg")
+                    import matplotlib.pyplot  # noqa: F401  (the slow part of the import)
+
+                    self.figures.patch_pyplot()
+            except Exception:  # missing or broken: skipped, as the protocol allows
+                continue
+            self.preloaded.append(name)
+
+    def on_sigint(self, signum, frame):
+        # Interrupts are aimed at user code. One that lands while the runner itself runs (the cell
+        # has just finished) is dropped rather than breaking its bookkeeping.
+        if self.interruptible:
+            self.interrupt_delivered = True
+            raise KeyboardInterrupt
+
+    def keep_interrupting(self, target):
+        """Re-sends SIGINT until the interrupt has been raised in the cell or the cell has ended.
+
+        A signal that arrives between Python's last check for signals and the start of a blocking
+        system call (time.sleep's nanosleep) does not interrupt that call, so the cell would only
+        see it when the call returns; repeating the signal closes that window.
+        """
+        while True:
+            time.sleep(0.2)
+            with self.state_lock:
+                if self.running_exec != target or self.interrupt_delivered:
+                    return
+                signal.pthread_kill(self.main_ident, signal.SIGINT)
+
+    def main_loop(self):
+        while True:
+            with self.exec_ready:
+                while not self.exec_queue:
+                    self.exec_ready.wait()
+                req = self.exec_queue.popleft()
+                self.running_exec = req["id"]
+                # An interrupt that arrived while the cell still waited here applies now.
+                self.interrupt_requested = req["id"] == self.interrupt_target
+            # Tells the agent the cell has been taken: should the kernel die from now on, the
+            # cell may have run; before, the agent hands it to the next kernel instead.
+            WRITER.event(req["id"], "started")
+            try:
+                self.run_exec(req)
+            except Exception as err:  # a bug: report it and keep serving
+                WRITER.error(req["id"], "internal", f"kernel error: {err!r}")
+            finally:
+                with self.state_lock:
+                    self.running_exec = None
+
+    def run_exec(self, req):
+        req_id = req["id"]
+        sink = OutputSink(req_id, req["output_limit"])
+        count = self.kernel.next_count()
+        self.capture.attach(sink)
+        self.figures.begin(req_id, count)
+        value, error = None, None
+        try:
+            self.interruptible = True
+            try:
+                if self.interrupt_requested:
+                    self.interrupt_delivered = True
+                    raise KeyboardInterrupt
+                value, error = self.kernel.run(req["code"])
+                # A cell that imported pyplot itself gets the patched show from its next cell on;
+                # figures it left open are emitted below either way.
+                self.figures.patch_pyplot()
+                self.figures.flush()
+            finally:
+                self.interruptible = False
+        except KeyboardInterrupt:
+            # The interrupt came before the cell's code started, or hit the figure flush after it.
+            error = error or {"name": "KeyboardInterrupt", "value": "", "traceback": []}
+        except Exception as err:
+            traceback.print_exc()  # goes to the cell's stderr
+            error = error or {"name": type(err).__name__, "value": str(err), "traceback": []}
+        finally:
+            self.figures.end()
+            self.capture.detach()
         with self.state_lock:
-            busy = self.running_exec is not None
-        WRITER.ok(req_id, {"pong": True, "pid": os.getpid(), "busy": busy})
+            self.running_exec = None
+        WRITER.ok(
+            req_id,
+            {
+                "execution_count": count,
+                "result": value or None,
+                "error": error,
+                "truncated": sink.truncated,
+            },
+        )
 
     def op_exec(self, req_id, frame):
         code = frame.get("code")
@@ -843,11 +1079,8 @@ class Agent:
 
     def op_interrupt(self, req_id, frame):
         target = frame.get("target")
-        if isinstance(target, (dict, list)):
-            raise OpError("bad_request", "target must be a request id")
-        interrupted = False
-        queued = None
         with self.state_lock:
+            self.interrupt_target = target
             if target is not None and target == self.running_exec:
                 self.interrupt_requested = True
                 self.interrupt_delivered = False
@@ -857,6 +1090,380 @@ class Agent:
                 threading.Thread(
                     target=self.keep_interrupting, args=(target,), name="interrupt", daemon=True
                 ).start()
+
+
+# --------------------------------------------------------------------------------------------------
+# The agent (root): the kernel's supervisor, commands, jobs, files
+
+
+class KernelProcess:
+    """One incarnation of the kernel: the uid-1000 process and its two pipes to the agent."""
+
+    def __init__(self, agent):
+        to_kernel_r, to_kernel_w = os.pipe()
+        from_kernel_r, from_kernel_w = os.pipe()
+        self.oom_before = oom_kills()
+        try:
+            self.proc = subprocess.Popen(
+                KERNEL_ARGV,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(to_kernel_r, from_kernel_w),
+                env=user_env({ENV_KERNEL_FDS: f"{to_kernel_r},{from_kernel_w}"}),
+                cwd="/",
+                start_new_session=True,  # signals aimed at the agent's group never reach it
+                **CREDS.popen_args(),
+            )
+        finally:
+            os.close(to_kernel_r)
+            os.close(from_kernel_w)
+        self.pid = self.proc.pid
+        self.ready = threading.Event()
+        self.info = None
+        self.outbox = queue.Queue()
+        self.in_fd = to_kernel_w
+        self.out_fd = from_kernel_r
+        for target, name in (
+            (self._send_loop, "kernel-send"),
+            (lambda: self._read_loop(agent), "kernel-read"),
+            (lambda: agent.on_kernel_exit(self, self.proc.wait()), "kernel-wait"),
+        ):
+            threading.Thread(target=target, name=name, daemon=True).start()
+
+    def send(self, obj):
+        # Queued for a thread of its own: a kernel that stops reading (SIGSTOP from user code) must
+        # not block the agent's reader.
+        self.outbox.put((json.dumps(obj, separators=(",", ":")) + "\n").encode())
+
+    def _send_loop(self):
+        while True:
+            line = self.outbox.get()
+            if line is None:
+                break
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(self.in_fd, view) :]
+            except OSError:
+                break
+        os.close(self.in_fd)
+
+    def _read_loop(self, agent):
+        buffer = bytearray()
+        discarding = False
+        while True:
+            try:
+                data = os.read(self.out_fd, 1 << 20)
+            except InterruptedError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                break
+            buffer += data
+            while True:
+                newline = buffer.find(b"\n")
+                if newline < 0:
+                    if len(buffer) > MAX_FRAME_BYTES:
+                        buffer.clear()
+                        discarding = True
+                        agent.on_kernel_junk(self, "a frame longer than the limit")
+                    break
+                line = bytes(buffer[:newline])
+                del buffer[: newline + 1]
+                if discarding:
+                    discarding = False
+                    continue
+                agent.on_kernel_line(self, line)
+        os.close(self.out_fd)
+
+    def kill(self):
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.outbox.put(None)
+
+
+class Run:
+    """The exec the kernel is running, with what the agent has relayed of it so far."""
+
+    def __init__(self, req):
+        self.id = req["id"]
+        self.code = req["code"]
+        self.limit = req["output_limit"]
+        self.output_bytes = 0
+        self.display_bytes = 0
+        self.truncated = False
+        self.interrupted = False
+        self.started = False  # the kernel has taken the cell (it may have run)
+        self.junk = 0
+        self.req = req
+
+
+class Agent(FrameServer):
+    # Ops that run acting as the sandbox user on the reader thread (path checks); their workers
+    # switch too.
+    USER_OPS = frozenset({"write_file", "read_file", "list_dir"})
+
+    def __init__(self, proto_in):
+        super().__init__(proto_in)
+        self.state_lock = threading.Lock()
+        self.kernel = None  # KernelProcess
+        self.exec_queue = collections.deque()  # exec requests not yet sent to the kernel
+        self.running = None  # Run sent to the kernel and not yet answered
+        self.lost_reason = None  # why the kernel died while idle; told to the next exec
+        self.next_count = 1
+        self.ready_sent = False
+        self.stopping = False
+        self.commands = {}  # request id -> process group id of a running command
+        self.jobs = collections.OrderedDict()  # job id -> dict (the protocol's job object)
+        self.job_procs = {}  # job id -> Popen of a running job
+        self.job_seq = 0
+        self.uploads = {}  # request id -> queue of chunk frames of a running write_file
+        self.upload_tmp = {}  # request id -> temporary file of a running write_file
+
+    def start(self):
+        self.kernel = KernelProcess(self)
+
+    # ----- frames from the gateway
+
+    def dispatch_op(self, op, handler, req_id, frame):
+        if op in self.USER_OPS:
+            CREDS.run_as_user(handler, req_id, frame)
+        else:
+            handler(req_id, frame)
+
+    # ----- the kernel
+
+    def on_kernel_line(self, kp, line):
+        """A frame from the kernel: relayed only if it belongs to the cell it is running."""
+        try:
+            frame = json.loads(line)
+        except ValueError:
+            frame = None
+        if not isinstance(frame, dict):
+            self.on_kernel_junk(kp, "a line that is not a JSON object")
+            return
+        if frame.get("event") == "ready" and "id" not in frame:
+            self.on_kernel_ready(kp, frame)
+            return
+        with self.state_lock:
+            run = self.running
+            ours = kp is self.kernel and run is not None and frame.get("id") == run.id
+        if not ours:
+            # Answers to the agent's own interrupts, or frames forged by user code in the kernel
+            # for requests it does not run: never relayed.
+            return
+        event = frame.get("event")
+        if event == "started":
+            with self.state_lock:
+                run.started = True
+        elif event is not None:
+            self.relay_event(run, event, frame)
+        elif frame.get("ok") is True and isinstance(frame.get("result"), dict):
+            self.finish_exec(run, frame["result"])
+        else:
+            error = frame.get("error") if isinstance(frame.get("error"), dict) else {}
+            message = str(error.get("message", "the kernel failed the cell"))[:4096]
+            self.finish_exec(run, None, error=message)
+
+    def on_kernel_junk(self, kp, what):
+        with self.state_lock:
+            run = self.running if kp is self.kernel else None
+            if run is not None:
+                run.junk += 1
+                run.truncated = True
+
+    def relay_event(self, run, event, frame):
+        if event in ("stdout", "stderr"):
+            data = frame.get("data")
+            if not isinstance(data, str):
+                return
+            size = len(data.encode("utf-8", "replace"))
+            with self.state_lock:
+                if run.output_bytes + size > run.limit + MARKER_SLACK:
+                    run.truncated = True
+                    return
+                run.output_bytes += size
+            WRITER.event(run.id, event, data=data)
+        elif event == "display":
+            data = frame.get("data")
+            path = frame.get("path")
+            if not isinstance(data, dict):
+                return
+            size = len(json.dumps(data))
+            with self.state_lock:
+                if run.display_bytes + size > DISPLAY_LIMIT * 4 // 3 + MARKER_SLACK:
+                    run.truncated = True
+                    return
+                run.display_bytes += size
+            fields = {"data": data}
+            if isinstance(path, str):
+                fields["path"] = path
+            WRITER.event(run.id, "display", **fields)
+
+    def finish_exec(self, run, result, error=None):
+        with self.state_lock:
+            if self.running is not run:
+                return
+            self.running = None
+            lost, self.lost_reason = self.lost_reason, None
+            kernel_pid = self.kernel.pid if self.kernel else None
+        count = result.get("execution_count") if result else None
+        if isinstance(count, int):
+            self.next_count = count + 1
+        if run.interrupted:
+            # Timed out or cancelled: whatever the cell started goes too (the kernel stays).
+            sweep(self.keep_roots(kernel=False), keep_pids=[kernel_pid])
+        else:
+            sweep(self.keep_roots(kernel=True))
+        if result is None:
+            WRITER.error(run.id, "internal", f"the kernel failed the cell: {error}")
+        else:
+            cell_error = result.get("error")
+            value = result.get("result")
+            WRITER.ok(
+                run.id,
+                {
+                    "execution_count": count if isinstance(count, int) else None,
+                    "result": value if isinstance(value, dict) and value else None,
+                    "error": cell_error if isinstance(cell_error, dict) else None,
+                    "truncated": bool(result.get("truncated")) or run.truncated,
+                    "state_lost": lost is not None,
+                    "state_lost_reason": lost,
+                },
+            )
+        self.dispatch()
+
+    def dispatch(self):
+        """Sends the next queued exec to the kernel when it is ready and idle."""
+        with self.state_lock:
+            kp = self.kernel
+            if self.running is not None or not self.exec_queue or kp is None:
+                return
+            if not kp.ready.is_set() or leader_exited(kp.pid):
+                return  # a dead kernel's successor takes the cell when it is ready
+            run = self.running = Run(self.exec_queue.popleft())
+            kp.send({"id": run.id, "op": "exec", "code": run.code, "output_limit": run.limit})
+
+    def on_kernel_ready(self, kp, frame):
+        with self.state_lock:
+            if kp is not self.kernel or kp.ready.is_set():
+                return
+            kp.info = frame
+            count = frame.get("next_count")
+            if isinstance(count, int):
+                self.next_count = count
+            kp.ready.set()
+            first = not self.ready_sent
+            self.ready_sent = True
+        if first:
+            WRITER.send(
+                {
+                    "event": "ready",
+                    "protocol": PROTOCOL_VERSION,
+                    "pid": os.getpid(),
+                    "kernel_pid": kp.pid,
+                    "python": platform.python_version(),
+                    "ipython": bool(frame.get("ipython")),
+                    "preloaded": [p for p in frame.get("preloaded", []) if isinstance(p, str)],
+                    "isolated": CREDS.root,
+                }
+            )
+        self.dispatch()
+
+    def on_kernel_exit(self, kp, returncode):
+        with self.state_lock:
+            current = kp is self.kernel and not self.stopping
+            was_ready = kp.ready.is_set()
+        if not current:
+            return  # replaced on purpose (restart)
+        reason = describe_exit(returncode, kp.oom_before)
+        log(f"kernel {kp.pid} ended: {reason}")
+        if not was_ready:
+            time.sleep(1.0)  # a kernel that cannot start must not spin
+        self.replace_kernel(kp, reason, report_next=True)
+
+    def replace_kernel(self, old, reason, report_next):
+        """Ends the kernel `old` (and everything it started), answers its running cell with
+        `state_lost`, and starts a fresh kernel. Returns the new one (None if `old` was already
+        replaced)."""
+        with self.state_lock:
+            if old is not self.kernel:
+                return None
+            run, self.running = self.running, None
+            self.kernel = None
+        old.kill()
+        sweep(self.keep_roots(kernel=False))
+        if run is not None and not run.started and not run.interrupted:
+            # The kernel died before it took the cell: the next kernel runs it, and it is told
+            # that the state was lost.
+            with self.state_lock:
+                self.exec_queue.appendleft(run.req)
+            run = None
+        if run is not None:
+            WRITER.ok(
+                run.id,
+                {
+                    "execution_count": None,
+                    "result": None,
+                    "error": {
+                        "name": "KernelDied",
+                        "value": f"{reason}; all variables are lost (files in {HOME} are kept)",
+                        "traceback": [],
+                    },
+                    "truncated": run.truncated,
+                    "state_lost": True,
+                    "state_lost_reason": reason,
+                },
+            )
+        new = KernelProcess(self)
+        with self.state_lock:
+            if report_next and run is None:
+                self.lost_reason = reason
+            self.kernel = new
+        return new
+
+    def keep_roots(self, kernel):
+        """The roots of the process trees a sweep must spare: running commands and jobs, and the
+        kernel's whole tree when `kernel`."""
+        with self.state_lock:
+            roots = list(self.commands.values())
+            roots += [p.pid for p in self.job_procs.values()]
+            if kernel and self.kernel is not None:
+                roots.append(self.kernel.pid)
+        return roots
+
+    # ----- ops
+
+    def op_ping(self, req_id, frame):
+        with self.state_lock:
+            busy = self.running is not None
+            kernel_pid = self.kernel.pid if self.kernel else None
+        WRITER.ok(req_id, {"pong": True, "pid": os.getpid(), "busy": busy, "kernel_pid": kernel_pid})
+
+    def op_exec(self, req_id, frame):
+        code = frame.get("code")
+        if not isinstance(code, str):
+            raise OpError("bad_request", "exec needs a string 'code'")
+        limit = int_arg(frame, "output_limit", DEFAULT_OUTPUT_LIMIT)
+        with self.state_lock:
+            self.exec_queue.append({"id": req_id, "code": code, "output_limit": limit})
+        self.dispatch()
+
+    def op_interrupt(self, req_id, frame):
+        target = frame.get("target")
+        if isinstance(target, (dict, list)):
+            raise OpError("bad_request", "target must be a request id")
+        interrupted = False
+        queued = None
+        with self.state_lock:
+            run = self.running
+            if target is not None and run is not None and target == run.id:
+                run.interrupted = True
+                self.kernel.send({"id": req_id, "op": "interrupt", "target": target})
                 interrupted = True
             elif target in self.commands:
                 kill_group(self.commands[target])
@@ -868,7 +1475,6 @@ class Agent:
                         self.exec_queue.remove(req)
                         interrupted = True
                         break
-            next_count = self.kernel.next_count()
         if queued is not None:
             # Answered before the interrupt's own result, so the gateway sees the cell settled.
             # It never ran, so it did not take an execution count; the number reported is the one
@@ -876,7 +1482,7 @@ class Agent:
             WRITER.ok(
                 queued["id"],
                 {
-                    "execution_count": next_count,
+                    "execution_count": self.next_count,
                     "result": None,
                     "error": {
                         "name": "KeyboardInterrupt",
@@ -884,37 +1490,28 @@ class Agent:
                         "traceback": [],
                     },
                     "truncated": False,
+                    "state_lost": False,
+                    "state_lost_reason": None,
                 },
             )
         WRITER.ok(req_id, {"interrupted": interrupted})
 
     def op_restart(self, req_id, frame):
-        kill_all_commands(self)
-        # Hold the frame lock until exec: no other thread may start a frame the new process would
-        # never finish.
-        with WRITER.lock:
-            line = json.dumps(
-                {"id": req_id, "ok": True, "result": {"restarting": True}}, separators=(",", ":")
-            )
-            os.write(self.proto_out, (line + "\n").encode())
-            # Frames already read past the restart line belong to the next incarnation.
-            if self.buffer:
-                fd, pending_path = tempfile.mkstemp(prefix="sandgate-agent-pending-")
-                with os.fdopen(fd, "wb") as f:
-                    f.write(self.buffer)
-                os.environ[ENV_PENDING] = pending_path
-            os.environ[ENV_FDS] = f"{self.proto_in},{self.proto_out},{LOG_FD}"
-            for fd in (self.proto_in, self.proto_out, LOG_FD):
-                os.set_inheritable(fd, True)
-            # Uploads cut off by the restart will never finish; do not leave their temp files.
+        reason = frame.get("reason")
+        if not isinstance(reason, str) or not reason:
+            reason = "the kernel was restarted at the gateway's request"
+        self.spawn("restart", self.run_restart, req_id, reason[:1000])
+
+    def run_restart(self, req_id, reason):
+        with self.state_lock:
+            old = self.kernel
+        new = self.replace_kernel(old, reason, report_next=False) if old is not None else None
+        if new is None:
             with self.state_lock:
-                partial = list(self.upload_tmp.values())
-            for path in partial:
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
-            os.execv(RESTART_ARGV[0], RESTART_ARGV)
+                new = self.kernel
+        if new is None or not new.ready.wait(KERNEL_READY_S):
+            raise OpError("internal", f"the new kernel did not become ready in {KERNEL_READY_S:.0f}s")
+        WRITER.ok(req_id, {"restarted": True, "kernel_pid": new.pid})
 
     def op_command(self, req_id, frame):
         command = frame.get("command")
@@ -924,40 +1521,144 @@ class Agent:
         if timeout_ms is not None and (not isinstance(timeout_ms, (int, float)) or timeout_ms < 0):
             raise OpError("bad_request", "timeout_ms must be a non-negative number")
         limit = int_arg(frame, "output_limit", DEFAULT_OUTPUT_LIMIT)
-        cwd = resolve_path(frame.get("cwd"))
-        if not os.path.exists(cwd):
-            raise OpError("not_found", f"{cwd} does not exist")
-        if not os.path.isdir(cwd):
-            raise OpError("not_a_directory", f"{cwd} is not a directory")
+        # Checked as the user; the threads that start processes must stay root (a thread inherits
+        # the credentials of the one that creates it).
+        cwd = CREDS.run_as_user(checked_cwd, frame.get("cwd"))
+        if frame.get("background"):
+            self.start_job(req_id, command, cwd)
+            return
         self.spawn("command", self.run_command, req_id, command, timeout_ms, limit, cwd)
+
+    def start_job(self, req_id, command, cwd):
+        with self.state_lock:
+            if len(self.job_procs) >= MAX_JOBS:
+                raise OpError(
+                    "limit",
+                    f"{MAX_JOBS} background jobs are running already; kill one first "
+                    "(kill_job) or wait for one to end",
+                )
+            self.job_seq += 1
+            job_id = f"job-{self.job_seq}"
+        log_path = f"{JOBS_DIR}/{job_id}.log"
+        # The job creates its log itself, as the sandbox user, so the agent never writes into a
+        # directory user code controls.
+        script = 'mkdir -p -- "$3" && cd -- "$1" || exit 126; exec bash -lc "$2" >"$4" 2>&1'
+        proc = start_user_shell(
+            [script, "sandgate-job", cwd, command, JOBS_DIR, log_path], subprocess.DEVNULL
+        )
+        job = {
+            "id": job_id,
+            "pid": proc.pid,
+            "command": command,
+            "log": log_path,
+            "started": time.time(),
+            "running": True,
+            "exit_code": None,
+            "signal": None,
+        }
+        with self.state_lock:
+            self.jobs[job_id] = job
+            self.job_procs[job_id] = proc
+            while len(self.jobs) > 4 * MAX_JOBS:  # forget the oldest finished ones
+                oldest = next((j for j in self.jobs if j not in self.job_procs), None)
+                if oldest is None:
+                    break
+                del self.jobs[oldest]
+        threading.Thread(target=self.wait_job, args=(job_id, proc), daemon=True).start()
+        WRITER.ok(req_id, {"job": dict(job)})
+
+    def wait_job(self, job_id, proc):
+        while not leader_exited(proc.pid):
+            time.sleep(0.1)
+        kill_group(proc.pid)  # the group goes with its leader, still unreaped (see leader_exited)
+        rc = proc.wait()
+        with self.state_lock:
+            self.job_procs.pop(job_id, None)
+            job = self.jobs.get(job_id)
+            if job is not None:
+                job.update(
+                    running=False,
+                    exit_code=rc if rc >= 0 else None,
+                    signal=-rc if rc < 0 else None,
+                )
+
+    def op_jobs(self, req_id, frame):
+        with self.state_lock:
+            jobs = [dict(job) for job in self.jobs.values()]
+        WRITER.ok(req_id, {"jobs": jobs})
+
+    def op_kill_job(self, req_id, frame):
+        job_id = frame.get("job")
+        with self.state_lock:
+            job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+            proc = self.job_procs.get(job_id) if job is not None else None
+        if job is None:
+            raise OpError("not_found", f"no background job {job_id!r}; list them with jobs")
+        if proc is not None:
+            kill_group(proc.pid)
+            procs = read_processes()
+            for pid in tree(procs, [proc.pid]):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        self.spawn("kill_job", self.finish_kill_job, req_id, job_id, proc)
+
+    def finish_kill_job(self, req_id, job_id, proc):
+        deadline = time.monotonic() + SWEEP_S
+        while True:
+            with self.state_lock:
+                job = dict(self.jobs.get(job_id, {}))
+            if not job.get("running") or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)  # wait_job records the end
+        WRITER.ok(req_id, {"killed": proc is not None, "job": job})
 
     def run_command(self, req_id, command, timeout_ms, limit, cwd):
         sink = OutputSink(req_id, limit)
-        try:
-            proc = subprocess.Popen(
-                ["bash", "-lc", command],
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as err:
-            raise OpError("io", f"cannot start bash: {err}")
+        script = 'cd -- "$1" || exit 126; exec bash -lc "$2"'
+        proc = start_user_shell([script, "sandgate", cwd, command], subprocess.PIPE)
         pgid = proc.pid  # start_new_session: the child leads its own session and group
         with self.state_lock:
             self.commands[req_id] = pgid
         timed_out = False
-        pidfd = None
         try:
-            streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
-            for fd in streams:
-                os.set_blocking(fd, False)
-            try:
-                pidfd = os.pidfd_open(proc.pid)  # becomes readable when the process exits
-            except (AttributeError, OSError):
-                pass  # old kernel or gVisor without pidfd: poll below instead
+            timed_out = self.pump_command(proc, pgid, timeout_ms, sink)
+        finally:
+            with self.state_lock:
+                self.commands.pop(req_id, None)
+            # Killed while the leader is still unreaped (see leader_exited), so the group id cannot
+            # have been reused yet; then everything that left the group (setsid, double fork).
+            kill_group(pgid)
+            sweep(self.keep_roots(kernel=True))
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+        sink.finish()
+        rc = proc.returncode
+        WRITER.ok(
+            req_id,
+            {
+                "exit_code": rc if rc >= 0 else None,
+                "signal": -rc if rc < 0 else None,
+                "timed_out": timed_out,
+                "truncated": sink.truncated,
+            },
+        )
+
+    def pump_command(self, proc, pgid, timeout_ms, sink):
+        """Relays a command's output until it has exited; kills its group at the timeout. Returns
+        whether it timed out."""
+        timed_out = False
+        pidfd = None
+        streams = {proc.stdout.fileno(): "stdout", proc.stderr.fileno(): "stderr"}
+        for fd in streams:
+            os.set_blocking(fd, False)
+        try:
+            pidfd = os.pidfd_open(proc.pid)  # becomes readable when the process exits
+        except (AttributeError, OSError):
+            pass  # old kernel or gVisor without pidfd: poll below instead
+        try:
             deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
             exited_at = None
             while True:
@@ -974,7 +1675,7 @@ class Agent:
                         deadline = None  # the exit is noticed on a following turn
                 if exited_at is not None:
                     # Collect what is already in the pipes, briefly: a process that left the group
-                    # (setsid) could hold them open for ever.
+                    # (setsid) could hold them open until the sweep.
                     left = exited_at + COMMAND_DRAIN_S - now
                     if not streams or left <= 0:
                         break
@@ -1004,27 +1705,23 @@ class Agent:
                     else:
                         del streams[fd]
         finally:
-            with self.state_lock:
-                self.commands.pop(req_id, None)
-            # Killed while the leader is still unreaped (see leader_exited), so the group id cannot
-            # have been reused yet.
-            kill_group(pgid)
-            proc.wait()
             if pidfd is not None:
                 os.close(pidfd)
-            proc.stdout.close()
-            proc.stderr.close()
-        sink.finish()
-        rc = proc.returncode
-        WRITER.ok(
-            req_id,
-            {
-                "exit_code": rc if rc >= 0 else None,
-                "signal": -rc if rc < 0 else None,
-                "timed_out": timed_out,
-                "truncated": sink.truncated,
-            },
-        )
+        return timed_out
+
+    def stop(self):
+        """Ends the kernel, every command and job and whatever they started (agent exit)."""
+        with self.state_lock:
+            self.stopping = True
+            kp = self.kernel
+            groups = list(self.commands.values()) + [p.pid for p in self.job_procs.values()]
+        if kp is not None:
+            kp.kill()
+        for pgid in groups:
+            kill_group(pgid)
+        sweep([])
+
+    # ----- files (as the sandbox user)
 
     def op_write_file(self, req_id, frame):
         target = resolve_path(frame.get("path"), default=None)
@@ -1039,7 +1736,7 @@ class Agent:
         chunks = queue.Queue(maxsize=WRITE_QUEUE_CHUNKS)
         with self.state_lock:
             self.uploads[req_id] = chunks
-        self.spawn("write_file", self.run_write, req_id, target, size, overwrite, chunks)
+        self.spawn("write_file", self.run_write, req_id, target, size, overwrite, chunks, as_user=True)
 
     def route_chunk(self, req_id, frame):
         with self.state_lock:
@@ -1143,7 +1840,7 @@ class Agent:
         max_bytes = frame.get("max_bytes")
         if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 0):
             raise OpError("bad_request", "max_bytes must be a non-negative integer")
-        self.spawn("read_file", self.run_read, req_id, target, max_bytes)
+        self.spawn("read_file", self.run_read, req_id, target, max_bytes, as_user=True)
 
     def run_read(self, req_id, target, max_bytes):
         try:
@@ -1177,11 +1874,14 @@ class Agent:
                     WRITER.event(req_id, "chunk", data=base64.b64encode(data).decode("ascii"))
         except OSError as err:
             raise io_error(err, target)
-        WRITER.ok(req_id, {"path": target, "size": size, "sha256": digest.hexdigest()})
+        WRITER.ok(
+            req_id,
+            {"path": target, "size": size, "sha256": digest.hexdigest(), "space": space()},
+        )
 
     def op_list_dir(self, req_id, frame):
         target = resolve_path(frame.get("path"))
-        self.spawn("list_dir", self.run_list_dir, req_id, target)
+        self.spawn("list_dir", self.run_list_dir, req_id, target, as_user=True)
 
     def run_list_dir(self, req_id, target):
         entries = []
@@ -1211,11 +1911,40 @@ class Agent:
         except OSError as err:
             raise io_error(err, target)
         entries.sort(key=lambda e: e["name"])
-        WRITER.ok(req_id, {"path": target, "entries": entries})
+        WRITER.ok(req_id, {"path": target, "entries": entries, "space": space()})
+
 
 
 # The name the agent's own code objects carry ("<string>" when run with -c).
-AGENT_FILE = Agent.on_sigint.__code__.co_filename
+AGENT_FILE = CellRunner.on_sigint.__code__.co_filename
+
+
+def start_user_shell(args, output):
+    """Starts `bash -c <args…>` as the sandbox user in a session of its own, stdin from /dev/null,
+    stdout and stderr to `output` (PIPE or DEVNULL), with the user's environment. (cwd is changed
+    by the script: the agent, root without DAC_OVERRIDE, cannot enter the user's home itself.)"""
+    try:
+        return subprocess.Popen(
+            ["bash", "-c", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=output,
+            start_new_session=True,
+            close_fds=True,
+            env=user_env(),
+            **CREDS.popen_args(),
+        )
+    except OSError as err:
+        raise OpError("io", f"cannot start bash: {err}")
+
+
+def checked_cwd(path):
+    cwd = resolve_path(path)
+    if not os.path.exists(cwd):
+        raise OpError("not_found", f"{cwd} does not exist")
+    if not os.path.isdir(cwd):
+        raise OpError("not_a_directory", f"{cwd} is not a directory")
+    return cwd
 
 
 def int_arg(frame, name, default):
@@ -1227,92 +1956,59 @@ def int_arg(frame, name, default):
     return value
 
 
-def leader_exited(pid):
-    """True once `pid` has exited, without reaping it.
-
-    WNOWAIT leaves the process a zombie, so its pid, which is also the id of its process group,
-    cannot be taken by an unrelated process before we have killed the group.
-    """
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # reaped by someone else (user code calling os.wait())
-        return True
-
-
 def current_umask():
     mask = os.umask(0)
     os.umask(mask)
     return mask
 
 
-def kill_group(pgid):
+def space():
+    """Bytes used and left in the home directory's file system (its quota)."""
     try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        st = os.statvfs(HOME)
+    except OSError:
+        return None
+    return {
+        "total": st.f_blocks * st.f_frsize,
+        "used": (st.f_blocks - st.f_bfree) * st.f_frsize,
+        "free": st.f_bavail * st.f_frsize,
+    }
 
 
-AGENT = None
-
-
-def kill_all_commands(agent):
-    if agent is None:
-        return
-    with agent.state_lock:
-        groups = list(agent.commands.values())
-    for pgid in groups:
-        kill_group(pgid)
+AGENT = None  # the Agent, in the agent role
 
 
 def shutdown(code):
-    """Leaves no command process group behind, then exits at once (the main thread may be busy)."""
-    kill_all_commands(AGENT)
+    """Leaves no user process behind (agent role), then exits at once (the main thread may be
+    busy)."""
+    if AGENT is not None:
+        try:
+            AGENT.stop()
+        except Exception:
+            pass
     os._exit(code)
 
 
 def take_protocol_fds():
-    """Returns (input, output, log) descriptors, private to the agent.
-
-    The first incarnation duplicates the container's stdin/stdout/stderr; after a restart they are
-    inherited through os.execv and named in an environment variable.
-    """
-    inherited = os.environ.pop(ENV_FDS, None)
-    if inherited:
-        fds = tuple(int(fd) for fd in inherited.split(","))
-    else:
-        fds = tuple(os.dup(fd) for fd in (0, 1, 2))
+    """Returns (input, output, log) descriptors, private to the agent: duplicates of the
+    container's stdin/stdout/stderr. fd 0, 1 and 2 then point at /dev/null."""
+    fds = tuple(os.dup(fd) for fd in (0, 1, 2))
     for fd in fds:
         os.set_inheritable(fd, False)  # child processes must not be able to write frames
-    # User code (and its children) reading stdin get EOF instead of stealing frames.
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
     os.close(devnull)
     return fds
 
 
-def take_pending_input():
-    path = os.environ.pop(ENV_PENDING, None)
-    if not path:
-        return b""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-        os.unlink(path)
-        return data
-    except OSError:
-        return b""
-
-
-RESTART_ARGV = None  # the command line to os.execv on restart, set in main()
-
-
-def restart_argv():
-    """The command line that started this agent, usable after chdir.
+def own_argv():
+    """The command line that started this process, usable from any directory.
 
     sys.orig_argv holds it in full (`-c <source>` included); a script path given relative to the
-    start directory is made absolute, since the agent changes directory to its home.
+    start directory is made absolute.
     """
-    argv = [sys.executable] + list(sys.orig_argv[1:])
+    argv = [sys.executable] + [a for a in sys.orig_argv[1:] if a != "kernel"]
     script = sys.argv[0] if sys.argv else ""
     if script and script != "-c" and not os.path.isabs(script) and script in argv[1:]:
         index = len(argv) - 1 - argv[::-1].index(script)
@@ -1320,21 +2016,75 @@ def restart_argv():
     return argv
 
 
-def main():
-    global WRITER, LOG_FD, AGENT, RESTART_ARGV
-    RESTART_ARGV = restart_argv()
+KERNEL_ARGV = None  # the command line of the kernel role, set in agent_main()
+
+
+def agent_main():
+    global WRITER, LOG_FD, AGENT, CREDS, KERNEL_ARGV
+    argv = own_argv()
+    KERNEL_ARGV = argv + ["kernel"]
     proto_in, proto_out, LOG_FD = take_protocol_fds()
+    CREDS = Credentials()
+    if not CREDS.root:
+        # On a host (tests): orphans of user processes become our children, so sweeps find them.
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        except (OSError, AttributeError):
+            pass
+    try:
+        os.chdir("/")
+    except OSError:
+        pass
     WRITER = ProtocolWriter(proto_out)
-    AGENT = Agent(proto_in, proto_out, take_pending_input())
+    AGENT = Agent(proto_in)
+    signal.signal(signal.SIGTERM, lambda *_: shutdown(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not CREDS.root:
+        threading.Thread(target=reap_strays, name="reaper", daemon=True).start()
     AGENT.start()
-    threading.Thread(target=AGENT.reader_loop, name="reader", daemon=True).start()
-    AGENT.main_loop()
+    AGENT.reader_loop()
+
+
+def reap_strays():
+    """On a host the agent is a subreaper: reap adopted orphans (the kernel, commands and jobs are
+    reaped by their own Popen)."""
+    while True:
+        time.sleep(0.5)
+        with AGENT.state_lock:
+            known = set(AGENT.commands.values()) | {p.pid for p in AGENT.job_procs.values()}
+            if AGENT.kernel is not None:
+                known.add(AGENT.kernel.pid)
+        for pid, (ppid, _, state) in read_processes().items():
+            if ppid == os.getpid() and state == "Z" and pid not in known:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+
+
+def kernel_main():
+    global WRITER
+    fds = os.environ.pop(ENV_KERNEL_FDS)
+    proto_in, proto_out = (int(fd) for fd in fds.split(","))
+    for fd in (proto_in, proto_out):
+        os.set_inheritable(fd, False)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # user code reading stdin gets EOF
+    os.close(devnull)
+    WRITER = ProtocolWriter(proto_out)
+    runner = CellRunner(proto_in)
+    runner.start()
+    threading.Thread(target=runner.reader_loop, name="reader", daemon=True).start()
+    runner.main_loop()
 
 
 if __name__ == "__main__":
     try:
-        main()
+        if sys.argv[1:] == ["kernel"]:
+            kernel_main()
+        else:
+            agent_main()
     except BaseException:
-        # fd 2 is a pipe nobody reports by now; make a start-up failure visible in the container log.
+        # Make a start-up failure visible in the container log.
         log(f"fatal: {traceback.format_exc()}")
         shutdown(1)

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -268,8 +269,9 @@ def needs(agent, module):
 
 def test_ready_frame(agent, kernel):
     ready = agent.ready
-    assert ready["protocol"] == 1
+    assert ready["protocol"] == 2
     assert ready["pid"] == agent.proc.pid
+    assert ready["kernel_pid"] != agent.proc.pid, "cells run in a process of their own"
     assert ready["ipython"] == (kernel[0].startswith("ipython")), ready
     assert isinstance(ready["python"], str) and ready["python"].startswith("3.")
 
@@ -468,13 +470,13 @@ def test_output_is_truncated_with_marker(agent):
 
 def test_restart_loses_state_but_keeps_files(agent):
     agent.run("lost = 1\nopen('kept.txt', 'w').write('still here')")
-    pid = agent.ready["pid"]
-    _, answer = agent.ok("restart")
-    assert answer == {"restarting": True}
-    ready = agent.wait_ready()
-    assert ready["pid"] == pid, "restart must keep the pid (os.execv)"
+    old_kernel = agent.ready["kernel_pid"]
+    _, answer = agent.ok("restart", timeout=60)
+    assert answer["restarted"] is True and answer["kernel_pid"] != old_kernel, answer
+    assert agent.ok("ping")[1]["pid"] == agent.proc.pid, "the agent itself lives on"
     result, _ = agent.run("'lost' in globals()")
     assert result["result"]["text/plain"] == "False"
+    assert result["state_lost"] is False, "the gateway asked for it and already knows"
     events, _ = agent.ok("read_file", path="kept.txt", max_bytes=100)
     assert base64.b64decode(events[0]["data"]) == b"still here"
 
@@ -485,8 +487,7 @@ def test_restart_when_started_with_dash_c(kernel, tmp_path, workdir):
     agent = AgentProcess(kernel[1], home, kernel[2], workdir, via_c=True)
     try:
         agent.run("lost = 1")
-        assert agent.ok("restart")[1] == {"restarting": True}
-        agent.wait_ready()
+        assert agent.ok("restart", timeout=60)[1]["restarted"] is True
         result, _ = agent.run("'lost' in globals()")
         assert result["result"]["text/plain"] == "False"
     finally:
@@ -496,9 +497,10 @@ def test_restart_when_started_with_dash_c(kernel, tmp_path, workdir):
 def test_frames_after_restart_are_not_lost(agent):
     # Written in one go: the agent has read the ping before it restarts.
     agent.send_raw(b'{"id": 500, "op": "restart"}\n{"id": 501, "op": "ping"}\n')
-    agent.wait_ready()
     _, final = agent.wait(501)
     assert final["ok"] and final["result"]["pong"]
+    _, restarted = agent.wait(500, timeout=60)
+    assert restarted["ok"], restarted
 
 
 def test_bad_frames_are_answered_and_ignored(agent):
@@ -628,7 +630,12 @@ def test_chunked_write_and_read_of_10_mib(agent):
     chunks = [base64.b64decode(e["data"]) for e in events if e["event"] == "chunk"]
     assert all(len(c) <= 256 * 1024 for c in chunks)
     assert b"".join(chunks) == data
-    assert result == {"path": str(target), "size": len(data), "sha256": digest}
+    assert {k: result[k] for k in ("path", "size", "sha256")} == {
+        "path": str(target),
+        "size": len(data),
+        "sha256": digest,
+    }
+    assert result["space"]["total"] > 0 and result["space"]["free"] >= 0, result
 
 
 def test_write_exists_and_overwrite(agent):
@@ -718,3 +725,135 @@ def test_write_through_symlinked_parent_is_refused(agent):
 def test_absolute_path_inside_home_is_accepted(agent):
     final = write_file(agent, str(agent.home / "abs.txt"), b"abs")
     assert final["ok"] and final["result"]["path"] == str(agent.home / "abs.txt")
+
+
+# --------------------------------------------------------------------------------------------------
+# Containment: the kernel is not the agent, nothing outlives its call
+
+
+def alive(marker):
+    """Pids of live (not zombie) processes whose command line contains `marker`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+            with open(f"/proc/{name}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmdline and state not in (b"Z", b"X"):
+            found.append(int(name))
+    return found
+
+
+def gone_within(marker, seconds=5):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(marker):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_cell_that_kills_its_own_kernel_reports_state_lost_and_the_next_cell_runs(agent):
+    agent.run("doomed = 1\nopen('kept.txt', 'w').write('still here')")
+    result, _ = agent.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", timeout=60)
+    assert result["state_lost"] is True, result
+    assert "SIGKILL" in result["state_lost_reason"], result
+    assert result["error"]["name"] == "KernelDied", result
+    after, _ = agent.run("print(open('kept.txt').read())\n'doomed' in globals()", timeout=60)
+    assert after["result"]["text/plain"] == "False", after
+    assert after["state_lost"] is False, "reported once, with the cell that died"
+
+
+def test_a_kernel_killed_between_cells_is_reported_by_the_next_cell(agent):
+    agent.run("x = 1")
+    kernel = agent.ok("ping")[1]["kernel_pid"]
+    os.kill(kernel, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while kernel in alive(""):  # as a terminal command's `kill -9` would have: it has landed
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    result, _ = agent.run("'x' in globals()", timeout=60)
+    assert result["state_lost"] is True and "SIGKILL" in result["state_lost_reason"], result
+    assert (result["result"] or {}).get("text/plain") == "False", result
+    assert agent.ok("ping")[1]["kernel_pid"] != kernel
+
+
+def test_os_exit_in_a_cell_is_reported(agent):
+    result, _ = agent.run("import os\nos._exit(3)", timeout=60)
+    assert result["state_lost"] is True and "status 3" in result["state_lost_reason"], result
+    assert agent.run("1 + 1", timeout=60)[0]["result"]["text/plain"] == "2"
+
+
+def test_escapes_from_a_timed_out_command_do_not_survive(agent):
+    marker = f"{os.getpid()}{time.monotonic_ns() % 100000}"
+    command = (
+        f"setsid sleep 7{marker} & nohup sleep 8{marker} >/dev/null 2>&1 & "
+        f"(sleep 9{marker} &) ; sleep 60"
+    )
+    _, final = agent.ok("command", command=command, timeout_ms=500)
+    assert final["timed_out"] is True
+    for prefix in "789":
+        assert gone_within(f"sleep {prefix}{marker}"), f"sleep {prefix}{marker} survived"
+
+
+def test_escapes_from_an_interrupted_cell_do_not_survive(agent):
+    marker = f"{os.getpid()}{time.monotonic_ns() % 100000}"
+    cell = agent.start(
+        "exec",
+        code=(
+            "import subprocess, time\n"
+            f"subprocess.Popen(['setsid', 'sleep', '6{marker}'])\n"
+            f"subprocess.Popen(['sh', '-c', '(sleep 5{marker} &)'])\n"
+            "time.sleep(100)"
+        ),
+    )
+    agent.wait_busy()
+    deadline = time.monotonic() + 10
+    while not (alive(f"sleep 6{marker}") and alive(f"sleep 5{marker}")):
+        assert time.monotonic() < deadline, "the cell's children never started"
+        time.sleep(0.05)
+    agent.ok("interrupt", target=cell)
+    _, final = agent.wait(cell)
+    assert final["result"]["error"]["name"] == "KeyboardInterrupt"
+    for prefix in "65":
+        assert gone_within(f"sleep {prefix}{marker}"), f"sleep {prefix}{marker} survived"
+    assert agent.run("1 + 1")[0]["result"]["text/plain"] == "2"
+
+
+def test_a_background_job_survives_and_can_be_listed_and_killed(agent):
+    marker = f"{os.getpid()}{time.monotonic_ns() % 100000}"
+    _, started = agent.ok("command", command=f"sleep 4{marker}", background=True)
+    job = started["job"]
+    assert job["running"] is True and job["id"].startswith("job-"), job
+    agent.ok("command", command="true", timeout_ms=5000)  # a sweep runs at its end
+    assert alive(f"sleep 4{marker}"), "the job was killed by another call's sweep"
+    jobs = agent.ok("jobs")[1]["jobs"]
+    assert [j["id"] for j in jobs if j["running"]] == [job["id"]], jobs
+    _, killed = agent.ok("kill_job", job=job["id"])
+    assert killed["killed"] is True
+    assert gone_within(f"sleep 4{marker}")
+    assert agent.call("kill_job", job="job-999")[1]["error"]["kind"] == "not_found"
+
+
+def test_frames_a_cell_forges_for_other_requests_are_not_relayed(agent):
+    ping = agent.start("ping")
+    agent.wait(ping)
+    forged = json.dumps({"id": 4242, "ok": True, "result": {"forged": True}})
+    code = (
+        "import os\n"
+        "for fd in range(3, 64):\n"
+        "    try:\n"
+        f"        os.write(fd, b'{forged}\\n')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "'done'"
+    )
+    result, _ = agent.run(code)
+    assert result["result"]["text/plain"] == "'done'", result
+    agent.ok("ping")
+    assert agent.poll_final(4242) is None, "a forged frame reached the gateway"

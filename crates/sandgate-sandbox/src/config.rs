@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// The largest memory limit (memory plus tmpfs sizes) a sandbox container may get, MiB.
+pub const MAX_CONTAINER_MEMORY_MB: u64 = 1 << 20;
+
 /// One sandbox profile: the image and the resource limits every container of it gets.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +33,15 @@ pub struct SandboxProfile {
 }
 
 impl SandboxProfile {
+    /// The memory limit the container gets: the profile's memory plus the sizes of the tmpfs
+    /// mounts on /tmp and /home/user, whose pages the memory cgroup counts. Filling them is then
+    /// ENOSPC for user code, never an out-of-memory kill of the sandbox.
+    pub fn container_memory_mb(&self) -> u64 {
+        self.memory_mb
+            .saturating_add(self.tmp_size_mb)
+            .saturating_add(self.home_size_mb)
+    }
+
     /// Checks the values against what Docker and the kernel accept; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         if self.image.trim().is_empty() {
@@ -64,6 +76,15 @@ impl SandboxProfile {
         }
         if self.tmp_size_mb == 0 || self.home_size_mb == 0 {
             return Err("tmp_size_mb and home_size_mb: must be more than 0".into());
+        }
+        // The container's limit covers memory and both tmpfs mounts; past this, Docker's i64 of
+        // bytes (or any real host) cannot hold the promise that a full disk is only ENOSPC.
+        if self.container_memory_mb() > MAX_CONTAINER_MEMORY_MB {
+            return Err(format!(
+                "home_size_mb: memory_mb + tmp_size_mb + home_size_mb is {} MiB, more than the {} MiB a sandbox's memory limit may be (files on the tmpfs mounts count as memory)",
+                self.container_memory_mb(),
+                MAX_CONTAINER_MEMORY_MB
+            ));
         }
         Ok(())
     }
@@ -135,5 +156,40 @@ impl ManagerConfig {
             channel: ChannelConfig::default(),
             refill_backoff: Duration::from_secs(2),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> SandboxProfile {
+        SandboxProfile {
+            name: "default".into(),
+            image: "sandgate-sandbox:latest".into(),
+            runtime: "runc".into(),
+            memory_mb: 512,
+            cpus: 1.0,
+            pids_limit: 256,
+            nofile: 1024,
+            tmp_size_mb: 64,
+            home_size_mb: 512,
+        }
+    }
+
+    #[test]
+    fn the_container_limit_covers_memory_and_both_tmpfs_mounts() {
+        assert_eq!(profile().container_memory_mb(), 512 + 64 + 512);
+        assert_eq!(profile().validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_home_too_large_to_account_for_is_refused_naming_the_key() {
+        let huge = SandboxProfile {
+            home_size_mb: MAX_CONTAINER_MEMORY_MB,
+            ..profile()
+        };
+        let err = huge.validate().unwrap_err();
+        assert!(err.starts_with("home_size_mb:"), "{err}");
     }
 }

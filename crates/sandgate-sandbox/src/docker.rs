@@ -28,6 +28,9 @@ const HOME: &str = "/home/user";
 
 const MIB: u64 = 1024 * 1024;
 
+/// The only capabilities a sandbox container has (all others dropped): the agent's.
+pub const AGENT_CAPABILITIES: [&str; 3] = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL"];
+
 /// What went wrong talking to the Docker engine.
 #[derive(Debug, thiserror::Error)]
 pub enum DockerError {
@@ -105,7 +108,7 @@ impl DockerBackend {
 /// profile's limits.
 pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
     let profile: &SandboxProfile = &spec.profile;
-    let memory = i64::try_from(profile.memory_mb * MIB).unwrap_or(i64::MAX);
+    let memory = i64::try_from(profile.container_memory_mb() * MIB).unwrap_or(i64::MAX);
     let nofile = i64::try_from(profile.nofile).unwrap_or(i64::MAX);
     let labels = HashMap::from([
         (labels::MANAGED.to_owned(), "true".to_owned()),
@@ -115,11 +118,11 @@ pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
     ]);
     // The root is read-only; /tmp and /home/user are the only writable places, both tmpfs.
     // /home/user is a tmpfs rather than a volume because a tmpfs is bounded by its `size` on any
-    // host, while a size-limited volume needs overlay2 on xfs with project quotas (`--storage-opt
-    // size`), which we cannot count on. The price: tmpfs pages count toward the container's memory
-    // cgroup, so files and the kernel share `memory_mb` (a full home leaves less for Python; the
-    // memory limit, not the host, is what suffers). Files live as long as the sandbox, which is
-    // the promise anyway.
+    // host (and under gVisor), while a size-limited volume needs overlay2 on xfs with project
+    // quotas (`--storage-opt size`), which we cannot count on. tmpfs pages count toward the
+    // container's memory cgroup, so the container's limit is the profile's memory *plus* both
+    // tmpfs sizes (`container_memory_mb`): a full disk is ENOSPC in user code, never an OOM kill
+    // of the sandbox.
     let tmpfs = HashMap::from([
         (
             "/tmp".to_owned(),
@@ -135,7 +138,12 @@ pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
     ]);
     let host_config = HostConfig {
         network_mode: Some("none".into()),
+        // The agent (root in the container, never uid 1000) needs these three and nothing else:
+        // SETUID/SETGID to start the kernel and commands as uid 1000 (which clears all their
+        // capabilities) and to act as uid 1000 for file operations, KILL to end what user code
+        // leaves behind. no-new-privileges stops anything from gaining them back.
         cap_drop: Some(vec!["ALL".into()]),
+        cap_add: Some(AGENT_CAPABILITIES.iter().map(|c| (*c).to_owned()).collect()),
         security_opt: Some(vec!["no-new-privileges".into()]),
         readonly_rootfs: Some(true),
         tmpfs: Some(tmpfs),
@@ -149,7 +157,8 @@ pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
             soft: Some(nofile),
             hard: Some(nofile),
         }]),
-        // tini reaps the zombies of user code; the agent is its child.
+        // tini reaps the zombies of user code (orphans are reparented to it); the agent is its
+        // child.
         init: Some(true),
         binds: Some(Vec::new()),
         mounts: Some(Vec::new()),
@@ -171,7 +180,10 @@ pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
             AGENT_SOURCE.into(),
         ]),
         entrypoint: Some(Vec::new()),
-        user: Some("1000:1000".into()),
+        // Root with the three capabilities above: PID 1 (docker-init) and the agent hold the
+        // attach stream, and user code (uid 1000) can neither open their descriptors in /proc nor
+        // signal them.
+        user: Some("0:0".into()),
         working_dir: Some(HOME.into()),
         env: Some(vec![format!("HOME={HOME}")]),
         labels: Some(labels),

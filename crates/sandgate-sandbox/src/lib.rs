@@ -7,8 +7,10 @@
 //! - [`docker`]: the Docker implementation (bollard): the hardening baseline, the embedded agent.
 //! - [`protocol`]: the agent protocol's wire format (`agent/PROTOCOL.md`).
 //! - [`channel`]: [`AgentChannel`], one attach stream per sandbox with concurrent calls on it:
-//!   exec, command, file transfer, listing, ping; timeouts, interrupts, restarts.
+//!   exec, command, background jobs, file transfer, listing, ping; timeouts, interrupts,
+//!   restarts, output budgets.
 //! - [`manager`]: [`SandboxManager`] (warm pools, lease, adopt, close) and [`Sandbox`].
+//! - [`telemetry`]: counters of what sandboxes sent beyond their budgets, for `/metrics`.
 
 pub mod backend;
 pub mod channel;
@@ -16,6 +18,7 @@ pub mod config;
 pub mod docker;
 pub mod manager;
 pub mod protocol;
+pub mod telemetry;
 
 #[cfg(test)]
 mod testing;
@@ -23,7 +26,8 @@ mod testing;
 pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
 pub use channel::{
     AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
-    Display, EntryKind, ExecOptions, ExecOutcome, FileInfo, OutputEvent, PingInfo,
+    Display, EntryKind, ExecOptions, ExecOutcome, FileInfo, Job, Listing, OutputEvent, PingInfo,
+    Space,
 };
 pub use config::{ChannelConfig, ManagerConfig, PoolConfig, SandboxProfile};
 pub use docker::{DockerBackend, DockerError};

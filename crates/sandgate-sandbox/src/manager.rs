@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::backend::{BackendError, ContainerFate, LaunchSpec, ManagedContainer, SandboxBackend};
 use crate::channel::{
     AgentChannel, ChannelError, CommandOptions, CommandOutcome, DirEntry, ExecOptions, ExecOutcome,
-    FileInfo, OutputEvent, PingInfo,
+    FileInfo, Job, Listing, OutputEvent, PingInfo,
 };
 use crate::config::{ChannelConfig, ManagerConfig, SandboxProfile};
 
@@ -358,6 +358,38 @@ impl Sandbox {
     pub async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
         match self.inner.channel.list_dir(path).await {
             Ok(entries) => Ok(entries),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Lists a directory with the space used and left; see [`AgentChannel::list`].
+    pub async fn list(&self, path: &str) -> Result<Listing, SandboxError> {
+        match self.inner.channel.list(path).await {
+            Ok(listing) => Ok(listing),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Starts a background job; see [`AgentChannel::start_job`].
+    pub async fn start_job(&self, command: &str, cwd: Option<&str>) -> Result<Job, SandboxError> {
+        match self.inner.channel.start_job(command, cwd).await {
+            Ok(job) => Ok(job),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Lists the background jobs; see [`AgentChannel::jobs`].
+    pub async fn jobs(&self) -> Result<Vec<Job>, SandboxError> {
+        match self.inner.channel.jobs().await {
+            Ok(jobs) => Ok(jobs),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
+    /// Kills a background job; see [`AgentChannel::kill_job`].
+    pub async fn kill_job(&self, job: &str) -> Result<Job, SandboxError> {
+        match self.inner.channel.kill_job(job).await {
+            Ok(job) => Ok(job),
             Err(err) => Err(self.explain(err).await),
         }
     }

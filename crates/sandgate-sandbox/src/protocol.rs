@@ -1,4 +1,4 @@
-//! The wire format of the sandbox agent protocol, version 1 (`agent/PROTOCOL.md`).
+//! The wire format of the sandbox agent protocol, version 2 (`agent/PROTOCOL.md`).
 //!
 //! Newline-delimited JSON in both directions. This module turns the agent's byte stream into
 //! [`Inbound`] frames (bounded: no line is buffered beyond [`MAX_FRAME_BYTES`]) and builds request
@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 /// The protocol version this gateway speaks; the agent's ready frame must name it.
-pub const PROTOCOL_VERSION: u64 = 1;
+pub const PROTOCOL_VERSION: u64 = 2;
 
 /// Largest frame (one line) the gateway accepts from an agent. Legitimate frames are far smaller (a
 /// file chunk is ~350 KB of base64, an output event at most 1 MiB); a longer one is dropped without
@@ -26,6 +26,13 @@ pub struct ReadyInfo {
     pub protocol: u64,
     /// The agent's process id inside the container.
     pub pid: u64,
+    /// The process id of the kernel (the separate process that runs cells).
+    #[serde(default)]
+    pub kernel_pid: Option<u64>,
+    /// Whether user code runs under another uid than the agent (always in a container; not when
+    /// the agent is tested on a host).
+    #[serde(default)]
+    pub isolated: bool,
     /// Python version, e.g. `3.11.2`.
     #[serde(default)]
     pub python: String,
@@ -50,7 +57,7 @@ pub struct WireError {
 /// One frame read from the agent.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Inbound {
-    /// The agent (re)started and is ready.
+    /// The agent started and is ready.
     Ready(ReadyInfo),
     /// An event of a running request (`stdout`, `stderr`, `display`, `chunk`).
     Event {

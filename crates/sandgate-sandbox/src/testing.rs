@@ -76,7 +76,11 @@ pub(crate) fn fake_agent(send_ready: bool) -> (AgentStreams, FakeAgent) {
         let incarnation = Arc::new(AtomicUsize::new(0));
         let interrupts: Arc<Mutex<HashMap<u64, watch::Sender<bool>>>> = Arc::default();
         if send_ready {
-            emit(&out, json!({"event": "ready", "protocol": 1, "pid": 7})).await;
+            emit(
+                &out,
+                json!({"event": "ready", "protocol": 2, "pid": 7, "kernel_pid": 8}),
+            )
+            .await;
         }
         let mut lines = BufReader::new(agent_side).lines();
         loop {
@@ -97,15 +101,23 @@ pub(crate) fn fake_agent(send_ready: bool) -> (AgentStreams, FakeAgent) {
                     emit(&out, json!({"id": id, "ok": true, "result": {"interrupted": interrupted}})).await;
                 }
                 "restart" => {
-                    emit(&out, json!({"id": id, "ok": true, "result": {"restarting": true}})).await;
                     incarnation.fetch_add(1, Ordering::SeqCst);
                     interrupts.lock().unwrap().clear();
-                    emit(&out, json!({"event": "ready", "protocol": 1, "pid": 7})).await;
+                    emit(&out, json!({"id": id, "ok": true, "result": {"restarted": true, "kernel_pid": 9}})).await;
                 }
                 "exec" => {
                     let code = frame["code"].as_str().unwrap().to_owned();
                     if code == "crash" {
                         break;
+                    }
+                    if let Some(n) = code.strip_prefix("stderr:") {
+                        // Floods the container's stderr (not a frame), then answers.
+                        for i in 0..n.parse::<usize>().unwrap() {
+                            let line = format!("noise line {i}\n");
+                            let _ = out.send(Ok(StreamChunk::Stderr(line.into_bytes().into()))).await;
+                        }
+                        emit(&out, json!({"id": id, "ok": true, "result": {"execution_count": 1, "result": null, "error": null, "truncated": false}})).await;
+                        continue;
                     }
                     let (itx, mut irx) = watch::channel(false);
                     interrupts.lock().unwrap().insert(id, itx);

@@ -303,10 +303,11 @@ async def conversation(client: Client, mode: str) -> None:
     check(csv.structured.get("mime_type", "").startswith("text/"), f"a CSV is text: {csv.structured}")
     check(TICKETS_CSV in csv.texts, "get_file returns the CSV's text unchanged")
 
-    # ls -la shows both files with their sizes.
+    # ls -la shows both files with their sizes (a long listing: under gVisor too).
     chart_dir, chart_name = posixpath.split(chart_path)
     listing = await analyst.ok(
-        "run_terminal_command", {"sandbox_id": sandbox_id, "command": f"ls -la data {chart_dir}"}
+        "run_terminal_command",
+        {"sandbox_id": sandbox_id, "command": f"ls -la /home/user data {chart_dir}"},
     )
     out = listing.structured.get("stdout", "")
     check(listing.structured.get("exit_code") == 0, f"ls exits 0: {listing.structured}")

@@ -118,6 +118,10 @@ impl Gateway {
             ("SANDGATE_LOG__FORMAT".into(), "json".into()),
             ("SANDGATE_POOL__MIN_READY".into(), "1".into()),
         ];
+        // SANDGATE_TEST_RUNTIME=runsc runs the sandboxes under gVisor (scripts/test.sh does).
+        if let Ok(runtime) = std::env::var("SANDGATE_TEST_RUNTIME") {
+            env.push(("SANDGATE_SANDBOX__RUNTIME".into(), runtime));
+        }
         for (k, v) in extra_env {
             env.retain(|(key, _)| key != k);
             env.push(((*k).into(), (*v).into()));

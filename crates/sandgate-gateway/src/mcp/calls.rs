@@ -225,6 +225,7 @@ impl McpServer {
             sha256: info.sha256,
             download_url,
             download_expires_at: rfc3339(expires),
+            space: info.space.map(SpaceOutput::from),
         };
         let summary = format!(
             "{} ({} bytes, {}) from sandbox {}. Download link for a person (valid until {}): {}",
@@ -262,11 +263,13 @@ impl McpServer {
     ) -> Result<Answer, CallError> {
         let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
         let path = args.path.unwrap_or_else(|| ".".into());
-        let (resolved, entries) = self.inner.sandboxes.list_files(caller, to, &path).await?;
+        let (resolved, listing) = self.inner.sandboxes.list_files(caller, to, &path).await?;
         let out = ListFilesOutput {
             sandbox_id: resolved.row.id.clone(),
             path: absolute(&path),
-            entries: entries
+            space: listing.space.map(SpaceOutput::from),
+            entries: listing
+                .entries
                 .into_iter()
                 .map(|e| FileEntry {
                     name: e.name,
@@ -287,6 +290,13 @@ impl McpServer {
         }
         if out.entries.is_empty() {
             text.push_str("(empty)\n");
+        }
+        if let Some(space) = &out.space {
+            text.push_str(&format!(
+                "{} MiB used, {} MiB free in /home/user\n",
+                space.used_bytes >> 20,
+                space.free_bytes >> 20
+            ));
         }
         Ok(Answer::new(
             &out.sandbox_id,
@@ -399,6 +409,7 @@ impl McpServer {
             truncated: outcome.truncated,
             timed_out: outcome.timed_out,
             state_lost: outcome.state_lost,
+            state_lost_reason: outcome.state_lost_reason,
             duration_ms: outcome.duration.as_millis() as u64,
         };
         let is_error = out.error.is_some() || out.timed_out;

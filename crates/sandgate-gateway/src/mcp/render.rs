@@ -89,7 +89,13 @@ pub(super) fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String 
         ));
     }
     if out.state_lost {
-        text.push_str("[the cell did not stop, so the Python kernel was restarted: variables are gone, files in /home/user are kept]\n");
+        let why = out
+            .state_lost_reason
+            .as_deref()
+            .unwrap_or("the Python kernel was restarted");
+        text.push_str(&format!(
+            "[{why}: variables are gone, files in /home/user are kept]\n"
+        ));
     }
     if out.truncated {
         text.push_str("[output truncated]\n");

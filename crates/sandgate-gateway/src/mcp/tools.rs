@@ -126,6 +126,9 @@ pub struct ExecuteCodeOutput {
     pub timed_out: bool,
     /// The kernel had to be restarted: variables defined earlier are gone (files are kept).
     pub state_lost: bool,
+    /// Why the variables are gone (the kernel was restarted after a timeout, was killed, crashed
+    /// or ran out of memory), when they are.
+    pub state_lost_reason: Option<String>,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
 }
@@ -251,6 +254,27 @@ pub struct GetFileOutput {
     pub download_url: String,
     /// When the link stops working (RFC 3339).
     pub download_expires_at: String,
+    /// Space used and left in /home/user.
+    pub space: Option<SpaceOutput>,
+}
+
+/// Space used and left in /home/user (a quota: writing past it fails with "No space left on
+/// device").
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SpaceOutput {
+    /// Bytes in use.
+    pub used_bytes: u64,
+    /// Bytes still free.
+    pub free_bytes: u64,
+}
+
+impl From<sandgate_sandbox::Space> for SpaceOutput {
+    fn from(space: sandgate_sandbox::Space) -> Self {
+        Self {
+            used_bytes: space.used,
+            free_bytes: space.free,
+        }
+    }
 }
 
 /// `list_files` arguments.
@@ -295,6 +319,8 @@ pub struct ListFilesOutput {
     pub path: String,
     /// Its entries, sorted by name.
     pub entries: Vec<FileEntry>,
+    /// Space used and left in /home/user.
+    pub space: Option<SpaceOutput>,
 }
 
 /// `close_sandbox` arguments.

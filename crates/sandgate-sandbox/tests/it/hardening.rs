@@ -22,6 +22,15 @@ async fn a_leased_container_carries_every_item_of_the_hardening_baseline() {
         Some(vec!["ALL".to_owned()]),
         "all capabilities dropped"
     );
+    assert_eq!(
+        host.cap_add,
+        Some(vec![
+            "CAP_SETUID".to_owned(),
+            "CAP_SETGID".to_owned(),
+            "CAP_KILL".to_owned()
+        ]),
+        "only the agent's three capabilities"
+    );
     assert!(
         host.security_opt
             .unwrap_or_default()
@@ -41,9 +50,15 @@ async fn a_leased_container_carries_every_item_of_the_hardening_baseline() {
         home.contains("size=512m") && home.contains("uid=1000") && home.contains("mode=0700"),
         "bounded /home/user owned by the user: {home}"
     );
-    assert_eq!(config.user.as_deref(), Some("1000:1000"), "non-root user");
+    // The agent is root (with the three capabilities above); user code runs as uid 1000 with
+    // none, which the probe below checks from inside.
+    assert_eq!(config.user.as_deref(), Some("0:0"), "the agent's user");
     assert_eq!(host.pids_limit, Some(256), "pids limit");
-    assert_eq!(host.memory, Some(512 << 20), "memory limit");
+    assert_eq!(
+        host.memory,
+        Some((512 + 64 + 512) << 20),
+        "memory limit: memory + the tmpfs sizes"
+    );
     assert_eq!(
         host.memory_swap, host.memory,
         "memory + swap = memory: no swap"

@@ -92,10 +92,22 @@ async fn allocating_past_the_memory_limit_reports_the_memory_limit() {
         ) => {
             let message = err.to_string();
             assert!(
-                message.contains("memory limit of 512 MiB was hit"),
+                // 512 MiB for processes + 64 + 512 MiB for the tmpfs mounts (their pages count).
+                message.contains("memory limit of 1088 MiB was hit"),
                 "the error names the memory limit: {message}"
             );
             eprintln!("oom: {message}");
+        }
+        // The out-of-memory killer picked the kernel: the container lives, a fresh kernel took
+        // its place, and the cell says why its state is gone.
+        Ok(outcome) if outcome.state_lost => {
+            let reason = outcome.state_lost_reason.clone().unwrap_or_default();
+            assert!(reason.contains("out-of-memory"), "{outcome:?}");
+            let next = sandbox
+                .exec("1 + 1", ExecOptions::default(), None)
+                .await
+                .expect("the next cell runs in the fresh kernel");
+            assert_eq!(next.result.expect("a value")["text/plain"], "2");
         }
         Ok(outcome) => {
             let error = outcome.error.expect("the allocation fails");

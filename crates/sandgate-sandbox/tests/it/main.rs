@@ -2,6 +2,7 @@
 //! image (`SANDGATE_SANDBOX_IMAGE`, set by `scripts/stack.sh`). Each test of `kernel`, `files`,
 //! `limits`, `hardening`, `pool` shows one "Done when" item of issue 3.
 
+mod contain;
 mod files;
 mod hardening;
 mod image;

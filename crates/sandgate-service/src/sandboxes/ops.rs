@@ -1,7 +1,7 @@
 //! What the file tools do to a sandbox, apart from how a face (MCP, a download link) encodes the
 //! call and the answer.
 
-use sandgate_sandbox::{DirEntry, FileInfo};
+use sandgate_sandbox::{FileInfo, Listing};
 
 use super::{Caller, Resolved, SandboxService, ServiceError};
 
@@ -84,11 +84,11 @@ impl SandboxService {
         caller: &Caller,
         target: Target<'_>,
         path: &str,
-    ) -> Result<(Resolved, Vec<DirEntry>), ServiceError> {
+    ) -> Result<(Resolved, Listing), ServiceError> {
         let resolved = self.resolve_target(caller, target).await?;
         tracing::Span::current().record("sandbox_id", &resolved.row.id);
-        let listing = resolved.sandbox.list_dir(path).await;
-        let entries = self.checked(&resolved, listing).await?;
-        Ok((resolved, entries))
+        let listing = resolved.sandbox.list(path).await;
+        let listing = self.checked(&resolved, listing).await?;
+        Ok((resolved, listing))
     }
 }

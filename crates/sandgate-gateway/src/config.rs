@@ -39,6 +39,8 @@ pub struct Config {
     pub lifecycle: LifecycleConfig,
     /// The MCP endpoint.
     pub mcp: McpConfig,
+    /// Connections: caps and timeouts.
+    pub http: crate::connections::HttpConfig,
     /// The OAuth 2.1 authorization server (DESIGN §6).
     pub oauth: OAuthConfig,
     /// Logging.
@@ -141,6 +143,8 @@ pub struct OAuthConfig {
     pub dynamic_registration: bool,
     /// Client-ID metadata documents.
     pub client_metadata: ClientMetadataConfig,
+    /// Limits on the unauthenticated endpoints.
+    pub limits: crate::oauth::ratelimit::OAuthLimitsConfig,
 }
 
 /// Fetching client-ID metadata documents.
@@ -412,6 +416,10 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
+        self.http
+            .validate(self.mcp.sse_keep_alive_seconds)
+            .and_then(|()| self.oauth.limits.validate())
+            .map_err(|(key, message)| invalid(&key, message))?;
         self.sandbox.validate().map_err(|message| {
             let (field, rest) = message.split_once(": ").unwrap_or(("", &message));
             invalid(&format!("sandbox.{field}"), rest.to_owned())

@@ -9,6 +9,9 @@
 //! - [`token`]: the token endpoint (code, refresh, client credentials) and revocation (RFC 7009).
 //! - [`apps`]: the connected-apps page and disconnect.
 //! - [`html`]: the pages' shared layout and the headers that keep them out of frames.
+//! - [`ratelimit`]: limits on the unauthenticated endpoints, the client address.
+//! - [`redirect`]: where a browser may be sent after login.
+//! - [`purge`]: the scheduled purge of expired codes, sessions, tokens and unused clients.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,11 +30,14 @@ pub mod authorize;
 pub mod clients;
 pub mod html;
 pub mod metadata;
+pub mod purge;
+pub mod ratelimit;
+pub mod redirect;
 pub mod session;
 pub mod token;
 
 /// Largest form or JSON body the OAuth endpoints accept.
-const MAX_BODY_BYTES: usize = 64 * 1024;
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// Paths of the authorization server's endpoints.
 pub mod paths {
@@ -64,6 +70,8 @@ pub struct OAuthState {
     cookie_key: Arc<[u8; 32]>,
     /// Client for fetching client-ID metadata documents (SSRF-guarded resolver, no redirects).
     metadata_http: reqwest::Client,
+    /// Rate limits, the hashing queue, the metadata negative cache.
+    pub(crate) limits: ratelimit::Limiters,
 }
 
 impl OAuthState {
@@ -117,6 +125,7 @@ impl OAuthState {
         Ok(Self {
             cookie_key: Arc::new(cookie_key),
             metadata_http,
+            limits: ratelimit::Limiters::new(&config.oauth.limits),
         })
     }
 }

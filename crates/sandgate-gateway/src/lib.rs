@@ -6,6 +6,7 @@
 //! - [`health`]: `/healthz` and `/readyz`.
 //! - [`keys`]: the signing-key ring (access tokens).
 //! - [`sandboxes`]: tenant-scoped sandboxes (Postgres rows + the sandbox manager), tenant limits.
+//! - [`limits`]: length limits on attacker-chosen strings in tool arguments.
 //! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
@@ -40,6 +41,7 @@ pub mod files;
 pub mod health;
 pub mod keys;
 pub mod lifecycle;
+pub mod limits;
 pub mod mcp;
 pub mod metrics;
 pub mod oauth;

@@ -20,6 +20,7 @@ use base64::Engine;
 use sandgate_auth::{AccessClaims, Scope};
 
 use crate::AppState;
+use crate::connections::{OversizedBody, too_large};
 use crate::mcp::tools::ToolName;
 
 /// The path of the protected-resource metadata for `/mcp` (RFC 9728 §3.1: the resource's path is
@@ -76,6 +77,9 @@ pub async fn require_bearer(
         // and retryably, then work again by themselves); listing tools stays possible.
         Err(err) if err.is_unavailable() => {
             tracing::warn!(error = %err, "grant not checked: the database is unavailable");
+            if let Some(OversizedBody(max)) = request.extensions().get().copied() {
+                return too_large(max);
+            }
             let mut request = request;
             request.extensions_mut().insert(GrantUnverified);
             let (request, _) = match called_tool(request, state.config.mcp.max_request_bytes).await
@@ -99,6 +103,14 @@ pub async fn require_bearer(
                 .into_response();
         }
     }
+    if let Some(OversizedBody(max)) = request.extensions().get().copied() {
+        tracing::info!(
+            max_bytes = max,
+            "refused an MCP request over the body limit"
+        );
+        audit_refusal(&state, &claims, None, "request_too_large").await;
+        return too_large(max);
+    }
     let (request, tool) = match called_tool(request, state.config.mcp.max_request_bytes).await {
         Ok(found) => found,
         Err(response) => return response,
@@ -110,11 +122,35 @@ pub async fn require_bearer(
             tool = tool.as_str(),
             "refused a call outside the token's scopes"
         );
+        audit_refusal(&state, &claims, Some(tool), "insufficient_scope").await;
         return insufficient_scope(&state, &claims, tool);
     }
     let mut request = request;
     request.extensions_mut().insert(claims);
     next.run(request).await
+}
+
+/// Audits a request refused after its token was verified (the caller is known): outcome
+/// `refused`, the tool when one was named (else `mcp`), and why.
+async fn audit_refusal(
+    state: &AppState,
+    claims: &AccessClaims,
+    tool: Option<ToolName>,
+    kind: &str,
+) {
+    let event = sandgate_store::audit::AuditEvent {
+        at: chrono::Utc::now(),
+        tenant_id: claims.tenant,
+        token_id: Some(claims.jti.clone()),
+        subject: Some(claims.sub.clone()),
+        conversation_id: None,
+        sandbox_id: None,
+        tool: tool.map_or("mcp", |t| t.as_str()).to_owned(),
+        outcome: "refused".to_owned(),
+        error_kind: Some(kind.to_owned()),
+        duration_ms: 0,
+    };
+    state.audit.record(event, false).await;
 }
 
 /// The tool a `tools/call` request names, if it is one of ours. Under 2026-07-28 the

@@ -140,7 +140,7 @@ fn rand_key() -> [u8; 32] {
 
 /// The authorization server's routes.
 pub fn routes() -> Router<AppState> {
-    Router::new()
+    let routes = Router::new()
         .route(paths::METADATA, get(metadata::authorization_server))
         .route(paths::JWKS, get(metadata::jwks))
         .route(paths::REGISTER, post(clients::register))
@@ -154,7 +154,8 @@ pub fn routes() -> Router<AppState> {
         .route(paths::LOGOUT, post(session::logout))
         .route(paths::APPS, get(apps::page))
         .route(paths::DISCONNECT, post(apps::disconnect))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    html::with_security_headers(routes)
 }
 
 /// A database failure inside an OAuth handler: logged with its cause, shown as a plain 500/503.

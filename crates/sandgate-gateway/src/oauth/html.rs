@@ -11,7 +11,8 @@ use tower_http::set_header::SetResponseHeaderLayer;
 
 /// The Content-Security-Policy of every page: nothing loads from anywhere, inline styles only,
 /// and no one may frame the page.
-pub const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+pub const CSP: &str =
+    "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'none'; base-uri 'none'";
 
 const STYLE: &str = "
 *{box-sizing:border-box}

@@ -17,9 +17,11 @@ use sqlx::Connection;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::login_form::LoginForm;
 use crate::mcp_client::{Client, Era};
 use crate::oauth::{
-    Browser, PASSWORD, Pkce, REDIRECT, Stack, authorize_url, connect, header, hidden,
+    Browser, PASSWORD, Pkce, REDIRECT, Stack, authorize_url, connect, document_server_answering,
+    header, hidden,
 };
 use crate::support::eventually;
 
@@ -50,32 +52,12 @@ struct Attempt {
 /// `from`, with `next`.
 async fn sign_in(stack: &Stack, from: IpAddr, email: &str, password: &str, next: &str) -> Attempt {
     let http = client_from(from);
-    let form = http
-        .get(stack.url("/login"))
-        .send()
+    let base = &stack.gateway.base_url;
+    let form = LoginForm::load(&http, base)
         .await
-        .expect("the login page answers");
-    assert_eq!(form.status(), StatusCode::OK, "the login page loads");
-    let cookie = form
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(|v| v.split(';').next().unwrap_or_default().to_owned())
-        .collect::<Vec<_>>()
-        .join("; ");
-    let body = form.text().await.expect("a page");
-    let csrf = hidden(&body, "csrf").expect("a CSRF token");
-    let response = http
-        .post(stack.url("/login"))
-        .header("cookie", cookie)
-        .form(&[
-            ("email", email),
-            ("password", password),
-            ("csrf", &csrf),
-            ("next", next),
-        ])
-        .send()
+        .expect("the login page loads");
+    let response = form
+        .submit(&http, base, email, password, next)
         .await
         .expect("the login endpoint answers");
     let status = response.status();
@@ -182,27 +164,14 @@ async fn login_floods_are_limited_per_address_per_account_and_by_the_hashing_que
     // the slot get 503 + Retry-After instead of piling up argon2 memory.
     let mut flood = tokio::task::JoinSet::new();
     for i in 0..24u8 {
-        let email = nobody();
-        let from = loopback(3, i);
-        let login = stack.url("/login");
-        let http = client_from(from);
-        let page = http.get(&login).send().await.expect("login page");
-        let cookie = header(page.headers(), "set-cookie")
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
-        let csrf = hidden(&page.text().await.expect("page"), "csrf").expect("csrf");
+        let http = client_from(loopback(3, i));
+        let base = stack.gateway.base_url.clone();
+        let form = LoginForm::load(&http, &base)
+            .await
+            .expect("the login page loads");
         flood.spawn(async move {
-            let response = http
-                .post(&login)
-                .header("cookie", cookie)
-                .form(&[
-                    ("email", email.as_str()),
-                    ("password", "wrong"),
-                    ("csrf", &csrf),
-                ])
-                .send()
+            let response = form
+                .submit(&http, &base, &nobody(), "wrong", "/apps")
                 .await
                 .expect("answers");
             (
@@ -454,30 +423,6 @@ async fn registration_floods_are_limited_and_cannot_evict_an_approved_client() {
     );
 }
 
-/// A server that answers every request with 404 and reports each request line.
-async fn failing_document_server() -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 8192];
-                let n = socket.read(&mut buf).await.unwrap_or(0);
-                let head = String::from_utf8_lossy(&buf[..n]).to_string();
-                let _ = tx.send(head.lines().next().unwrap_or_default().to_owned());
-                let _ = socket
-                    .write_all(
-                        b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                    )
-                    .await;
-            });
-        }
-    });
-    (format!("http://{addr}"), rx)
-}
-
 #[tokio::test]
 async fn metadata_document_fetches_are_limited_per_address_and_failures_are_cached() {
     let stack = Stack::start(&[
@@ -492,7 +437,7 @@ async fn metadata_document_fetches_are_limited_per_address_and_failures_are_cach
         ),
     ])
     .await;
-    let (server, mut fetched) = failing_document_server().await;
+    let (server, mut fetched) = document_server_answering("404 Not Found", String::new()).await;
     let authorize = |client_id: &str| {
         let pkce = Pkce::new();
         authorize_url(&stack, client_id, REDIRECT, &pkce, "s", "sandbox")

@@ -4,6 +4,7 @@
 mod cli;
 mod hostile;
 mod lifecycle;
+mod login_form;
 mod mcp;
 mod mcp_client;
 mod oauth;

@@ -179,6 +179,25 @@ impl<S> IdleTimeout<S> {
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         self.deadline.as_mut().poll(cx).is_ready()
     }
+
+    /// A write's outcome: bytes written count as movement; a pending write past the idle
+    /// deadline fails.
+    fn after_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        written: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match written {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.moved();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending if self.expired(cx) => Poll::Ready(Err(idle_error())),
+            other => other,
+        }
+    }
 }
 
 fn idle_error() -> io::Error {
@@ -213,17 +232,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.moved();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
-            Poll::Pending if this.expired(cx) => Poll::Ready(Err(idle_error())),
-            Poll::Pending => Poll::Pending,
-        }
+        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.after_write(cx, written)
     }
 
     fn poll_write_vectored(
@@ -232,17 +242,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for IdleTimeout<S> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.moved();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
-            Poll::Pending if this.expired(cx) => Poll::Ready(Err(idle_error())),
-            Poll::Pending => Poll::Pending,
-        }
+        let written = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.after_write(cx, written)
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -25,6 +25,10 @@ use tokio::process::Command;
 #[allow(dead_code)] // shared with the e2e tests; the bench uses only part of it
 mod mcp_client;
 
+#[path = "../../../tests/e2e/login_form.rs"]
+mod login_form;
+
+use login_form::LoginForm;
 use mcp_client::{Client, Era};
 
 /// The `sandgate` binary (built in the same profile as this bench).
@@ -226,45 +230,22 @@ async fn wrong_sign_in(
     i: usize,
     start: &tokio::sync::Barrier,
 ) -> Result<()> {
-    let form = http.get(format!("{base}/login")).send().await;
-    let prepared = match form {
-        Ok(form) => {
-            let cookie = form
-                .headers()
-                .get("set-cookie")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.split(';').next())
-                .unwrap_or_default()
-                .to_owned();
-            let body = form.text().await.unwrap_or_default();
-            let csrf = body
-                .split("name=\"csrf\" value=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or_default()
-                .to_owned();
-            Some((cookie, csrf))
-        }
-        Err(_) => None,
-    };
+    let form = LoginForm::load(http, base).await;
     start.wait().await;
-    let Some((cookie, csrf)) = prepared else {
-        COUNTS[3].fetch_add(1, Ordering::Relaxed);
-        return Ok(());
+    let status = match form {
+        Ok(form) => form
+            .submit(
+                http,
+                base,
+                &format!("nobody-{i}@example.com"),
+                "wrong",
+                "/apps",
+            )
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0),
+        Err(_) => 0,
     };
-    let email = format!("nobody-{i}@example.com");
-    let status = http
-        .post(format!("{base}/login"))
-        .header("cookie", cookie)
-        .form(&[
-            ("email", email.as_str()),
-            ("password", "wrong"),
-            ("csrf", &csrf),
-        ])
-        .send()
-        .await
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0);
     COUNTS[index(status)].fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

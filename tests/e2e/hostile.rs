@@ -486,11 +486,16 @@ async fn metadata_document_fetches_are_limited_per_address_and_failures_are_cach
     );
 }
 
-/// Opens a connection that sends an unfinished request head and then one header byte every
-/// 300 ms, for at most `drip_for`; returns whether the server closed it.
-async fn slowloris(addr: String, drip_for: Duration) -> bool {
-    let Ok(mut socket) = TcpStream::connect(&addr).await else {
-        return false;
+/// Opens a connection from `from` that sends an unfinished request head and then one header
+/// byte every 300 ms, for at most `drip_for`; returns whether the server closed it (or answered)
+/// before that.
+async fn slowloris(from: IpAddr, addr: String, drip_for: Duration) -> bool {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind((from, 0).into())
+        .expect("binds a loopback address");
+    let Ok(mut socket) = socket.connect(addr.parse().expect("an address")).await else {
+        return true;
     };
     if socket
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
@@ -522,6 +527,7 @@ async fn slow_clients_cannot_pin_the_gateway() {
     let stack = Stack::start(&[
         ("SANDGATE_POOL__MIN_READY", "0"),
         ("SANDGATE_HTTP__MAX_CONNECTIONS", "16"),
+        ("SANDGATE_HTTP__MAX_CONNECTIONS_PER_ADDRESS", "8"),
         ("SANDGATE_HTTP__HEADER_READ_TIMEOUT_SECONDS", "2"),
         ("SANDGATE_HTTP__BODY_READ_TIMEOUT_SECONDS", "2"),
     ])
@@ -531,10 +537,30 @@ async fn slow_clients_cannot_pin_the_gateway() {
         .base_url
         .trim_start_matches("http://")
         .to_owned();
-    // More slow connections than the gateway takes at once, each dripping its headers.
+    // One address cannot take every slot: beyond 8, its connections are closed at once.
+    let mut greedy = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        greedy.spawn(slowloris(
+            loopback(11, 1),
+            addr.clone(),
+            Duration::from_secs(60),
+        ));
+    }
+    let first = greedy.join_next().await.expect("a result").expect("joins");
+    assert!(
+        first,
+        "a connection over the per-address cap is closed at once"
+    );
+    greedy.shutdown().await;
+    // More slow connections than the gateway takes at once, from six addresses (8 each),
+    // each dripping its headers.
     let mut slow = tokio::task::JoinSet::new();
-    for _ in 0..48 {
-        slow.spawn(slowloris(addr.clone(), Duration::from_secs(60)));
+    for i in 0..48u8 {
+        slow.spawn(slowloris(
+            loopback(12, i / 8),
+            addr.clone(),
+            Duration::from_secs(60),
+        ));
     }
     // A normal request is still answered: the slow ones are cut off at the header deadline
     // and free their slots.
@@ -577,7 +603,8 @@ async fn expired_codes_sessions_tokens_and_unused_clients_are_purged() {
     let stack = Stack::start(&[
         ("SANDGATE_POOL__MIN_READY", "0"),
         ("SANDGATE_OAUTH__LIMITS__PURGE_INTERVAL_SECONDS", "1"),
-        ("SANDGATE_OAUTH__LIMITS__UNUSED_CLIENT_TTL_SECONDS", "1"),
+        // Long enough for the real app to finish its flow; the unused one is made old below.
+        ("SANDGATE_OAUTH__LIMITS__UNUSED_CLIENT_TTL_SECONDS", "600"),
     ])
     .await;
     // A real connection: a grant, a live session, a live refresh token.
@@ -593,10 +620,15 @@ async fn expired_codes_sessions_tokens_and_unused_clients_are_purged() {
     // A client nobody approved.
     let unused = stack.register("Never used", REDIRECT).await;
     let unused_id = unused["client_id"].as_str().unwrap().to_owned();
-    // Expired rows beside the live ones.
+    // Expired rows beside the live ones, and the unused client made older than its TTL.
     let mut conn = sqlx::PgConnection::connect(&stack.gateway.database_url)
         .await
         .expect("db");
+    sqlx::query("UPDATE oauth_clients SET created_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(&unused_id)
+        .execute(&mut conn)
+        .await
+        .expect("an old unused client");
     let grant: uuid::Uuid = sqlx::query_scalar("SELECT id FROM grants WHERE client_id = $1")
         .bind(&real_id)
         .fetch_one(&mut conn)

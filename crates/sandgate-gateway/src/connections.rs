@@ -38,6 +38,9 @@ use tower::ServiceExt;
 pub struct HttpConfig {
     /// Most connections open at once; beyond it new ones wait in the listen backlog.
     pub max_connections: usize,
+    /// Most connections open at once from one client address; beyond it new ones are closed at
+    /// once. 0: no per-address cap (behind a reverse proxy every peer is the proxy).
+    pub max_connections_per_address: usize,
     /// Deadline for a request's headers (and an HTTP/1.1 keep-alive wait), seconds.
     pub header_read_timeout_seconds: u64,
     /// Deadline for reading a whole request body, seconds.
@@ -85,6 +88,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(config.max_connections));
+    let per_address = PerAddress::new(config.max_connections_per_address);
     let graceful = GracefulShutdown::new();
     let idle = Duration::from_secs(config.idle_timeout_seconds);
     let mut builder = Builder::new(TokioExecutor::new());
@@ -107,6 +111,10 @@ pub async fn serve(
         let Some((stream, peer, slot)) = accepted else {
             continue;
         };
+        let Some(per_address) = per_address.admit(peer.ip()) else {
+            tracing::debug!(%peer, "closed a connection over the per-address cap");
+            continue;
+        };
         let app = app.clone();
         let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(ConnectInfo(peer));
@@ -120,10 +128,71 @@ pub async fn serve(
             if let Err(err) = watcher.watch(connection).await {
                 tracing::debug!(error = %err, %peer, "connection ended with an error");
             }
-            drop(slot);
+            drop((slot, per_address));
         });
     }
     graceful.shutdown().await;
+}
+
+/// Open connections per client address, capped.
+#[derive(Clone)]
+struct PerAddress {
+    cap: usize,
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+}
+
+/// One open connection counted against its address; uncounted when dropped.
+struct AddressSlot {
+    owner: PerAddress,
+    ip: std::net::IpAddr,
+}
+
+impl PerAddress {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            open: Arc::default(),
+        }
+    }
+
+    fn counts(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, usize>> {
+        self.open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counts a new connection from `ip`; `None` when that address is at the cap.
+    fn admit(&self, ip: std::net::IpAddr) -> Option<AddressSlot> {
+        if self.cap > 0 {
+            let mut open = self.counts();
+            let count = open.entry(ip).or_default();
+            if *count >= self.cap {
+                return None;
+            }
+            *count += 1;
+        }
+        Some(AddressSlot {
+            owner: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        if self.owner.cap == 0 {
+            return;
+        }
+        let mut open = self.owner.counts();
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Takes a connection slot, then accepts. `None` after an accept error (a full fd table, a

@@ -86,8 +86,8 @@ async fn main() -> Result<()> {
     println!("login flood benchmark: {FLOOD} concurrent wrong-password sign-ins");
     println!("gateway RSS before: {:.1} MB", idle_rss as f64 / 1024.0);
     println!(
-        "{:<34} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7}",
-        "case", "peak MB", "MCP p50", "MCP p95", "calls", "401", "429", "503"
+        "{:<34} {:>9} {:>9} {:>9} {:>7} {:>7} {:>7} {:>7} {:>7}",
+        "case", "peak MB", "MCP p50", "MCP p95", "calls", "401", "429", "503", "closed"
     );
     let (p50, p95) = percentiles(&mut baseline);
     println!(
@@ -109,7 +109,7 @@ async fn main() -> Result<()> {
         let mut latencies = row.latencies;
         let (p50, p95) = percentiles(&mut latencies);
         println!(
-            "{:<34} {:>9.1} {:>8.1}ms {:>8.1}ms {:>7} {:>7} {:>7} {:>7}",
+            "{:<34} {:>9.1} {:>8.1}ms {:>8.1}ms {:>7} {:>7} {:>7} {:>7} {:>7}",
             case,
             row.peak_rss_kib as f64 / 1024.0,
             p50,
@@ -118,6 +118,7 @@ async fn main() -> Result<()> {
             row.statuses[0],
             row.statuses[1],
             row.statuses[2],
+            row.statuses[3],
         );
     }
     println!(
@@ -133,8 +134,9 @@ async fn main() -> Result<()> {
 struct FloodRow {
     peak_rss_kib: u64,
     latencies: Vec<Duration>,
-    /// Counts of 401, 429, 503 answers.
-    statuses: [u64; 3],
+    /// Counts of 401, 429 and 503 answers, and of attempts whose connection was closed (the
+    /// per-address connection cap) or that got anything else.
+    statuses: [u64; 4],
 }
 
 /// Fires `FLOOD` sign-ins at once from `spread` source addresses while measuring MCP calls and
@@ -194,11 +196,8 @@ async fn flood(
     }
     done.store(true, Ordering::Relaxed);
     sampler.await?;
-    let mut statuses = [0u64; 3];
-    // The statuses were counted into a shared counter by each attempt.
-    for (slot, code) in statuses.iter_mut().zip([401u16, 429, 503]) {
-        *slot = COUNTS[index(code)].swap(0, Ordering::Relaxed);
-    }
+    // Each attempt counted its answer into a shared counter.
+    let statuses = [0, 1, 2, 3].map(|i| COUNTS[i].swap(0, Ordering::Relaxed));
     Ok(FloodRow {
         peak_rss_kib: peak.load(Ordering::Relaxed),
         latencies,

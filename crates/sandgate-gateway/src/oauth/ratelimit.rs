@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::Deserialize;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -268,6 +268,10 @@ struct Inner {
     metadata_fetch: DefaultKeyedRateLimiter<IpAddr>,
     hashing: Arc<Semaphore>,
     hashing_queue: Arc<Semaphore>,
+    /// The only threads that hash passwords: argon2's ~19 MiB per hash lands in these threads'
+    /// malloc arenas and nowhere else, so resident memory stays bounded by their number (on the
+    /// shared blocking pool every thread that ever hashed kept its arena's memory).
+    hashing_threads: rayon::ThreadPool,
     hashing_wait: Duration,
     failed_documents: Mutex<lru::LruCache<String, (Instant, String)>>,
     failure_ttl: Duration,
@@ -301,6 +305,11 @@ impl Limiters {
                     config.metadata_fetch_per_address_per_minute,
                 )),
                 hashing: Arc::new(Semaphore::new(config.password_hash_concurrency)),
+                hashing_threads: rayon::ThreadPoolBuilder::new()
+                    .num_threads(config.password_hash_concurrency)
+                    .thread_name(|i| format!("sandgate-argon2-{i}"))
+                    .build()
+                    .expect("password hashing threads start"),
                 hashing_queue: Arc::new(Semaphore::new(
                     config.password_hash_concurrency + config.password_hash_queue,
                 )),
@@ -357,9 +366,13 @@ impl Limiters {
         )
     }
 
-    /// A slot to compute one password hash in: waits in a bounded queue for a bounded time.
-    /// `Err` (503) when the queue is full or the wait ran out; memory never grows with a flood.
-    pub async fn hashing_slot(&self) -> Result<OwnedSemaphorePermit, Limited> {
+    /// Runs `hash` (a password hash or check) on the hashing threads, after waiting in a bounded
+    /// queue for a bounded time. `Err` (503) when the queue is full or the wait ran out: memory
+    /// never grows with a flood.
+    pub async fn hash<R: Send + 'static>(
+        &self,
+        hash: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, Limited> {
         let busy = Limited {
             what: LimitKind::HashingBusy,
             retry_after: Duration::from_secs(1).max(self.inner.hashing_wait),
@@ -368,10 +381,16 @@ impl Limiters {
             .try_acquire_owned()
             .map_err(|_| busy)?;
         let slot = Arc::clone(&self.inner.hashing).acquire_owned();
-        match tokio::time::timeout(self.inner.hashing_wait, slot).await {
-            Ok(Ok(slot)) => Ok(slot),
-            _ => Err(busy),
-        }
+        let slot = match tokio::time::timeout(self.inner.hashing_wait, slot).await {
+            Ok(Ok(slot)) => slot,
+            _ => return Err(busy),
+        };
+        let (done, result) = tokio::sync::oneshot::channel();
+        self.inner.hashing_threads.spawn(move || {
+            let _ = done.send(hash());
+            drop(slot);
+        });
+        result.await.map_err(|_| busy)
     }
 
     /// A metadata-document URL's recent failure, if one is remembered.

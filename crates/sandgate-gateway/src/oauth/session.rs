@@ -282,28 +282,24 @@ async fn find_unlocked_user(
     })
 }
 
-/// Verifies the password in a hashing slot. A missing user is checked against a dummy hash so
-/// both failures take as long. argon2 is deliberately slow and large (~19 MiB): it runs off the
-/// async workers, and only as many at once as there are slots.
+/// Verifies the password on the hashing threads. A missing user is checked against a dummy hash
+/// so both failures take as long. argon2 is deliberately slow and large (~19 MiB): it runs off
+/// the async workers, and only as many at once as there are hashing threads.
 async fn check_password(
     state: &AppState,
     user: Option<&users::User>,
     password: String,
 ) -> Result<bool, Limited> {
-    let slot = state.oauth.limits.hashing_slot().await?;
     let hash = user.map_or_else(
         || password::dummy_hash().to_owned(),
         |u| u.password_hash.clone(),
     );
-    Ok(tokio::task::spawn_blocking(move || {
-        let matches = password::verify_password(&password, &hash);
-        drop(slot);
-        matches
-    })
-    .await
-    .ok()
-    .and_then(Result::ok)
-    .unwrap_or(false))
+    let verified = state
+        .oauth
+        .limits
+        .hash(move || password::verify_password(&password, &hash))
+        .await?;
+    Ok(verified.unwrap_or(false))
 }
 
 /// A wrong email or password: counts the failure against the account (which may lock it).

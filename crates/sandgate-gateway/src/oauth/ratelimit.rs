@@ -486,6 +486,33 @@ mod tests {
         );
     }
 
+    fn config() -> OAuthLimitsConfig {
+        use figment::providers::{Format, Toml};
+        figment::Figment::from(Toml::string(crate::config::DEFAULT_TOML))
+            .extract_inner("oauth.limits")
+            .expect("the defaults hold [oauth.limits]")
+    }
+
+    #[test]
+    fn a_rate_of_one_per_minute_allows_one_then_says_when() {
+        let mut config = config();
+        config.metadata_fetch_per_address_per_minute = 1;
+        let limiters = Limiters::new(&config);
+        let a = ClientAddress("192.0.2.1".parse().unwrap());
+        let b = ClientAddress("192.0.2.2".parse().unwrap());
+        assert!(limiters.metadata_fetch_from(a).is_ok());
+        let refused = limiters.metadata_fetch_from(a).unwrap_err();
+        assert_eq!(refused.what, LimitKind::MetadataFetch);
+        assert!(
+            (59..=60).contains(&refused.retry_after_seconds()),
+            "{refused:?}"
+        );
+        assert!(
+            limiters.metadata_fetch_from(b).is_ok(),
+            "another address has its own"
+        );
+    }
+
     #[test]
     fn waits_are_said_in_words() {
         assert_eq!(human_wait(1), "1 second");

@@ -2,7 +2,9 @@
 //! sandbox image), started by `scripts/stack.sh`.
 
 mod cli;
+mod hostile;
 mod lifecycle;
+mod login_form;
 mod mcp;
 mod mcp_client;
 mod oauth;

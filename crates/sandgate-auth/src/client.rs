@@ -12,6 +12,8 @@ use crate::Scope;
 pub const MAX_CLIENT_NAME_CHARS: usize = 100;
 /// Most redirect URIs one client may register.
 pub const MAX_REDIRECT_URIS: usize = 10;
+/// Longest redirect URI accepted, bytes.
+pub const MAX_REDIRECT_URI_BYTES: usize = 2000;
 
 /// How a client authenticates at the token endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,6 +117,12 @@ impl ClientError {
 /// userinfo; `https`, `http` only on a loopback host (RFC 8252 §7.3), or a private-use scheme
 /// with a dot in it (RFC 8252 §7.1, e.g. `com.example.app:/cb`).
 pub fn check_redirect_uri(uri: &str) -> Result<(), ClientError> {
+    if uri.len() > MAX_REDIRECT_URI_BYTES {
+        return Err(ClientError::InvalidRedirectUri(format!(
+            "a redirect URI is {} bytes long; at most {MAX_REDIRECT_URI_BYTES} are accepted",
+            uri.len()
+        )));
+    }
     let bad = |why: &str| ClientError::InvalidRedirectUri(format!("redirect URI {uri:?} {why}"));
     let url = Url::parse(uri).map_err(|_| bad("is not an absolute URI"))?;
     if url.fragment().is_some() || uri.contains('#') {
@@ -320,6 +328,10 @@ mod tests {
         ] {
             assert_eq!(check_redirect_uri(uri).is_ok(), ok, "{uri}");
         }
+        let long = format!("{CB}?{}", "a".repeat(MAX_REDIRECT_URI_BYTES));
+        let err = check_redirect_uri(&long).unwrap_err().to_string();
+        assert!(err.contains("at most 2000"), "{err}");
+        assert!(err.len() < 200, "a long URI is not echoed back: {err}");
     }
 
     #[test]

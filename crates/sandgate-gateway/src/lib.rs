@@ -2,8 +2,10 @@
 //! keys and the audit trail is decided by `sandgate-service`; this crate turns HTTP and MCP into
 //! calls on it and its answers (and errors) back into HTTP and MCP.
 //!
+//! - [`connections`]: the accept loop: connection cap, header/body/idle timeouts.
 //! - [`telemetry`]: logging set-up.
 //! - [`health`]: `/healthz` and `/readyz`.
+//! - [`limits`]: length limits on attacker-chosen strings in tool arguments.
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
 //! - [`metrics`]: Prometheus metrics at `/metrics`.
 //! - [`files`]: expiring download links for files in sandboxes.
@@ -19,7 +21,6 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{HeaderName, Request};
 use axum::routing::get;
-use axum::serve::ListenerExt;
 use sandgate_sandbox::{
     DockerBackend, DockerError, ManagerConfig, PoolConfig, SandboxError, SandboxManager,
 };
@@ -31,9 +32,11 @@ use tokio_util::task::TaskTracker;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+pub mod connections;
 pub mod error;
 pub mod files;
 pub mod health;
+pub mod limits;
 pub mod mcp;
 pub mod metrics;
 pub mod telemetry;
@@ -160,6 +163,17 @@ impl AppState {
             .start_lifecycle(&config.lifecycle, background_stop.clone(), &background)
             .await;
         let audit = audit::AuditLog::start(db.clone(), background_stop.clone(), &background);
+        oauth::purge::start(
+            db.clone(),
+            &config.oauth.limits,
+            background_stop.clone(),
+            &background,
+        );
+        oauth.limits.start_housekeeping(
+            std::time::Duration::from_secs(60),
+            background_stop.clone(),
+            &background,
+        );
         Ok(Self {
             config: Arc::new(config),
             db,
@@ -200,6 +214,7 @@ pub fn router(state: AppState) -> Router {
         state.links.clone(),
         state.shutdown.child_token(),
     );
+    let body_timeout = std::time::Duration::from_secs(state.config.http.body_read_timeout_seconds);
     let mcp_routes = Router::new()
         .nest_service("/mcp", mcp_service)
         .layer(axum::middleware::from_fn(
@@ -208,6 +223,16 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             mcp::auth::require_bearer,
+        ))
+        // Outside the bearer check: a body over the limit is answered (and audited) by it once
+        // it knows who sent it.
+        .layer(axum::middleware::from_fn_with_state(
+            connections::BodyLimits {
+                timeout: body_timeout,
+                max_bytes: state.config.mcp.max_request_bytes,
+                defer_too_large: true,
+            },
+            connections::body_deadline,
         ));
     Router::new()
         .route("/healthz", get(health::healthz))
@@ -223,8 +248,20 @@ pub fn router(state: AppState) -> Router {
             get(mcp::auth::resource_metadata),
         )
         .merge(oauth::routes().with_state(state.oauth_app()))
-        .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(
+            connections::BodyLimits {
+                timeout: body_timeout,
+                max_bytes: oauth::MAX_BODY_BYTES,
+                defer_too_large: false,
+            },
+            connections::body_deadline,
+        ))
+        .with_state(state.clone())
         .merge(mcp_routes)
+        .layer(axum::middleware::from_fn_with_state(
+            state.metrics.clone(),
+            metrics::count_refusals,
+        ))
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(
             TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
@@ -299,29 +336,19 @@ impl App {
         let state = self.state.clone();
         let stop = state.shutdown.clone();
         let app = router(self.state);
-        // axum::serve leaves Nagle on for accepted connections (axum 0.8 sets TCP_NODELAY only
-        // in its own tests). A tool result goes out as several small writes (headers, the SSE
-        // event, the end of the chunked body); with Nagle a later write waits for the client's
-        // ACK of the earlier one, which a client delays by up to 40 ms.
-        let listener = self.listener.tap_io(|stream| {
-            if let Err(err) = stream.set_nodelay(true) {
-                tracing::debug!(error = %err, "cannot set TCP_NODELAY on a connection");
-            }
-        });
-        let result = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                stop.cancel();
-            })
-            .await
-            .map_err(StartError::Serve);
+        let http = state.config.http.clone();
+        connections::serve(self.listener, app, &http, async move {
+            shutdown.await;
+            stop.cancel();
+        })
+        .await;
         // Stops the reaper and reconciliation first (nothing is closed while shutting down),
         // then the pool; the audit writer flushes what is still queued.
         state.background_stop.cancel();
         state.sandboxes.shutdown().await;
         state.background.close();
         state.background.wait().await;
-        result
+        Ok(())
     }
 }
 

@@ -1,11 +1,14 @@
 //! Prometheus metrics at `/metrics` (OpenMetrics text): tool calls by tool and outcome, their
-//! durations, and the warm pool. Labels are small enums (tool names, outcomes), never ids.
+//! durations, the warm pool, and refused HTTP requests by reason. Labels are small enums (tool
+//! names, outcomes, refusal reasons), never ids.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::Request;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -49,6 +52,59 @@ impl EncodeLabelValue for ToolName {
     }
 }
 
+/// Why a request was refused before (or instead of) being served.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)] // the label values are the metric's spelling
+pub enum RefusalReason {
+    /// 401: no valid credentials.
+    unauthenticated,
+    /// 403 with an `insufficient_scope` challenge.
+    insufficient_scope,
+    /// Any other 403 (a foreign Origin, a forged form).
+    forbidden,
+    /// 408: the request's body did not arrive in time.
+    timeout,
+    /// 413: the body is over its limit.
+    too_large,
+    /// 429: a rate limit or an account lockout.
+    rate_limited,
+    /// 503 with `Retry-After`: a bounded queue (password hashing) is full.
+    overloaded,
+}
+
+impl RefusalReason {
+    /// The reason for a response, if it is a refusal.
+    pub fn of(response: &Response) -> Option<Self> {
+        let challenge = response
+            .headers()
+            .get(header::WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        Some(match response.status() {
+            StatusCode::UNAUTHORIZED => Self::unauthenticated,
+            StatusCode::FORBIDDEN if challenge.contains("insufficient_scope") => {
+                Self::insufficient_scope
+            }
+            StatusCode::FORBIDDEN => Self::forbidden,
+            StatusCode::REQUEST_TIMEOUT => Self::timeout,
+            StatusCode::PAYLOAD_TOO_LARGE => Self::too_large,
+            StatusCode::TOO_MANY_REQUESTS => Self::rate_limited,
+            StatusCode::SERVICE_UNAVAILABLE
+                if response.headers().contains_key(header::RETRY_AFTER) =>
+            {
+                Self::overloaded
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// Labels of a refusal.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    reason: RefusalReason,
+}
+
 /// The gateway's metrics. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -61,6 +117,7 @@ struct Inner {
     calls: Family<CallLabels, Counter>,
     durations: Family<ToolLabels, Histogram>,
     pool_ready: Gauge,
+    refusals: Family<RefusalLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -105,12 +162,20 @@ impl Metrics {
             "Times a sandbox's output was paused for sending frames or bytes faster than its budget",
             sandbox.output_throttled.clone(),
         );
+        let refusals = Family::<RefusalLabels, Counter>::default();
+        registry.register(
+            "http_refusals",
+            "HTTP requests refused, by reason (unauthenticated, insufficient_scope, forbidden, \
+             timeout, too_large, rate_limited, overloaded)",
+            refusals.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
                 calls,
                 durations,
                 pool_ready,
+                refusals,
             }),
         }
     }
@@ -130,6 +195,14 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
+    /// Counts one refused request.
+    pub fn record_refusal(&self, reason: RefusalReason) {
+        self.inner
+            .refusals
+            .get_or_create(&RefusalLabels { reason })
+            .inc();
+    }
+
     /// Renders the registry as OpenMetrics text.
     fn render(&self, pool_ready: usize) -> Result<String, std::fmt::Error> {
         self.inner
@@ -139,6 +212,19 @@ impl Metrics {
         encode(&mut out, &self.inner.registry)?;
         Ok(out)
     }
+}
+
+/// Middleware: counts every refused response by reason.
+pub async fn count_refusals(
+    State(metrics): State<Metrics>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    if let Some(reason) = RefusalReason::of(&response) {
+        metrics.record_refusal(reason);
+    }
+    response
 }
 
 /// `GET /metrics`.

@@ -13,7 +13,9 @@ use sandgate_store::grants;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::html::{self, escape, see_other};
+use maud::html;
+
+use super::html::{self, hidden, see_other};
 use super::{paths, session};
 use crate::AppState;
 
@@ -45,45 +47,46 @@ async fn page_handler(state: &AppState, headers: &HeaderMap, here: &str) -> Resp
         Ok(c) => c,
         Err(err) => return unavailable(&err),
     };
-    let mut list = String::new();
-    for c in &connections {
-        let scopes: Vec<String> = Scope::parse_list(&c.scopes)
-            .unwrap_or_default()
-            .iter()
-            .map(|s| escape(s.describe()))
-            .collect();
-        list.push_str(&format!(
-            "<div class=\"app\" data-grant=\"{id}\"><strong class=\"app-name\">{name}</strong>\
-             <p class=\"muted\">Can {scopes}.</p>\
-             <p class=\"muted\">Connected {created} · last used {used}</p>\
-             <form method=\"post\" action=\"{action}\">\
-             <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-             <input type=\"hidden\" name=\"grant_id\" value=\"{id}\">\
-             <div class=\"actions\"><button type=\"submit\" class=\"disconnect\">Disconnect</button></div>\
-             </form></div>",
-            id = c.id,
-            name = escape(&c.client_name),
-            scopes = scopes.join("; "),
-            created = when(c.created_at),
-            used = c.last_used_at.map_or_else(|| "never".to_owned(), when),
-            action = paths::DISCONNECT,
-            csrf = escape(&session.csrf_token),
-        ));
-    }
-    if connections.is_empty() {
-        list.push_str("<p class=\"muted\" id=\"no-apps\">No apps are connected.</p>");
-    }
-    let body = format!(
-        "<h1>Connected apps</h1>\
-         <p class=\"muted\">Signed in as {email}. Apps listed here can use sandgate for you. \
-         Disconnecting one stops its access at once and closes its sandboxes.</p>{list}\
-         <form method=\"post\" action=\"{logout}\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-         <div class=\"actions\"><button type=\"submit\">Sign out</button></div></form>",
-        email = escape(&session.email),
-        logout = paths::LOGOUT,
-        csrf = escape(&session.csrf_token),
-    );
-    html::page(StatusCode::OK, "Connected apps · sandgate", &body)
+    let body = html! {
+        h1 { "Connected apps" }
+        p.muted {
+            "Signed in as " (session.email) ". Apps listed here can use sandgate for you. "
+            "Disconnecting one stops its access at once and closes its sandboxes."
+        }
+        @for c in &connections {
+            div.app data-grant=(c.id) {
+                strong.app-name { (c.client_name) }
+                p.muted { "Can " (describe_scopes(&c.scopes)) "." }
+                p.muted {
+                    "Connected " (when(c.created_at)) " · last used "
+                    (c.last_used_at.map_or_else(|| "never".to_owned(), when))
+                }
+                form method="post" action=(paths::DISCONNECT) {
+                    (hidden("csrf", &session.csrf_token))
+                    (hidden("grant_id", &c.id.to_string()))
+                    div.actions { button.disconnect type="submit" { "Disconnect" } }
+                }
+            }
+        }
+        @if connections.is_empty() {
+            p.muted #no-apps { "No apps are connected." }
+        }
+        form method="post" action=(paths::LOGOUT) {
+            (hidden("csrf", &session.csrf_token))
+            div.actions { button type="submit" { "Sign out" } }
+        }
+    };
+    html::page(StatusCode::OK, "Connected apps · sandgate", body)
+}
+
+/// A connection's scopes in words: "run code; read files".
+fn describe_scopes(scopes: &str) -> String {
+    Scope::parse_list(scopes)
+        .unwrap_or_default()
+        .iter()
+        .map(|s| s.describe())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `GET /apps`.

@@ -18,7 +18,10 @@ use sandgate_store::{StoreError, tenants};
 use serde::Deserialize;
 
 use super::clients::{ClientLookupError, join_scopes, lookup};
-use super::html::{self, escape, page, see_other};
+use super::ratelimit::ClientAddress;
+use maud::html;
+
+use super::html::{self, hidden, page, see_other};
 use super::{paths, session};
 use crate::AppState;
 
@@ -112,7 +115,11 @@ fn unavailable(err: &StoreError) -> Failure {
     ))
 }
 
-async fn validate(state: &AppState, p: &AuthorizeParams) -> Result<Valid, Failure> {
+async fn validate(
+    state: &AppState,
+    address: ClientAddress,
+    p: &AuthorizeParams,
+) -> Result<Valid, Failure> {
     let Some(client_id) = p.client_id.as_deref().filter(|c| !c.is_empty()) else {
         return Err(Failure::Page(html::error_page(
             StatusCode::BAD_REQUEST,
@@ -120,9 +127,15 @@ async fn validate(state: &AppState, p: &AuthorizeParams) -> Result<Valid, Failur
             "The app did not say who it is (client_id is missing).",
         )));
     };
-    let client = match lookup(state, client_id).await {
+    let client = match lookup(state, client_id, address).await {
         Ok(client) => client,
         Err(ClientLookupError::Store(err)) => return Err(unavailable(&err)),
+        Err(ClientLookupError::Limited(limited)) => {
+            let mut response =
+                html::error_page(limited.status(), "Too many requests", &limited.message());
+            limited.stamp(&mut response);
+            return Err(Failure::Page(response));
+        }
         Err(err) => {
             tracing::info!(error = %err, "authorization request from an unknown client");
             return Err(Failure::Page(html::error_page(
@@ -259,11 +272,12 @@ fn foreign_client(state: &AppState, valid: &Valid, session: &Session) -> Option<
 /// `GET /oauth/authorize`.
 pub async fn authorize(
     State(state): State<AppState>,
+    address: ClientAddress,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
     Query(params): Query<AuthorizeParams>,
 ) -> Response {
-    let valid = match validate(&state, &params).await {
+    let valid = match validate(&state, address, &params).await {
         Ok(valid) => valid,
         Err(failure) => return failure.into_response(),
     };
@@ -329,73 +343,59 @@ async fn consent_page(state: &AppState, valid: &Valid, session: &Session) -> Res
             None => format!("{}:", u.scheme()),
         })
         .unwrap_or_default();
-    let name = &valid.client.name;
-    let identity = match valid.client.kind.as_str() {
-        "cimd" => format!(
-            "<p class=\"muted\">App identity verified by its web address: <strong>{}</strong></p>",
-            escape(url::Url::parse(&valid.client.id).ok().and_then(|u| u.host_str().map(str::to_owned)).as_deref().unwrap_or(""))
-        ),
-        "confidential" => "<p class=\"muted\">This app was registered by your administrator.</p>".to_owned(),
-        _ => "<p class=\"muted\">This app registered itself; sandgate has not verified its name. Only continue if you started this connection.</p>".to_owned(),
-    };
-    let scopes: String = valid
-        .scopes
-        .iter()
-        .map(|s| {
-            let d = s.describe();
-            let mut chars = d.chars();
-            let sentence = chars
-                .next()
-                .map(|c| c.to_uppercase().chain(chars).collect::<String>())
-                .unwrap_or_default();
-            format!(
-                "<li>{} <code>{}</code></li>",
-                escape(&sentence),
-                escape(s.as_str())
-            )
-        })
-        .collect();
-    let hidden = |k: &str, v: Option<&str>| match v {
-        Some(v) => format!(
-            "<input type=\"hidden\" name=\"{k}\" value=\"{}\">",
-            escape(v)
-        ),
-        None => String::new(),
+    let name = valid.client.name.as_str();
+    let cimd_host = url::Url::parse(&valid.client.id)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned))
+        .unwrap_or_default();
+    let identity = html! {
+        @match valid.client.kind.as_str() {
+            "cimd" => p.muted { "App identity verified by its web address: " strong { (cimd_host) } },
+            "confidential" => p.muted { "This app was registered by your administrator." },
+            _ => p.muted { "This app registered itself; sandgate has not verified its name. Only continue if you started this connection." },
+        }
     };
     let scope_string = join_scopes(&valid.scopes);
-    let fields = [
-        hidden("csrf", Some(&session.csrf_token)),
-        hidden("response_type", Some("code")),
-        hidden("client_id", Some(&valid.client.id)),
-        hidden("redirect_uri", Some(&valid.redirect_uri)),
-        hidden("code_challenge", Some(&valid.challenge)),
-        hidden("code_challenge_method", Some("S256")),
-        hidden("scope", Some(&scope_string)),
-        hidden("resource", Some(&valid.resource)),
-        hidden("state", valid.state.as_deref()),
-    ]
-    .concat();
-    let body = format!(
-        "<h1 id=\"title\"><span id=\"client-name\">{name}</span> wants to use your sandgate account</h1>\
-         {identity}\
-         <p>Account: <strong id=\"tenant\">{tenant}</strong> <span class=\"muted\">(signed in as {email})</span></p>\
-         <p>If you allow it, <strong>{name}</strong> will be able to:</p>\
-         <ul class=\"scopes\" id=\"scopes\">{scopes}</ul>\
-         <p class=\"muted\">You will then be sent to <strong id=\"redirect-host\">{redirect_host}</strong>. \
-         You can disconnect this app at any time under <a href=\"{apps}\">Connected apps</a>.</p>\
-         <form method=\"post\" action=\"{action}\">{fields}\
-         <div class=\"actions\">\
-         <button type=\"submit\" name=\"decision\" value=\"deny\" id=\"deny\">Deny</button>\
-         <button class=\"primary\" type=\"submit\" name=\"decision\" value=\"approve\" id=\"approve\">Allow</button>\
-         </div></form>",
-        name = escape(name),
-        tenant = escape(&tenant_name),
-        email = escape(&session.email),
-        redirect_host = escape(&redirect_host),
-        apps = paths::APPS,
-        action = paths::AUTHORIZE,
-    );
-    page(StatusCode::OK, &format!("Allow {name}? · sandgate"), &body)
+    let body = html! {
+        h1 #title { span #client-name { (name) } " wants to use your sandgate account" }
+        (identity)
+        p { "Account: " strong #tenant { (tenant_name) } " " span.muted { "(signed in as " (session.email) ")" } }
+        p { "If you allow it, " strong { (name) } " will be able to:" }
+        ul.scopes #scopes {
+            @for s in &valid.scopes {
+                li { (sentence_case(s.describe())) " " code { (s.as_str()) } }
+            }
+        }
+        p.muted {
+            "You will then be sent to " strong #redirect-host { (redirect_host) } ". "
+            "You can disconnect this app at any time under " a href=(paths::APPS) { "Connected apps" } "."
+        }
+        form method="post" action=(paths::AUTHORIZE) {
+            (hidden("csrf", &session.csrf_token))
+            (hidden("response_type", "code"))
+            (hidden("client_id", &valid.client.id))
+            (hidden("redirect_uri", &valid.redirect_uri))
+            (hidden("code_challenge", &valid.challenge))
+            (hidden("code_challenge_method", "S256"))
+            (hidden("scope", &scope_string))
+            (hidden("resource", &valid.resource))
+            @if let Some(state) = &valid.state { (hidden("state", state)) }
+            div.actions {
+                button #deny type="submit" name="decision" value="deny" { "Deny" }
+                button.primary #approve type="submit" name="decision" value="approve" { "Allow" }
+            }
+        }
+    };
+    page(StatusCode::OK, &format!("Allow {name}? · sandgate"), body)
+}
+
+/// "run code" → "Run code".
+fn sentence_case(text: &str) -> String {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|c| c.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 /// The consent form: the authorization request again, the CSRF token and the decision.
@@ -426,6 +426,7 @@ pub struct ConsentForm {
 /// `POST /oauth/authorize`: the user's decision on the consent page. Answers 303.
 pub async fn consent(
     State(state): State<AppState>,
+    address: ClientAddress,
     headers: HeaderMap,
     Form(form): Form<ConsentForm>,
 ) -> Response {
@@ -463,7 +464,7 @@ pub async fn consent(
         scope: form.scope,
         resource: form.resource,
     };
-    let valid = match validate(&state, &params).await {
+    let valid = match validate(&state, address, &params).await {
         Ok(valid) => valid,
         Err(failure) => return failure.into_response(),
     };

@@ -12,9 +12,10 @@ use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use sandgate_auth::client::{self, AuthMethod, ClientMetadata, ValidClient};
 use sandgate_auth::secret::{self, SecretKind};
-use sandgate_store::StoreError;
 use sandgate_store::clients::{self as store, Client, NewClient};
+use sandgate_store::{StoreError, hygiene};
 
+use super::ratelimit::{ClientAddress, Limited};
 use crate::AppState;
 
 /// Why a client id could not be turned into a client.
@@ -26,14 +27,22 @@ pub enum ClientLookupError {
     /// Its metadata document could not be fetched or is invalid.
     #[error("the client's metadata document could not be used: {0}")]
     Document(String),
+    /// Fetching its metadata document would exceed the caller's fetch rate.
+    #[error("{}", .0.message())]
+    Limited(Limited),
     /// Postgres failed.
     #[error("database error")]
     Store(#[from] StoreError),
 }
 
 /// Finds a client by id; a client id that is a metadata-document URL is fetched (and cached for
-/// `oauth.client_metadata.cache_seconds`).
-pub async fn lookup(state: &AppState, client_id: &str) -> Result<Client, ClientLookupError> {
+/// `oauth.client_metadata.cache_seconds`; a failure is remembered for
+/// `oauth.limits.metadata_failure_cache_seconds`). Fetches count against `address`'s rate.
+pub async fn lookup(
+    state: &AppState,
+    client_id: &str,
+    address: ClientAddress,
+) -> Result<Client, ClientLookupError> {
     let meta = &state.config.oauth.client_metadata;
     let mut conn = state.db.acquire().await.map_err(StoreError::from)?;
     let existing = store::get(&mut conn, client_id).await?;
@@ -53,11 +62,45 @@ pub async fn lookup(state: &AppState, client_id: &str) -> Result<Client, ClientL
     if !meta.enabled || !client::is_metadata_document_url(client_id, meta.allow_private_addresses) {
         return Err(ClientLookupError::Unknown(client_id.to_owned()));
     }
-    let document = fetch_document(state, client_id).await?;
-    let valid = client::validate_metadata_document(client_id, &document)
-        .map_err(|e| ClientLookupError::Document(e.to_string()))?;
+    let limits = &state.oauth.limits;
+    if let Some(why) = limits.failed_document(client_id) {
+        return Err(ClientLookupError::Document(why));
+    }
+    limits
+        .metadata_fetch_from(address)
+        .map_err(ClientLookupError::Limited)?;
+    let valid = fetch_document(state, client_id).await.and_then(|document| {
+        client::validate_metadata_document(client_id, &document)
+            .map_err(|e| ClientLookupError::Document(e.to_string()))
+    });
+    let valid = match valid {
+        Ok(valid) => valid,
+        Err(ClientLookupError::Document(why)) => {
+            limits.remember_failed_document(client_id, &why);
+            return Err(ClientLookupError::Document(why));
+        }
+        Err(err) => return Err(err),
+    };
     let mut conn = state.db.acquire().await.map_err(StoreError::from)?;
+    make_room(state, &mut conn).await?;
     Ok(store::upsert(&mut conn, &new_client(client_id, "cimd", &valid, None)).await?)
+}
+
+/// Keeps the dynamic clients that never completed a flow under the cap by evicting the oldest
+/// of them (a flood of registrations cannot lock out real ones, which complete their flow).
+async fn make_room(
+    state: &AppState,
+    conn: &mut sandgate_store::PgConnection,
+) -> Result<(), StoreError> {
+    let cap = i64::from(state.config.oauth.limits.max_unused_dynamic_clients);
+    let evicted = hygiene::evict_unused_clients(conn, cap).await?;
+    if evicted > 0 {
+        tracing::info!(
+            evicted,
+            "evicted dynamic clients that never completed a flow"
+        );
+    }
+    Ok(())
 }
 
 fn new_client<'a>(
@@ -208,13 +251,24 @@ pub fn is_public(ip: IpAddr) -> bool {
 }
 
 /// `POST /oauth/register` (RFC 7591 §3).
-pub async fn register(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+pub async fn register(
+    State(state): State<AppState>,
+    address: ClientAddress,
+    body: axum::body::Bytes,
+) -> Response {
     if !state.config.oauth.dynamic_registration {
         return registration_error(
             StatusCode::FORBIDDEN,
             "access_denied",
             "dynamic client registration is disabled on this server",
         );
+    }
+    if let Err(limited) = state.oauth.limits.register_from(address) {
+        tracing::info!(
+            retry_after = limited.retry_after_seconds(),
+            "refused a registration: rate limit"
+        );
+        return limited.json("too_many_requests");
     }
     let meta: ClientMetadata = match serde_json::from_slice(&body) {
         Ok(meta) => meta,
@@ -239,6 +293,7 @@ pub async fn register(State(state): State<AppState>, body: axum::body::Bytes) ->
     row.scopes = scopes.as_deref();
     let stored = async {
         let mut conn = state.db.acquire().await?;
+        make_room(&state, &mut conn).await?;
         store::upsert(&mut conn, &row).await
     }
     .await;
@@ -270,9 +325,7 @@ pub async fn register(State(state): State<AppState>, body: axum::body::Bytes) ->
         answer["client_secret"] = secret.into();
         answer["client_secret_expires_at"] = 0.into();
     }
-    let mut response = (StatusCode::CREATED, Json(answer)).into_response();
-    super::html::protect(&mut response);
-    response
+    (StatusCode::CREATED, Json(answer)).into_response()
 }
 
 /// Scopes as a space-separated string.

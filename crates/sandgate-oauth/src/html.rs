@@ -1,24 +1,13 @@
-//! Server-rendered pages: one small layout readable on a phone, HTML escaping, and the headers
-//! every page carries (no framing: clickjacking is the classic attack on consent screens).
+//! Server-rendered pages: one small layout readable on a phone (maud templates, which escape
+//! every interpolated value), and the headers every OAuth response carries (tower-http layers:
+//! no framing, since clickjacking is the classic attack on consent screens; no sniffing; no
+//! referrer; no caching).
 
+use axum::Router;
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
-
-/// Escapes text for HTML element content and double-quoted attribute values.
-pub fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+use axum::response::{IntoResponse, Response};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
+use tower_http::set_header::SetResponseHeaderLayer;
 
 /// The Content-Security-Policy of every page: nothing loads from anywhere, inline styles only,
 /// and no one may frame the page.
@@ -49,18 +38,26 @@ table{width:100%;border-collapse:collapse}
 .app:first-of-type{border-top:0}
 ";
 
-/// A page: the layout around `body`, with the anti-framing and no-store headers.
-pub fn page(status: StatusCode, title: &str, body: &str) -> Response {
-    let html = format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>{title}</title><style>{STYLE}</style></head>\
-         <body><main><div class=\"brand\">sandgate</div><div class=\"card\">{body}</div></main></body></html>",
-        title = escape(title),
-    );
-    let mut response = (status, Html(html)).into_response();
-    protect(&mut response);
-    response
+/// A page: the layout around `body`.
+pub fn page(status: StatusCode, title: &str, body: Markup) -> Response {
+    let document = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) }
+                style { (PreEscaped(STYLE)) }
+            }
+            body {
+                main {
+                    div.brand { "sandgate" }
+                    div.card { (body) }
+                }
+            }
+        }
+    };
+    (status, document).into_response()
 }
 
 /// An error page (never a redirect: used when the client or redirect URI cannot be trusted).
@@ -68,35 +65,16 @@ pub fn error_page(status: StatusCode, title: &str, message: &str) -> Response {
     page(
         status,
         title,
-        &format!(
-            "<h1>{}</h1><p class=\"error\">{}</p>",
-            escape(title),
-            escape(message)
-        ),
+        html! {
+            h1 { (title) }
+            p.error role="alert" { (message) }
+        },
     )
 }
 
-/// Adds the headers every OAuth page and redirect carries.
-pub fn protect(response: &mut Response) {
-    let headers = response.headers_mut();
-    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CSP),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    headers.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    headers.insert(
-        HeaderName::from_static("cross-origin-opener-policy"),
-        HeaderValue::from_static("same-origin"),
-    );
+/// A hidden form field.
+pub fn hidden(name: &str, value: &str) -> Markup {
+    html! { input type="hidden" name=(name) value=(value); }
 }
 
 /// A 303 See Other to `location` (after a POST, or to move the browser along).
@@ -105,8 +83,29 @@ pub fn see_other(location: &str) -> Response {
     if let Ok(value) = HeaderValue::from_str(location) {
         response.headers_mut().insert(header::LOCATION, value);
     }
-    protect(&mut response);
     response
+}
+
+/// `router` with the headers every OAuth page, redirect and JSON answer carries (tower-http
+/// layers).
+pub fn with_security_headers<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    let set = |name: HeaderName, value: &'static str| {
+        SetResponseHeaderLayer::overriding(name, HeaderValue::from_static(value))
+    };
+    router
+        .layer(set(header::X_FRAME_OPTIONS, "DENY"))
+        .layer(set(header::CONTENT_SECURITY_POLICY, CSP))
+        // The metadata and JWKS say how long they may be cached; everything else: never.
+        .layer(SetResponseHeaderLayer::if_not_present(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("no-store"),
+        ))
+        .layer(set(header::REFERRER_POLICY, "no-referrer"))
+        .layer(set(header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .layer(set(
+            HeaderName::from_static("cross-origin-opener-policy"),
+            "same-origin",
+        ))
 }
 
 #[cfg(test)]
@@ -114,10 +113,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn escaping_neutralises_markup() {
-        assert_eq!(
-            escape(r#"<script>"x"&'y'</script>"#),
-            "&lt;script&gt;&quot;x&quot;&amp;&#39;y&#39;&lt;/script&gt;"
-        );
+    fn interpolated_values_are_escaped() {
+        let markup = html! { p { (r#"<script>"x"&'y'</script>"#) } (hidden("next", r#""><b>"#)) };
+        let text = markup.into_string();
+        assert!(!text.contains("<script>"), "{text}");
+        assert!(text.contains("&lt;script&gt;"), "{text}");
+        assert!(text.contains(r#"value="&quot;&gt;&lt;b&gt;""#), "{text}");
     }
 }

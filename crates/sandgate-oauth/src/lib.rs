@@ -9,6 +9,9 @@
 //! - [`token`]: the token endpoint (code, refresh, client credentials) and revocation (RFC 7009).
 //! - [`apps`]: the connected-apps page and disconnect.
 //! - [`html`]: the pages' shared layout and the headers that keep them out of frames.
+//! - [`ratelimit`]: limits on the unauthenticated endpoints, the client address.
+//! - [`redirect`]: where a browser may be sent after login.
+//! - [`purge`]: the scheduled purge of expired codes, sessions, tokens and unused clients.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,12 +32,15 @@ pub mod authorize;
 pub mod clients;
 pub mod html;
 pub mod metadata;
+pub mod purge;
+pub mod ratelimit;
+pub mod redirect;
 pub mod session;
 mod state;
 pub mod token;
 
 /// Largest form or JSON body the OAuth endpoints accept.
-const MAX_BODY_BYTES: usize = 64 * 1024;
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// Paths of the authorization server's endpoints.
 pub mod paths {
@@ -67,6 +73,8 @@ pub struct OAuthState {
     cookie_key: Arc<[u8; 32]>,
     /// Client for fetching client-ID metadata documents (SSRF-guarded resolver, no redirects).
     metadata_http: reqwest::Client,
+    /// Rate limits, the hashing queue, the metadata negative cache.
+    pub limits: ratelimit::Limiters,
 }
 
 impl OAuthState {
@@ -120,6 +128,7 @@ impl OAuthState {
         Ok(Self {
             cookie_key: Arc::new(cookie_key),
             metadata_http,
+            limits: ratelimit::Limiters::new(&config.oauth.limits),
         })
     }
 }
@@ -134,7 +143,7 @@ fn rand_key() -> [u8; 32] {
 
 /// The authorization server's routes.
 pub fn routes() -> Router<AppState> {
-    Router::new()
+    let routes = Router::new()
         .route(paths::METADATA, get(metadata::authorization_server))
         .route(paths::JWKS, get(metadata::jwks))
         .route(paths::REGISTER, post(clients::register))
@@ -148,7 +157,8 @@ pub fn routes() -> Router<AppState> {
         .route(paths::LOGOUT, post(session::logout))
         .route(paths::APPS, get(apps::page))
         .route(paths::DISCONNECT, post(apps::disconnect))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    html::with_security_headers(routes)
 }
 
 /// A database failure inside an OAuth handler: logged with its cause, shown as a plain 500/503.

@@ -8,23 +8,27 @@
 //! send back), so the cookies are unprefixed and not `Secure`; a warning says so at start-up.
 
 use axum::extract::{Form, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::Response;
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum_extra::extract::cookie::{Cookie, Key, SameSite, SignedCookieJar};
 use chrono::Utc;
-use hmac::{Hmac, Mac};
+use maud::html;
 use sandgate_auth::password;
 use sandgate_auth::secret::{self, SecretKind};
-use sandgate_store::StoreError;
 use sandgate_store::users::{self, Session};
+use sandgate_store::{StoreError, hygiene};
 use serde::Deserialize;
-use sha2::Sha256;
 
-use super::html::{self, escape, page, see_other};
+use super::html::{self, hidden, page, see_other};
 use super::paths;
+use super::ratelimit::{ClientAddress, LimitKind, Limited};
 use crate::AppState;
 use crate::config::Config;
+
+/// Longest email address accepted at login, bytes (RFC 5321's path limit).
+pub const MAX_EMAIL_BYTES: usize = 254;
+/// Longest password accepted at login, bytes.
+pub const MAX_PASSWORD_BYTES: usize = 1024;
 
 /// The cookies' names and attributes for this deployment.
 #[derive(Debug, Clone, Copy)]
@@ -55,59 +59,53 @@ impl CookiePolicy {
         }
     }
 
-    fn set(&self, name: &str, value: &str, max_age: i64) -> HeaderValue {
-        let secure = if self.secure { "; Secure" } else { "" };
-        HeaderValue::from_str(&format!(
-            "{name}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age={max_age}{secure}"
-        ))
-        .expect("cookie values are URL-safe base64")
+    /// A cookie under this policy (host-only, whole site, `HttpOnly`, `SameSite=Lax`).
+    fn cookie(&self, name: &'static str, value: String, max_age_seconds: i64) -> Cookie<'static> {
+        Cookie::build((name, value))
+            .path("/")
+            .http_only(true)
+            .same_site(SameSite::Lax)
+            .secure(self.secure)
+            .max_age(cookie::time::Duration::seconds(max_age_seconds))
+            .build()
+    }
+
+    /// The cookie that `SignedCookieJar::remove` turns into a removal of `name` (same
+    /// attributes, so browsers accept it for a `__Host-` cookie).
+    fn removal(&self, name: &'static str) -> Cookie<'static> {
+        self.cookie(name, String::new(), 0)
     }
 }
 
-type HmacSha256 = Hmac<Sha256>;
-
-fn sign(key: &[u8; 32], value: &str) -> String {
-    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(value.as_bytes());
-    format!(
-        "{value}.{}",
-        URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
-    )
+/// The key that signs the cookies (HMAC-SHA256 by the `cookie` crate), derived from the
+/// configured secret.
+pub fn cookie_key(state: &AppState) -> Key {
+    use sha2::Digest;
+    let mut hasher = sha2::Sha512::new();
+    hasher.update(b"sandgate session cookies\0");
+    hasher.update(state.oauth.cookie_key());
+    Key::from(&hasher.finalize())
 }
 
-fn unsign<'a>(key: &[u8; 32], signed: &'a str) -> Option<&'a str> {
-    let (value, tag) = signed.rsplit_once('.')?;
-    let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
-    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(value.as_bytes());
-    mac.verify_slice(&tag).ok()?;
-    Some(value)
+/// The request's signed cookies (a cookie whose signature does not verify is absent).
+fn jar(state: &AppState, headers: &HeaderMap) -> SignedCookieJar {
+    SignedCookieJar::from_headers(headers, cookie_key(state))
 }
 
-/// The value of cookie `name` in the request, if present.
-pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v)
+/// The session id of this request's (verified) session cookie.
+fn session_id(state: &AppState, headers: &HeaderMap) -> Option<String> {
+    let policy = CookiePolicy::of(&state.config);
+    let id = jar(state, headers).get(policy.session)?.value().to_owned();
+    secret::is_kind(&id, SecretKind::Session).then_some(id)
 }
 
 /// The logged-in user of this request, if any.
 pub async fn current(state: &AppState, headers: &HeaderMap) -> Result<Option<Session>, StoreError> {
-    let policy = CookiePolicy::of(&state.config);
-    let Some(id) = cookie(headers, policy.session).and_then(|c| unsign(&state.oauth.cookie_key, c))
-    else {
+    let Some(id) = session_id(state, headers) else {
         return Ok(None);
     };
-    if !secret::is_kind(id, SecretKind::Session) {
-        return Ok(None);
-    }
     let mut conn = state.db.acquire().await?;
-    users::session(&mut conn, &secret::hash(id)).await
+    users::session(&mut conn, &secret::hash(&id)).await
 }
 
 /// Where to send a browser that needs to log in first, coming back to `next` afterwards.
@@ -118,12 +116,9 @@ pub fn login_redirect(next: &str) -> Response {
     see_other(&format!("{}?{query}", paths::LOGIN))
 }
 
-/// Only local paths are followed after login (no open redirect).
-fn safe_next(next: Option<&str>) -> &str {
-    match next {
-        Some(n) if n.starts_with('/') && !n.starts_with("//") && !n.contains('\\') => n,
-        _ => paths::APPS,
-    }
+/// Only paths on this gateway are followed after login (no open redirect).
+fn safe_next(state: &AppState, next: Option<&str>) -> String {
+    super::redirect::same_origin_path(&state.config.public_url(), next, paths::APPS)
 }
 
 /// Query of `GET /login`.
@@ -134,35 +129,51 @@ pub struct LoginQuery {
 
 /// `GET /login`: the login form.
 pub async fn login_page(State(state): State<AppState>, Query(q): Query<LoginQuery>) -> Response {
-    render_login(&state, safe_next(q.next.as_deref()), None, StatusCode::OK)
+    render_login(
+        &state,
+        &safe_next(&state, q.next.as_deref()),
+        None,
+        StatusCode::OK,
+    )
 }
 
 fn render_login(state: &AppState, next: &str, error: Option<&str>, status: StatusCode) -> Response {
     let policy = CookiePolicy::of(&state.config);
     let csrf = secret::generate(SecretKind::Csrf);
-    let error = error
-        .map(|e| format!("<p class=\"error\" role=\"alert\">{}</p>", escape(e)))
-        .unwrap_or_default();
-    let body = format!(
-        "<h1>Sign in</h1>\
-         <p class=\"muted\">Sign in with your sandgate account to continue.</p>{error}\
-         <form method=\"post\" action=\"{action}\">\
-         <input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
-         <input type=\"hidden\" name=\"next\" value=\"{next}\">\
-         <label for=\"email\">Email</label>\
-         <input id=\"email\" name=\"email\" type=\"email\" autocomplete=\"username\" required autofocus>\
-         <label for=\"password\">Password</label>\
-         <input id=\"password\" name=\"password\" type=\"password\" autocomplete=\"current-password\" required>\
-         <div class=\"actions\"><button class=\"primary\" type=\"submit\" id=\"sign-in\">Sign in</button></div>\
-         </form>",
-        action = paths::LOGIN,
-        next = escape(next),
-    );
-    let mut response = page(status, "Sign in · sandgate", &body);
+    let body = html! {
+        h1 { "Sign in" }
+        p.muted { "Sign in with your sandgate account to continue." }
+        @if let Some(error) = error {
+            p.error #login-error role="alert" { (error) }
+        }
+        form method="post" action=(paths::LOGIN) {
+            (hidden("csrf", &csrf))
+            (hidden("next", next))
+            label for="email" { "Email" }
+            input #email name="email" type="email" autocomplete="username" maxlength=(MAX_EMAIL_BYTES) required autofocus;
+            label for="password" { "Password" }
+            input #password name="password" type="password" autocomplete="current-password" required;
+            div.actions { button.primary #sign-in type="submit" { "Sign in" } }
+        }
+    };
+    let jar = SignedCookieJar::new(cookie_key(state)).add(policy.cookie(policy.login, csrf, 3600));
+    (jar, page(status, "Sign in · sandgate", body)).into_response()
+}
+
+/// The login form again, saying which limit refused the attempt, with `Retry-After`.
+fn render_limited(state: &AppState, next: &str, limited: Limited) -> Response {
+    tracing::info!(limit = ?limited.what, retry_after = limited.retry_after_seconds(), "refused a sign-in");
+    let mut response = render_login(state, next, Some(&limited.message()), limited.status());
+    limited.stamp(&mut response);
     response
-        .headers_mut()
-        .append(header::SET_COOKIE, policy.set(policy.login, &csrf, 3600));
-    response
+}
+
+fn unavailable() -> Response {
+    html::error_page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Temporarily unavailable",
+        "Signing in failed; please retry in a moment.",
+    )
 }
 
 /// The login form.
@@ -176,17 +187,26 @@ pub struct LoginForm {
     csrf: Option<String>,
 }
 
-/// `POST /login`: checks the password and starts a session.
+/// `POST /login`: checks the password and starts a session. Bounded before anything costly:
+/// per address, then per account, then the account's lockout, then a slot in the hashing queue.
 pub async fn login(
     State(state): State<AppState>,
+    address: ClientAddress,
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Response {
     let policy = CookiePolicy::of(&state.config);
-    let next = safe_next(form.next.as_deref()).to_owned();
+    let next = safe_next(&state, form.next.as_deref());
+    let limits = &state.oauth.limits;
+    if let Err(limited) = limits.login_from(address) {
+        return render_limited(&state, &next, limited);
+    }
     // Login CSRF: the form's token must match the cookie set with the form (double submit).
-    let csrf_ok = match (cookie(&headers, policy.login), form.csrf.as_deref()) {
-        (Some(c), Some(f)) => secret::constant_time_eq(c, f),
+    let csrf_ok = match (
+        jar(&state, &headers).get(policy.login),
+        form.csrf.as_deref(),
+    ) {
+        (Some(c), Some(f)) => secret::constant_time_eq(c.value(), f),
         _ => false,
     };
     if !csrf_ok {
@@ -197,71 +217,143 @@ pub async fn login(
             StatusCode::FORBIDDEN,
         );
     }
-    let user = async {
-        let mut conn = state.db.acquire().await?;
-        users::by_email(&mut conn, form.email.trim()).await
-    }
-    .await;
-    let user = match user {
-        Ok(user) => user,
-        Err(err) => {
-            super::log_store(&err);
-            return html::error_page(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Temporarily unavailable",
-                "Signing in failed; please retry in a moment.",
-            );
-        }
-    };
-    // argon2 is deliberately slow: keep it off the async workers. A missing user is checked
-    // against a dummy hash so both failures take as long.
-    let hash = user.as_ref().map_or_else(
-        || password::dummy_hash().to_owned(),
-        |u| u.password_hash.clone(),
-    );
-    let password = form.password;
-    let matches = tokio::task::spawn_blocking(move || password::verify_password(&password, &hash))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or(false);
-    let Some(user) = user.filter(|_| matches) else {
-        tracing::info!("a sign-in failed");
+    let email = form.email.trim();
+    if email.len() > MAX_EMAIL_BYTES || form.password.len() > MAX_PASSWORD_BYTES {
         return render_login(
             &state,
             &next,
+            Some(&format!(
+                "Email addresses are at most {MAX_EMAIL_BYTES} characters and passwords at most \
+                 {MAX_PASSWORD_BYTES}."
+            )),
+            StatusCode::BAD_REQUEST,
+        );
+    }
+    if let Err(limited) = limits.login_for(email) {
+        return render_limited(&state, &next, limited);
+    }
+    let user = match find_unlocked_user(&state, email).await {
+        Ok(Ok(user)) => user,
+        Ok(Err(limited)) => return render_limited(&state, &next, limited),
+        Err(err) => {
+            super::log_store(&err);
+            return unavailable();
+        }
+    };
+    let matches = match check_password(&state, user.as_ref(), form.password).await {
+        Ok(matches) => matches,
+        Err(limited) => return render_limited(&state, &next, limited),
+    };
+    let user_id = user.as_ref().map(|u| u.id);
+    let Some(user) = user.filter(|_| matches) else {
+        return failed_login(&state, &next, user_id).await;
+    };
+    match start_session(&state, user.id).await {
+        Ok(id) => {
+            tracing::info!(user_id = %user.id, tenant_id = %user.tenant_id, "signed in");
+            let ttl = i64::try_from(state.config.oauth.session_ttl_seconds).unwrap_or(i64::MAX / 4);
+            let jar = SignedCookieJar::new(cookie_key(&state))
+                .add(policy.cookie(policy.session, id, ttl))
+                .remove(policy.removal(policy.login));
+            (jar, see_other(&next)).into_response()
+        }
+        Err(err) => {
+            super::log_store(&err);
+            unavailable()
+        }
+    }
+}
+
+/// The user with this email, unless the account is locked (then the lock as a limit).
+async fn find_unlocked_user(
+    state: &AppState,
+    email: &str,
+) -> Result<Result<Option<users::User>, Limited>, StoreError> {
+    let mut conn = state.db.acquire().await?;
+    let Some(user) = users::by_email(&mut conn, email).await? else {
+        return Ok(Ok(None));
+    };
+    Ok(match hygiene::locked_until(&mut conn, user.id).await? {
+        Some(until) => Err(Limited {
+            what: LimitKind::Lockout,
+            retry_after: (until - Utc::now()).to_std().unwrap_or_default(),
+        }),
+        None => Ok(Some(user)),
+    })
+}
+
+/// Verifies the password on the hashing threads. A missing user is checked against a dummy hash
+/// so both failures take as long. argon2 is deliberately slow and large (~19 MiB): it runs off
+/// the async workers, and only as many at once as there are hashing threads.
+async fn check_password(
+    state: &AppState,
+    user: Option<&users::User>,
+    password: String,
+) -> Result<bool, Limited> {
+    let hash = user.map_or_else(
+        || password::dummy_hash().to_owned(),
+        |u| u.password_hash.clone(),
+    );
+    let verified = state
+        .oauth
+        .limits
+        .hash(move || password::verify_password(&password, &hash))
+        .await?;
+    Ok(verified.unwrap_or(false))
+}
+
+/// A wrong email or password: counts the failure against the account (which may lock it).
+async fn failed_login(state: &AppState, next: &str, user_id: Option<uuid::Uuid>) -> Response {
+    tracing::info!("a sign-in failed");
+    let l = &state.config.oauth.limits;
+    let rule = hygiene::Lockout {
+        after_failures: i32::try_from(l.lockout_after_failures).unwrap_or(i32::MAX),
+        base_seconds: i64::from(l.lockout_seconds),
+        max_seconds: i64::from(l.lockout_max_seconds),
+    };
+    let locked = match user_id {
+        Some(id) => async {
+            let mut conn = state.db.acquire().await?;
+            hygiene::record_failed_login(&mut conn, id, rule).await
+        }
+        .await
+        .unwrap_or_else(|err| {
+            super::log_store(&err);
+            None
+        }),
+        None => None,
+    };
+    match locked {
+        Some(until) => {
+            let limited = Limited {
+                what: LimitKind::Lockout,
+                retry_after: (until - Utc::now()).to_std().unwrap_or_default(),
+            };
+            let message = format!("Wrong email or password. {}", limited.message());
+            let mut response = render_login(state, next, Some(&message), StatusCode::UNAUTHORIZED);
+            limited.stamp(&mut response);
+            response
+        }
+        None => render_login(
+            state,
+            next,
             Some("Wrong email or password."),
             StatusCode::UNAUTHORIZED,
-        );
-    };
+        ),
+    }
+}
+
+/// Records a new session for `user_id` (resetting its failed sign-ins); returns its secret id.
+async fn start_session(state: &AppState, user_id: uuid::Uuid) -> Result<String, StoreError> {
     let id = secret::generate(SecretKind::Session);
     let csrf = secret::generate(SecretKind::Csrf);
     let ttl = state.config.oauth.session_ttl_seconds;
     let expires =
         Utc::now() + chrono::Duration::seconds(i64::try_from(ttl).unwrap_or(i64::MAX / 4));
-    let created = async {
-        let mut conn = state.db.acquire().await?;
-        users::create_session(&mut conn, &secret::hash(&id), user.id, &csrf, expires).await
-    }
-    .await;
-    if let Err(err) = created {
-        super::log_store(&err);
-        return html::error_page(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "Temporarily unavailable",
-            "Signing in failed; please retry in a moment.",
-        );
-    }
-    tracing::info!(user_id = %user.id, tenant_id = %user.tenant_id, "signed in");
-    let mut response = see_other(&next);
-    let max_age = i64::try_from(ttl).unwrap_or(i64::MAX / 4);
-    let cookies = response.headers_mut();
-    cookies.append(
-        header::SET_COOKIE,
-        policy.set(policy.session, &sign(&state.oauth.cookie_key, &id), max_age),
-    );
-    cookies.append(header::SET_COOKIE, policy.set(policy.login, "", 0));
-    response
+    let mut conn = state.db.acquire().await?;
+    hygiene::clear_failed_logins(&mut conn, user_id).await?;
+    users::create_session(&mut conn, &secret::hash(&id), user_id, &csrf, expires).await?;
+    Ok(id)
 }
 
 /// The logout form.
@@ -279,55 +371,23 @@ pub async fn logout(
 ) -> Response {
     let policy = CookiePolicy::of(&state.config);
     if let Ok(Some(session)) = current(&state, &headers).await {
-        if form
+        if !form
             .csrf
             .as_deref()
             .is_some_and(|c| secret::constant_time_eq(c, &session.csrf_token))
         {
-            if let Some(id) =
-                cookie(&headers, policy.session).and_then(|c| unsign(&state.oauth.cookie_key, c))
-                && let Ok(mut conn) = state.db.acquire().await
-            {
-                let _ = users::delete_session(&mut conn, &secret::hash(id)).await;
-            }
-        } else {
             return html::error_page(
                 StatusCode::FORBIDDEN,
                 "Form expired",
                 "This form expired or did not come from sandgate. Reload the page and try again.",
             );
         }
+        if let Some(id) = session_id(&state, &headers)
+            && let Ok(mut conn) = state.db.acquire().await
+        {
+            let _ = users::delete_session(&mut conn, &secret::hash(&id)).await;
+        }
     }
-    let mut response = see_other(paths::LOGIN);
-    response
-        .headers_mut()
-        .append(header::SET_COOKIE, policy.set(policy.session, "", 0));
-    response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signed_values_round_trip_and_tampering_is_refused() {
-        let key = [7u8; 32];
-        let signed = sign(&key, "sgs_abc");
-        assert_eq!(unsign(&key, &signed), Some("sgs_abc"));
-        assert_eq!(unsign(&[8u8; 32], &signed), None);
-        assert_eq!(unsign(&key, &signed.replace("abc", "abd")), None);
-        assert_eq!(unsign(&key, "sgs_abc"), None);
-    }
-
-    #[test]
-    fn only_local_paths_are_followed() {
-        assert_eq!(
-            safe_next(Some("/oauth/authorize?x=1")),
-            "/oauth/authorize?x=1"
-        );
-        assert_eq!(safe_next(Some("//evil.example/")), paths::APPS);
-        assert_eq!(safe_next(Some("https://evil.example/")), paths::APPS);
-        assert_eq!(safe_next(Some("/\\evil.example")), paths::APPS);
-        assert_eq!(safe_next(None), paths::APPS);
-    }
+    let jar = SignedCookieJar::new(cookie_key(&state)).remove(policy.removal(policy.session));
+    (jar, see_other(paths::LOGIN)).into_response()
 }

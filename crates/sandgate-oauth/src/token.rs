@@ -19,6 +19,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::clients::{ClientLookupError, join_scopes, lookup};
+use super::ratelimit::ClientAddress;
 use crate::AppState;
 
 /// A refused token or revocation request (RFC 6749 §5.2), or a failure on our side.
@@ -126,6 +127,7 @@ pub struct TokenForm {
 /// body, or (public clients) just `client_id`.
 async fn authenticate(
     state: &AppState,
+    address: ClientAddress,
     headers: &HeaderMap,
     form: &TokenForm,
 ) -> Result<Client, TokenEndpointError> {
@@ -181,10 +183,15 @@ async fn authenticate(
             "client_id does not match the credentials".into(),
         ));
     }
-    let client = lookup(state, &client_id).await.map_err(|e| match e {
-        ClientLookupError::Store(err) => TokenEndpointError::Store(err),
-        _ => TokenEndpointError::InvalidClient("unknown client".into()),
-    })?;
+    let client = lookup(state, &client_id, address)
+        .await
+        .map_err(|e| match e {
+            ClientLookupError::Store(err) => TokenEndpointError::Store(err),
+            ClientLookupError::Limited(limited) => {
+                TokenEndpointError::InvalidClient(limited.message())
+            }
+            _ => TokenEndpointError::InvalidClient("unknown client".into()),
+        })?;
     match (&client.secret_hash, presented_secret) {
         (None, None) => Ok(client),
         (None, Some(_)) => Err(TokenEndpointError::InvalidClient(
@@ -221,11 +228,12 @@ fn subtle_eq(a: &[u8], b: &[u8]) -> bool {
 /// `POST /oauth/token`.
 pub async fn token(
     State(state): State<AppState>,
+    address: ClientAddress,
     headers: HeaderMap,
     Form(form): Form<TokenForm>,
 ) -> Response {
     let result = async {
-        let client = authenticate(&state, &headers, &form).await?;
+        let client = authenticate(&state, address, &headers, &form).await?;
         match form.grant_type.as_deref() {
             Some("authorization_code") => authorization_code(&state, &client, &form).await,
             Some("refresh_token") => refresh(&state, &client, &form).await,
@@ -485,11 +493,12 @@ async fn client_credentials(
 /// nothing can be learned by probing; only client authentication failures are errors.
 pub async fn revoke(
     State(state): State<AppState>,
+    address: ClientAddress,
     headers: HeaderMap,
     Form(form): Form<TokenForm>,
 ) -> Response {
     let result = async {
-        let client = authenticate(&state, &headers, &form).await?;
+        let client = authenticate(&state, address, &headers, &form).await?;
         let token = form
             .token
             .as_deref()

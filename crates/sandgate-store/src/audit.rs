@@ -94,6 +94,10 @@ pub enum ErrorKind {
     SandboxRefused,
     /// The sandbox manager failed.
     Sandbox,
+    /// The token lacks the scope the tool needs (refused before the tool ran).
+    InsufficientScope,
+    /// The request's body was over the limit (refused before the tool ran).
+    RequestTooLarge,
 }
 
 impl ErrorKind {
@@ -111,6 +115,8 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
             ErrorKind::SandboxRefused => "sandbox_refused",
             ErrorKind::Sandbox => "sandbox",
+            ErrorKind::InsufficientScope => "insufficient_scope",
+            ErrorKind::RequestTooLarge => "request_too_large",
         }
     }
 }

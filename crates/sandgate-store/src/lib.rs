@@ -12,6 +12,7 @@ pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 pub mod audit;
 pub mod clients;
 pub mod grants;
+pub mod hygiene;
 pub mod keys;
 pub mod sandboxes;
 pub mod tenants;

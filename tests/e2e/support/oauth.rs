@@ -478,6 +478,15 @@ pub async fn callback_server() -> (String, tokio::sync::mpsc::UnboundedReceiver<
 pub async fn document_server(
     body: String,
 ) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
+    document_server_answering("200 OK", body).await
+}
+
+/// A server that answers every request with `status` (e.g. `404 Not Found`) and `body`, and
+/// reports each request line.
+pub async fn document_server_answering(
+    status: &'static str,
+    body: String,
+) -> (String, tokio::sync::mpsc::UnboundedReceiver<String>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -494,7 +503,7 @@ pub async fn document_server(
                 let _ = socket
                     .write_all(
                         format!(
-                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                             body.len()
                         )
                         .as_bytes(),

@@ -18,8 +18,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use sandgate_auth::{AccessClaims, Scope};
+use sandgate_store::audit::{ErrorKind, Outcome};
 
 use crate::AppState;
+use crate::connections::{OversizedBody, too_large};
 use crate::error::BearerError;
 use crate::mcp::tools::ToolName;
 
@@ -61,6 +63,17 @@ pub async fn require_bearer(
         Ok(verified) => verified,
         Err(refused) => return refused,
     };
+    if let Some(OversizedBody(max)) = request.extensions().get().copied() {
+        tracing::info!(
+            max_bytes = max,
+            "refused an MCP request over the body limit"
+        );
+        // With Postgres away the refusal cannot be audited either.
+        if verified {
+            audit_refusal(&state, &claims, None, ErrorKind::RequestTooLarge).await;
+        }
+        return too_large(max);
+    }
     let mut request = request;
     if !verified {
         request.extensions_mut().insert(GrantUnverified);
@@ -79,6 +92,7 @@ pub async fn require_bearer(
             tool = tool.as_str(),
             "refused a call outside the token's scopes"
         );
+        audit_refusal(&state, &claims, Some(tool), ErrorKind::InsufficientScope).await;
         return insufficient_scope(&state, &claims, tool);
     }
     let mut request = request;
@@ -121,6 +135,29 @@ async fn check_grant(state: &AppState, claims: &AccessClaims) -> Result<bool, Re
             .into_response())
         }
     }
+}
+
+/// Audits a request refused after its token was verified (the caller is known): outcome
+/// `refused`, the tool when one was named (else `mcp`), and why.
+async fn audit_refusal(
+    state: &AppState,
+    claims: &AccessClaims,
+    tool: Option<ToolName>,
+    kind: ErrorKind,
+) {
+    let event = sandgate_store::audit::AuditEvent {
+        at: chrono::Utc::now(),
+        tenant_id: claims.tenant,
+        token_id: Some(claims.jti.clone()),
+        subject: Some(claims.sub.clone()),
+        conversation_id: None,
+        sandbox_id: None,
+        tool: tool.map_or("mcp", |t| t.as_str()).to_owned(),
+        outcome: Outcome::Refused,
+        error_kind: Some(kind),
+        duration_ms: 0,
+    };
+    state.audit.record(event, false).await;
 }
 
 /// The tool a `tools/call` request names, if it is one of ours. Under 2026-07-28 the

@@ -199,6 +199,8 @@ impl ServerHandler for McpServer {
             .ok_or_else(|| {
                 ErrorData::invalid_params(format!("unknown tool: {}", request.name), None)
             })?;
+        crate::limits::check_tool_arguments(request.arguments.as_ref())
+            .map_err(|message| ErrorData::invalid_params(message, None))?;
         let started = Instant::now();
         let conversation_arg = request
             .arguments

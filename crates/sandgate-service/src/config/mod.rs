@@ -11,8 +11,14 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use url::Url;
 
+mod http;
+mod oauth_limits;
+
+pub use http::HttpConfig;
+pub use oauth_limits::OAuthLimitsConfig;
+
 /// The defaults, with a comment on every key (the repository's `config/default.toml`).
-pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
+pub const DEFAULT_TOML: &str = include_str!("../../../../config/default.toml");
 
 /// The whole configuration of a gateway process.
 #[derive(Debug, Clone, Deserialize)]
@@ -39,6 +45,8 @@ pub struct Config {
     pub lifecycle: LifecycleConfig,
     /// The MCP endpoint.
     pub mcp: McpConfig,
+    /// Connections: caps and timeouts.
+    pub http: HttpConfig,
     /// The OAuth 2.1 authorization server (DESIGN §6).
     pub oauth: OAuthConfig,
     /// Logging.
@@ -141,6 +149,8 @@ pub struct OAuthConfig {
     pub dynamic_registration: bool,
     /// Client-ID metadata documents.
     pub client_metadata: ClientMetadataConfig,
+    /// Limits on the unauthenticated endpoints.
+    pub limits: OAuthLimitsConfig,
 }
 
 /// Fetching client-ID metadata documents.
@@ -458,6 +468,10 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
+        self.http
+            .validate(self.mcp.sse_keep_alive_seconds)
+            .and_then(|()| self.oauth.limits.validate())
+            .map_err(|(key, message)| invalid(&key, message))?;
         self.sandbox.validate().map_err(|message| {
             let (field, rest) = message.split_once(": ").unwrap_or(("", &message));
             invalid(&format!("sandbox.{field}"), rest.to_owned())

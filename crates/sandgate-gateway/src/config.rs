@@ -37,6 +37,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Reaper and reconciliation timing.
     pub lifecycle: LifecycleConfig,
+    /// What is kept after a sandbox ends, for how long, and how much (transcripts).
+    pub retention: crate::retention::RetentionConfig,
     /// The MCP endpoint.
     pub mcp: McpConfig,
     /// The OAuth 2.1 authorization server (DESIGN §6).
@@ -97,6 +99,8 @@ pub struct LimitsConfig {
     pub output_limit_bytes: usize,
     /// Largest file moved by get_file / upload_file, bytes.
     pub max_file_bytes: u64,
+    /// Largest file get_file returns inline; bigger ones come as a resource link, bytes.
+    pub inline_file_bytes: u64,
 }
 
 /// Reaper and reconciliation timing.
@@ -416,6 +420,7 @@ impl Config {
             let (field, rest) = message.split_once(": ").unwrap_or(("", &message));
             invalid(&format!("sandbox.{field}"), rest.to_owned())
         })?;
+        self.retention.validate()?;
         Ok(())
     }
 

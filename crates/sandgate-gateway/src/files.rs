@@ -2,6 +2,11 @@
 //! download link a human can open"). A link carries the tenant, sandbox, path and expiry, signed
 //! with HMAC-SHA256; opening it reads the file from the live sandbox at that moment. A link stops
 //! working when it expires or when its sandbox ends.
+//!
+//! A link can also name a transcript (a sandbox's or a conversation's, as a notebook or an HTML
+//! page: [`LinkKind`]); it is served by [`crate::transcripts`] and outlives the sandbox. A link
+//! minted for a token of an app connection (grant) stops working once that connection is
+//! revoked.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,17 +30,45 @@ type HmacSha256 = Hmac<Sha256>;
 /// How long a download link works.
 pub const LINK_TTL: Duration = Duration::from_secs(15 * 60);
 
+/// What a link opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkKind {
+    /// A file in a live sandbox.
+    #[default]
+    File,
+    /// A transcript as a Jupyter notebook.
+    Notebook,
+    /// A transcript as an HTML page.
+    Html,
+}
+
+impl LinkKind {
+    fn is_file(&self) -> bool {
+        *self == LinkKind::File
+    }
+}
+
 /// What a link names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Claims {
     /// Tenant.
     t: Uuid,
-    /// Sandbox id.
+    /// Sandbox id (empty for a conversation's transcript).
     s: String,
-    /// Absolute path in the sandbox.
+    /// Absolute path in the sandbox (files only).
     p: String,
     /// Expiry, unix seconds.
     e: i64,
+    /// What it opens.
+    #[serde(default, skip_serializing_if = "LinkKind::is_file")]
+    k: LinkKind,
+    /// The app connection (grant) whose token made it: revoking it ends the link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    g: Option<Uuid>,
+    /// The conversation, for a conversation's transcript.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    c: Option<String>,
 }
 
 /// Mints and checks download links. Cheap to clone.
@@ -65,20 +98,54 @@ impl DownloadLinks {
         }
     }
 
-    /// A link to `path` in `sandbox_id` of `tenant`, working for [`LINK_TTL`]; and its expiry.
+    /// A link to `path` in `sandbox_id` of `tenant`, working for [`LINK_TTL`] (and while
+    /// `grant`, when given, is not revoked); and its expiry.
     pub fn mint(
         &self,
         tenant: Uuid,
+        grant: Option<Uuid>,
         sandbox_id: &str,
         path: &str,
     ) -> (String, chrono::DateTime<Utc>) {
-        let expires = Utc::now() + chrono::Duration::from_std(LINK_TTL).expect("a small duration");
-        let claims = Claims {
+        self.sign(Claims {
             t: tenant,
             s: sandbox_id.to_owned(),
             p: path.to_owned(),
-            e: expires.timestamp(),
+            e: 0,
+            k: LinkKind::File,
+            g: grant,
+            c: None,
+        })
+    }
+
+    /// A link to a transcript (`kind` Notebook or Html) of a sandbox or a conversation, with
+    /// the same rules as a file's; and its expiry.
+    pub fn mint_transcript(
+        &self,
+        tenant: Uuid,
+        grant: Option<Uuid>,
+        subject: &crate::transcripts::Subject,
+        kind: LinkKind,
+    ) -> (String, chrono::DateTime<Utc>) {
+        use crate::transcripts::Subject;
+        let (s, c) = match subject {
+            Subject::Sandbox(id) => (id.clone(), None),
+            Subject::Conversation(id) => (String::new(), Some(id.clone())),
         };
+        self.sign(Claims {
+            t: tenant,
+            s,
+            p: String::new(),
+            e: 0,
+            k: kind,
+            g: grant,
+            c,
+        })
+    }
+
+    fn sign(&self, mut claims: Claims) -> (String, chrono::DateTime<Utc>) {
+        let expires = Utc::now() + chrono::Duration::from_std(LINK_TTL).expect("a small duration");
+        claims.e = expires.timestamp();
         let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).expect("claims serialize"));
         (format!("{}{body}.{}", self.base, self.tag(&body)), expires)
     }
@@ -98,15 +165,6 @@ impl DownloadLinks {
     }
 }
 
-fn refuse(status: StatusCode, message: &str) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        format!("{message}\n"),
-    )
-        .into_response()
-}
-
 /// `GET /files/{token}`: the file, as a download.
 pub async fn download(State(state): State<AppState>, Path(token): Path<String>) -> Response {
     let Some(claims) = state.links.open(&token) else {
@@ -117,6 +175,16 @@ pub async fn download(State(state): State<AppState>, Path(token): Path<String>) 
             StatusCode::GONE,
             "This download link has expired; ask for the file again.",
         );
+    }
+    if let Some(refused) = refuse_revoked(&state, &claims).await {
+        return refused;
+    }
+    if claims.k != LinkKind::File {
+        let subject = match claims.c {
+            Some(c) => crate::transcripts::Subject::Conversation(c),
+            None => crate::transcripts::Subject::Sandbox(claims.s),
+        };
+        return crate::handoff::download(&state, claims.t, &subject, claims.k).await;
     }
     let service = &state.sandboxes;
     let limits = match service.limits(claims.t).await {
@@ -178,6 +246,36 @@ pub async fn download(State(state): State<AppState>, Path(token): Path<String>) 
     response
 }
 
+/// A link made under an app connection stops working once the connection is revoked.
+async fn refuse_revoked(state: &AppState, claims: &Claims) -> Option<Response> {
+    let grant = claims.g?;
+    let live = async {
+        let mut conn = state.db.acquire().await?;
+        sandgate_store::grants::get(&mut conn, grant).await
+    }
+    .await;
+    match live {
+        Ok(Some(g)) if g.revoked_at.is_none() && g.tenant_id == claims.t => None,
+        Ok(_) => Some(refuse(
+            StatusCode::GONE,
+            "The app connection that made this link was disconnected, so the link no longer works.",
+        )),
+        Err(_) => Some(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Temporarily unavailable; retry in a moment.",
+        )),
+    }
+}
+
+pub(crate) fn refuse(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        format!("{message}\n"),
+    )
+        .into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,7 +283,7 @@ mod tests {
     #[test]
     fn links_round_trip_and_tampering_is_refused() {
         let links = DownloadLinks::new(&[7; 32], "http://127.0.0.1:8080");
-        let (url, _) = links.mint(Uuid::nil(), "sbx_1", "/home/user/a.csv");
+        let (url, _) = links.mint(Uuid::nil(), None, "sbx_1", "/home/user/a.csv");
         let token = url
             .strip_prefix("http://127.0.0.1:8080/files/")
             .expect("under /files/");

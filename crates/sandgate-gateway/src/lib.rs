@@ -9,8 +9,11 @@
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
 //! - [`metrics`]: Prometheus metrics at `/metrics`.
-//! - [`files`]: expiring download links for files in sandboxes.
+//! - [`files`]: expiring download links for files in sandboxes (and transcripts).
+//! - [`handoff`]: transcript downloads and the logged-in users' transcripts page.
 //! - [`oauth`]: the OAuth 2.1 authorization server, consent and connected-apps pages.
+//! - [`transcripts`]: what ran in each sandbox, kept for the person who takes over.
+//! - [`retention`]: what is kept after a sandbox ends and for how long; the purge job.
 //! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`App`]: build the state and router, bind, run until a shutdown signal.
 
@@ -36,14 +39,17 @@ pub mod admin;
 pub mod audit;
 pub mod config;
 pub mod files;
+pub mod handoff;
 pub mod health;
 pub mod keys;
 pub mod lifecycle;
 pub mod mcp;
 pub mod metrics;
 pub mod oauth;
+pub mod retention;
 pub mod sandboxes;
 pub mod telemetry;
+pub mod transcripts;
 
 pub use config::Config;
 
@@ -69,8 +75,10 @@ pub struct AppState {
     pub audit: audit::AuditLog,
     /// Prometheus metrics.
     pub metrics: metrics::Metrics,
-    /// Expiring download links (`get_file`).
+    /// Expiring download links (`get_file`, `export_transcript`).
     pub links: files::DownloadLinks,
+    /// Transcripts of what ran in sandboxes.
+    pub transcripts: transcripts::Transcripts,
     /// Cancelled at shutdown: ends open MCP streams so shutdown is not held up by them.
     pub shutdown: CancellationToken,
     /// Cancelled after the server stopped: ends the background work (reaper, reconciliation).
@@ -164,6 +172,13 @@ impl AppState {
             .start_lifecycle(&config.lifecycle, background_stop.clone(), &background)
             .await;
         let audit = audit::AuditLog::start(db.clone(), background_stop.clone(), &background);
+        retention::start_purge(
+            db.clone(),
+            &config.retention,
+            background_stop.clone(),
+            &background,
+        );
+        let transcripts = transcripts::Transcripts::new(db.clone(), &config.retention);
         Ok(Self {
             config: Arc::new(config),
             db,
@@ -174,6 +189,7 @@ impl AppState {
             audit,
             metrics: metrics::Metrics::new(),
             links,
+            transcripts,
             shutdown: CancellationToken::new(),
             background_stop,
             background,
@@ -189,6 +205,7 @@ pub fn router(state: AppState) -> Router {
         state.audit.clone(),
         state.metrics.clone(),
         state.links.clone(),
+        state.transcripts.clone(),
         state.shutdown.child_token(),
     );
     let mcp_routes = Router::new()
@@ -205,6 +222,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::metrics))
         .route("/files/{token}", get(files::download))
+        .route(handoff::PAGE, get(handoff::page))
         .route(
             "/.well-known/oauth-protected-resource",
             get(mcp::auth::resource_metadata),

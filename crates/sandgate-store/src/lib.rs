@@ -15,6 +15,7 @@ pub mod grants;
 pub mod keys;
 pub mod sandboxes;
 pub mod tenants;
+pub mod transcripts;
 pub mod users;
 
 /// What went wrong talking to Postgres.

@@ -12,8 +12,7 @@ use crate::{Cell, Command, Entry, FileEvent, MimeBundle, Part, Transcript, human
 /// The policy to serve the page with: a sandboxed document (an opaque origin: no scripts, no
 /// forms, no access to the server's cookies), loading nothing but its own inline style and
 /// `data:` images.
-pub const CONTENT_SECURITY_POLICY: &str =
-    "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+pub const CONTENT_SECURITY_POLICY: &str = "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
 const STYLE: &str = "body{font:15px/1.45 system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#1d2330}\
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid #ccd}\
@@ -136,7 +135,10 @@ fn render_bundle(bundle: &MimeBundle) -> Markup {
     let png = bundle
         .get("image/png")
         .and_then(|v| v.as_str())
-        .filter(|b64| b64.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/=\n".contains(&b)));
+        .filter(|b64| {
+            b64.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"+/=\n".contains(&b))
+        });
     html! {
         @if let Some(b64) = png {
             img alt="chart" src={ "data:image/png;base64," (b64.replace('\n', "")) };
@@ -157,10 +159,22 @@ mod tests {
     #[test]
     fn hostile_output_is_text_and_the_page_has_no_script() {
         let page = render(&sample::transcript());
-        assert!(!page.to_ascii_lowercase().contains("<script"), "no script element at all");
-        assert!(page.contains("&lt;script&gt;document.title"), "the HTML output shows as source");
-        assert!(page.contains("Conversation ticket-&lt;1234&gt;"), "titles are escaped");
-        assert!(page.contains("src=\"data:image/png;base64,iVBOR"), "the chart is embedded");
+        assert!(
+            !page.to_ascii_lowercase().contains("<script"),
+            "no script element at all"
+        );
+        assert!(
+            page.contains("&lt;script&gt;document.title"),
+            "the HTML output shows as source"
+        );
+        assert!(
+            page.contains("Conversation ticket-&lt;1234&gt;"),
+            "titles are escaped"
+        );
+        assert!(
+            page.contains("src=\"data:image/png;base64,iVBOR"),
+            "the chart is embedded"
+        );
         assert!(page.contains("ZeroDivisionError: division by zero"));
         assert!(page.contains("2 later call(s)"), "truncation is marked");
     }

@@ -270,7 +270,10 @@ pub(crate) mod sample {
                 error: Some(CellError {
                     name: "ZeroDivisionError".into(),
                     value: "division by zero".into(),
-                    traceback: vec!["Traceback".into(), "ZeroDivisionError: division by zero".into()],
+                    traceback: vec![
+                        "Traceback".into(),
+                        "ZeroDivisionError: division by zero".into(),
+                    ],
                 }),
                 execution_count: Some(4),
                 duration_ms: 1,

@@ -231,20 +231,42 @@ mod tests {
     #[test]
     fn cells_keep_their_outputs_and_charts() {
         let nb = render(&sample::transcript());
-        assert_eq!((nb["nbformat"].as_u64(), nb["nbformat_minor"].as_u64()), (Some(4), Some(5)));
+        assert_eq!(
+            (nb["nbformat"].as_u64(), nb["nbformat_minor"].as_u64()),
+            (Some(4), Some(5))
+        );
         let cells = nb["cells"].as_array().expect("cells");
         let code: Vec<&Value> = cells.iter().filter(|c| c["cell_type"] == "code").collect();
         assert_eq!(code.len(), 5, "four cells and one command");
         assert_eq!(code[0]["outputs"][0]["text"], "hi\n");
         assert_eq!(code[0]["outputs"][1]["output_type"], "execute_result");
-        assert!(code[1]["outputs"][0]["data"]["image/png"].as_str().is_some_and(|s| s.starts_with("iVBOR")));
+        assert!(
+            code[1]["outputs"][0]["data"]["image/png"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("iVBOR"))
+        );
         assert_eq!(code[3]["outputs"][0]["ename"], "ZeroDivisionError");
-        assert!(code[4]["source"].as_str().is_some_and(|s| s.starts_with("%%bash\n")));
+        assert!(
+            code[4]["source"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("%%bash\n"))
+        );
         let last = cells.last().expect("a last cell");
-        assert!(last["source"].as_str().is_some_and(|s| s.contains("2 later call(s)")));
+        assert!(
+            last["source"]
+                .as_str()
+                .is_some_and(|s| s.contains("2 later call(s)"))
+        );
         for cell in cells {
             let id = cell["id"].as_str().expect("an id");
-            assert!(!id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'), "{id}");
+            assert!(
+                !id.is_empty()
+                    && id.len() <= 64
+                    && id
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+                "{id}"
+            );
         }
     }
 }

@@ -3,6 +3,8 @@
 //!
 //! - [`tools`]: the seven tools' arguments, outputs and descriptions.
 //! - [`auth`]: the bearer-token middleware and the protected-resource metadata (RFC 9728).
+//! - [`resources`]: the sandboxes' files and transcripts as MCP resources.
+//! - `export`: the `export_transcript` tool.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,8 +14,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::{DateTime, SecondsFormat, Utc};
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ResourceContents, ServerCapabilities, ServerConfig, Tool,
+    Implementation, JsonObject, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ReadResourceRequestParams,
+    ReadResourceResponse, ResourceContents, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -33,6 +36,8 @@ use crate::config::{Config, LimitsConfig};
 use crate::sandboxes::{Caller, Resolved, SandboxService, ServiceError};
 
 pub mod auth;
+mod export;
+pub mod resources;
 pub mod tools;
 
 use tools::*;
@@ -54,6 +59,7 @@ struct Inner {
     audit: AuditLog,
     metrics: crate::metrics::Metrics,
     links: crate::files::DownloadLinks,
+    transcripts: crate::transcripts::Transcripts,
     limits: LimitsConfig,
 }
 
@@ -64,6 +70,7 @@ pub fn service(
     audit: AuditLog,
     metrics: crate::metrics::Metrics,
     links: crate::files::DownloadLinks,
+    transcripts: crate::transcripts::Transcripts,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {
     let server = McpServer {
@@ -72,6 +79,7 @@ pub fn service(
             audit,
             metrics,
             links,
+            transcripts,
             limits: config.limits.clone(),
         }),
     };
@@ -191,14 +199,22 @@ fn structured<T: Serialize>(
 
 impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("sandgate", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "sandgate gives each conversation an isolated Python sandbox. Call create_sandbox \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new("sandgate", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "sandgate gives each conversation an isolated Python sandbox. Call create_sandbox \
                  (with a conversation_id) and pass the returned sandbox_id to execute_code, \
                  run_terminal_command, upload_file, get_file and list_files. Files live in \
-                 /home/user. Close the sandbox with close_sandbox when the conversation ends.",
-            )
+                 /home/user. Close the sandbox with close_sandbox when the conversation ends. \
+                 To hand the conversation to a person, call export_transcript. A sandbox's \
+                 files and transcript are also resources (sandbox://{sandbox_id}/files/{path}, \
+                 sandbox://{sandbox_id}/transcript.ipynb).",
+        )
     }
 
     async fn list_tools(
@@ -214,6 +230,32 @@ impl ServerHandler for McpServer {
             .collect();
         // The list depends on the caller's scopes: never cacheable across callers.
         Ok(ListToolsResult::with_all_items(tools).with_cache_scope(CacheScope::Private))
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        resources::list(self, request, &ctx).await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(resources::templates())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        resources::read(self, &request.uri, &ctx)
+            .await
+            .map(Into::into)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -494,6 +536,8 @@ impl McpServer {
                     .write_file(&args.path, &data, args.overwrite.unwrap_or(false))
                     .await;
                 let info = service.checked(&resolved, info).await?;
+                let entry = crate::transcripts::file_entry(&info, false);
+                self.inner.transcripts.record(&resolved.row, &entry).await;
                 let out = UploadFileOutput {
                     sandbox_id: resolved.row.id.clone(),
                     path: info.path,
@@ -524,11 +568,15 @@ impl McpServer {
                     .read_file(&args.path, self.inner.limits.max_file_bytes)
                     .await;
                 let (data, info) = service.checked(&resolved, file).await?;
+                let entry = crate::transcripts::file_entry(&info, true);
+                self.inner.transcripts.record(&resolved.row, &entry).await;
                 let mime = mime_type(&info.path, &data[..data.len().min(512)]);
-                let (download_url, expires) =
-                    self.inner
-                        .links
-                        .mint(caller.tenant, &resolved.row.id, &info.path);
+                let (download_url, expires) = self.inner.links.mint(
+                    caller.tenant,
+                    caller.grant,
+                    &resolved.row.id,
+                    &info.path,
+                );
                 let out = GetFileOutput {
                     sandbox_id: resolved.row.id.clone(),
                     path: info.path.clone(),
@@ -547,7 +595,18 @@ impl McpServer {
                     out.download_expires_at,
                     out.download_url
                 );
-                let content = if mime.starts_with("image/") && mime != "image/svg+xml" {
+                let summary = if info.size > self.inner.limits.inline_file_bytes {
+                    format!(
+                        "{summary}\nThe file is over {} bytes, so it is not inlined: read the \
+                         resource link with resources/read, or give the person the download link.",
+                        self.inner.limits.inline_file_bytes
+                    )
+                } else {
+                    summary
+                };
+                let content = if info.size > self.inner.limits.inline_file_bytes {
+                    resources::file_link(&out.sandbox_id, &info.path, &mime, info.size)
+                } else if mime.starts_with("image/") && mime != "image/svg+xml" {
                     ContentBlock::image(BASE64.encode(&data), mime)
                 } else if let Ok(text) = std::str::from_utf8(&data) {
                     ContentBlock::text(text.to_owned())
@@ -607,6 +666,10 @@ impl McpServer {
                     sandbox_id: Some(out.sandbox_id.clone()),
                     result: structured(&out, text, false, vec![]),
                 })
+            }
+            ToolName::ExportTranscript => {
+                self.export_transcript(parse_args(args)?, caller, conversation)
+                    .await
             }
             ToolName::CloseSandbox => {
                 let args: CloseSandboxArgs = parse_args(args)?;
@@ -679,6 +742,8 @@ impl McpServer {
                 resolved.sandbox.exec(code, options, events)
             })
             .await?;
+        let entry = crate::transcripts::cell_entry(code, &outcome);
+        self.inner.transcripts.record(&resolved.row, &entry).await;
         let sandbox_id = resolved.row.id.clone();
         let mut images = Vec::new();
         let mut blocks = Vec::new();
@@ -731,13 +796,15 @@ impl McpServer {
         let options = CommandOptions {
             timeout,
             output_limit: self.inner.limits.output_limit_bytes,
-            cwd,
+            cwd: cwd.clone(),
         };
         let outcome = self
             .run_streaming(resolved, ctx, |events| {
                 resolved.sandbox.command(command, options, events)
             })
             .await?;
+        let entry = crate::transcripts::command_entry(command, cwd.as_deref(), &outcome);
+        self.inner.transcripts.record(&resolved.row, &entry).await;
         let out = RunTerminalCommandOutput {
             sandbox_id: resolved.row.id.clone(),
             stdout: outcome.stdout,

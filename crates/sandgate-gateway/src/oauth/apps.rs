@@ -76,10 +76,12 @@ async fn page_handler(state: &AppState, headers: &HeaderMap, here: &str) -> Resp
     let body = format!(
         "<h1>Connected apps</h1>\
          <p class=\"muted\">Signed in as {email}. Apps listed here can use sandgate for you. \
-         Disconnecting one stops its access at once and closes its sandboxes.</p>{list}\
+         Disconnecting one stops its access at once and closes its sandboxes. \
+         <a href=\"{transcripts}\">Find a conversation's transcript</a>.</p>{list}\
          <form method=\"post\" action=\"{logout}\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\">\
          <div class=\"actions\"><button type=\"submit\">Sign out</button></div></form>",
         email = escape(&session.email),
+        transcripts = crate::handoff::PAGE,
         logout = paths::LOGOUT,
         csrf = escape(&session.csrf_token),
     );

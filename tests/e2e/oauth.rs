@@ -1246,6 +1246,7 @@ async fn the_python_sdk_oauth_provider_connects_and_calls_a_tool() {
             "close_sandbox",
             "create_sandbox",
             "execute_code",
+            "export_transcript",
             "get_file",
             "list_files",
             "run_terminal_command",

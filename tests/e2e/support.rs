@@ -183,6 +183,21 @@ impl Gateway {
             .to_owned()
     }
 
+    /// Runs `sandgate <args>` that must fail; returns its stderr.
+    pub async fn cli_fails(&self, args: &[&str]) -> String {
+        let output = sandgate_command()
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .await
+            .expect("the sandgate binary runs");
+        assert!(
+            !output.status.success(),
+            "sandgate {args:?} failed as it should"
+        );
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
     /// Like [`Gateway::cli`], writing `input` to the command's standard input.
     pub async fn cli_stdin(&self, args: &[&str], input: &str) -> String {
         use tokio::io::AsyncWriteExt;

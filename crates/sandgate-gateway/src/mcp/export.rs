@@ -48,6 +48,11 @@ impl McpServer {
             crate::handoff::link_kind(format),
         );
         let out = ExportTranscriptOutput {
+            sandbox_id: transcript
+                .parts
+                .last()
+                .map(|p| p.sandbox_id.clone())
+                .unwrap_or_default(),
             sandbox_ids: transcript
                 .parts
                 .iter()
@@ -91,7 +96,7 @@ impl McpServer {
                 .with_size(out.size),
         );
         Ok(Answer {
-            sandbox_id: out.sandbox_ids.last().cloned(),
+            sandbox_id: Some(out.sandbox_id.clone()),
             result: structured(&out, text, false, vec![link]),
         })
     }

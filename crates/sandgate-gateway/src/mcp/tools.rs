@@ -338,6 +338,8 @@ pub struct ExportTranscriptArgs {
 /// `export_transcript` result.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ExportTranscriptOutput {
+    /// The sandbox (the conversation's latest, when it had several).
+    pub sandbox_id: String,
     /// The sandboxes the transcript covers, oldest first.
     pub sandbox_ids: Vec<String>,
     /// The conversation, when the sandboxes were bound to one.

@@ -711,3 +711,47 @@ async fn sandboxes_containers(database_url: &str) -> Vec<String> {
         .await
         .unwrap()
 }
+
+/// The MCP conformance suite's 2026-07-28 `caching` scenario (scripts/mcp-conformance.sh
+/// installs Node 22 and the suite under the cache dir on first use): every resource check must
+/// pass. `prompts/list` is reported beside them: sandgate offers no prompts, so it answers
+/// "method not found" there, which the scenario counts against it.
+#[tokio::test]
+async fn the_conformance_suites_caching_scenario_passes_its_resource_checks() {
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(&database, &[]).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/mcp-conformance.sh");
+    let output = tokio::process::Command::new(script)
+        .args([gateway.mcp_url().as_str(), token.as_str(), "caching"])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("scripts/mcp-conformance.sh runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the suite ran:\n{stdout}\n{stderr}");
+    let path = stdout.lines().last().expect("the checks' path");
+    let checks: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("checks.json")).unwrap();
+    let _ = std::fs::remove_file(path);
+    let status = |id: &str| {
+        checks
+            .iter()
+            .find(|c| c["id"] == id)
+            .map(|c| c["status"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_else(|| panic!("the scenario has check {id}: {checks:?}"))
+    };
+    for id in [
+        "sep-2549-tools-list-caching-hints",
+        "sep-2549-resources-list-caching-hints",
+        "sep-2549-resources-templates-list-caching-hints",
+        "sep-2549-resources-read-caching-hints",
+        "sep-2549-ttl-non-negative",
+        "sep-2549-cache-scope-valid",
+        "wire-schema-valid",
+    ] {
+        assert_eq!(status(id), "SUCCESS", "{id}:\n{stderr}");
+    }
+}

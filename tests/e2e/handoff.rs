@@ -722,7 +722,10 @@ async fn the_conformance_suites_caching_scenario_passes_its_resource_checks() {
     let gateway = Gateway::start(&database, &[]).await;
     let tenant = gateway.create_tenant().await;
     let token = gateway.token(&tenant).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/mcp-conformance.sh");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/mcp-conformance.sh"
+    );
     let output = tokio::process::Command::new(script)
         .args([gateway.mcp_url().as_str(), token.as_str(), "caching"])
         .stdin(Stdio::null())
@@ -731,7 +734,10 @@ async fn the_conformance_suites_caching_scenario_passes_its_resource_checks() {
         .expect("scripts/mcp-conformance.sh runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "the suite ran:\n{stdout}\n{stderr}");
+    assert!(
+        output.status.success(),
+        "the suite ran:\n{stdout}\n{stderr}"
+    );
     let path = stdout.lines().last().expect("the checks' path");
     let checks: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(path).expect("checks.json")).unwrap();

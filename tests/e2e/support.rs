@@ -166,12 +166,7 @@ impl Gateway {
     /// Runs `sandgate <args>` with this gateway's configuration; returns stdout, trimmed.
     /// Panics with stderr when it fails.
     pub async fn cli(&self, args: &[&str]) -> String {
-        let output = sandgate_command()
-            .args(args)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .output()
-            .await
-            .expect("the sandgate binary runs");
+        let output = self.run_cli(args).await;
         assert!(
             output.status.success(),
             "sandgate {args:?} failed: {}",
@@ -183,14 +178,18 @@ impl Gateway {
             .to_owned()
     }
 
-    /// Runs `sandgate <args>` that must fail; returns its stderr.
-    pub async fn cli_fails(&self, args: &[&str]) -> String {
-        let output = sandgate_command()
+    async fn run_cli(&self, args: &[&str]) -> std::process::Output {
+        sandgate_command()
             .args(args)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .output()
             .await
-            .expect("the sandgate binary runs");
+            .expect("the sandgate binary runs")
+    }
+
+    /// Runs `sandgate <args>` that must fail; returns its stderr.
+    pub async fn cli_fails(&self, args: &[&str]) -> String {
+        let output = self.run_cli(args).await;
         assert!(
             !output.status.success(),
             "sandgate {args:?} failed as it should"

@@ -559,6 +559,18 @@ mod tests {
     }
 
     #[test]
+    fn files_cannot_outlive_their_sandbox_and_the_error_says_why() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_RETENTION__FILES_SECONDS", "3600");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("retention.files_seconds"), "{err}");
+            assert!(err.contains("removed when the sandbox ends"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn a_file_overrides_defaults_and_env_overrides_the_file() {
         Jail::expect_with(|jail| {
             jail.create_file(

@@ -234,7 +234,13 @@ pub async fn download(State(state): State<AppState>, Path(token): Path<String>) 
     if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
         headers.insert(header::CONTENT_DISPOSITION, v);
     }
-    // The file came from untrusted code: never let a browser sniff it into something runnable.
+    untrusted(headers);
+    response
+}
+
+/// Headers of every download: the content came from untrusted code, so a browser must never sniff
+/// it into something runnable, and no shared cache may keep it.
+pub(crate) fn untrusted(headers: &mut axum::http::HeaderMap) {
     headers.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
@@ -243,7 +249,6 @@ pub async fn download(State(state): State<AppState>, Path(token): Path<String>) 
         header::CACHE_CONTROL,
         HeaderValue::from_static("private, no-store"),
     );
-    response
 }
 
 /// A link made under an app connection stops working once the connection is revoked.

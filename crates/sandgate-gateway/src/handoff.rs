@@ -81,14 +81,7 @@ pub async fn download(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(sandgate_transcript::html::CONTENT_SECURITY_POLICY),
     );
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    headers.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("private, no-store"),
-    );
+    crate::files::untrusted(headers);
     headers.insert(
         header::REFERRER_POLICY,
         HeaderValue::from_static("no-referrer"),

@@ -184,7 +184,11 @@ impl Transcripts {
         let (summaries, conversation_id) = match subject {
             Subject::Sandbox(id) => {
                 let found = store::of_sandbox(&mut conn, tenant, id).await?;
-                let conversation = found.as_ref().and_then(|s| s.conversation_id.clone());
+                // A legacy MCP session standing in for the conversation is not shown.
+                let conversation = found
+                    .as_ref()
+                    .and_then(|s| s.conversation_id.clone())
+                    .filter(|c| !c.starts_with("mcp-session:"));
                 (found.into_iter().collect::<Vec<_>>(), conversation)
             }
             Subject::Conversation(id) => (

@@ -21,10 +21,18 @@ impl McpServer {
                 CallError::InvalidParams(format!("format {f:?} is not ipynb or html"))
             })?,
         };
-        let subject = match (args.sandbox_id, conversation) {
-            (Some(id), _) => Subject::Sandbox(id),
-            (None, Some(c)) => Subject::Conversation(c.to_owned()),
-            (None, None) => {
+        let subject = match (args.sandbox_id, args.conversation_id, conversation) {
+            (Some(id), _, _) => Subject::Sandbox(id),
+            (None, Some(c), _) => Subject::Conversation(c),
+            // The MCP session is the conversation (2025-11-25 era): its sandbox, so that the
+            // session id never ends up in a URI or a link.
+            (None, None, Some(session)) => Subject::Sandbox(
+                self.inner
+                    .sandboxes
+                    .conversation_sandbox(caller, session)
+                    .await?,
+            ),
+            (None, None, None) => {
                 return Err(CallError::InvalidParams(
                     "give the sandbox_id or conversation_id whose transcript to export".into(),
                 ));

@@ -1203,8 +1203,8 @@ async fn a_person_connects_an_app_in_a_real_browser() {
     let tools = client.service.list_all_tools().await.expect("tools/list");
     assert_eq!(
         tools.len(),
-        6,
-        "sandbox, execute and files:read open six tools: {tools:?}"
+        7,
+        "sandbox, execute and files:read open seven tools: {tools:?}"
     );
 }
 
@@ -1520,7 +1520,7 @@ async fn confidential_clients_use_client_credentials_and_tokens_can_be_revoked()
         .expect("connects");
     assert_eq!(
         client.service.list_all_tools().await.unwrap().len(),
-        4,
+        5,
         "sandbox + files:read tools"
     );
 

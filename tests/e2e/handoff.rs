@@ -498,6 +498,15 @@ async fn files_and_transcripts_are_resources_and_big_files_come_as_links() {
         .await;
     assert!(escape.is_err(), "paths outside /home/user are refused");
 
+    // Without ids, the session's sandbox is exported; the session id shows nowhere.
+    let exported = export(&client, json!({})).await;
+    assert_eq!(
+        exported.structured["uri"],
+        format!("sandbox://{sandbox}/transcript.ipynb")
+    );
+    assert_eq!(exported.structured["conversation_id"], Value::Null);
+    assert!(!exported.text.contains("mcp-session"), "{}", exported.text);
+
     // resources/list: the data policy and the session's sandbox, over several pages.
     let listed = client.service.list_all_resources().await.unwrap();
     let uris: Vec<&str> = listed.iter().map(|r| r.uri.as_str()).collect();

@@ -2,6 +2,7 @@
 //! sandbox image), started by `scripts/stack.sh`.
 
 mod cli;
+mod handoff;
 mod hostile;
 mod lifecycle;
 mod login_form;

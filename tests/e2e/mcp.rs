@@ -39,6 +39,7 @@ async fn support_analyst(era: Era) {
             "close_sandbox",
             "create_sandbox",
             "execute_code",
+            "export_transcript",
             "get_file",
             "list_files",
             "run_terminal_command",

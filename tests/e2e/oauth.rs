@@ -739,8 +739,8 @@ async fn a_person_connects_an_app_in_a_real_browser() {
     let tools = client.service.list_all_tools().await.expect("tools/list");
     assert_eq!(
         tools.len(),
-        6,
-        "sandbox, execute and files:read open six tools: {tools:?}"
+        7,
+        "sandbox, execute and files:read open seven tools: {tools:?}"
     );
 }
 
@@ -782,6 +782,7 @@ async fn the_python_sdk_oauth_provider_connects_and_calls_a_tool() {
             "close_sandbox",
             "create_sandbox",
             "execute_code",
+            "export_transcript",
             "get_file",
             "list_files",
             "run_terminal_command",
@@ -1025,7 +1026,7 @@ async fn confidential_clients_use_client_credentials_and_tokens_can_be_revoked()
         .expect("connects");
     assert_eq!(
         client.service.list_all_tools().await.unwrap().len(),
-        4,
+        5,
         "sandbox + files:read tools"
     );
 

@@ -72,3 +72,34 @@ async fn official_python_sdk_plays_the_support_analyst_conversation() {
         run_script(&python, &gateway, &token, mode).await;
     }
 }
+
+#[tokio::test]
+async fn official_python_sdk_reads_files_and_transcripts_as_resources() {
+    let python = python();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/e2e/python/resources.py"
+    );
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(&database, &[]).await;
+    let (a, b) = (gateway.create_tenant().await, gateway.create_tenant().await);
+    let output = Command::new(&python)
+        .arg(script)
+        .env("SANDGATE_MCP_URL", gateway.mcp_url())
+        .env("SANDGATE_MCP_TOKEN", gateway.token(&a).await)
+        .env("SANDGATE_OTHER_TOKEN", gateway.token(&b).await)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(240), output)
+        .await
+        .expect("the resources script finished within 4 min")
+        .expect("the script runs");
+    assert!(
+        output.status.success(),
+        "resources.py failed:\n--- stdout\n{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

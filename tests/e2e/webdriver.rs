@@ -149,6 +149,15 @@ impl Browser {
             .to_owned()
     }
 
+    /// The current document's title.
+    pub async fn title(&self) -> String {
+        self.command(reqwest::Method::GET, "/title", None)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// The element matching a CSS selector, waiting up to 10 s for it to appear.
     pub async fn find(&self, css: &str) -> String {
         let url = format!("{}/session/{}/element", self.base, self.session);

@@ -73,6 +73,9 @@ pub enum DownloadError {
     /// The link's time is up.
     #[error("expired link")]
     Expired,
+    /// The app connection (grant) that made the link was disconnected.
+    #[error("revoked link")]
+    Revoked,
     /// The service could not serve the file.
     #[error(transparent)]
     Service(#[from] ServiceError),
@@ -91,6 +94,10 @@ impl DownloadError {
             DownloadError::Expired => (
                 StatusCode::GONE,
                 "This download link has expired; ask for the file again.",
+            ),
+            DownloadError::Revoked => (
+                StatusCode::GONE,
+                "The app connection that made this link was disconnected, so the link no longer works.",
             ),
             DownloadError::Service(err) => match err {
                 // Another tenant's sandbox answers like a missing one: both are gone for the link.

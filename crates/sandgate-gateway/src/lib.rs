@@ -8,11 +8,12 @@
 //! - [`limits`]: length limits on attacker-chosen strings in tool arguments.
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
 //! - [`metrics`]: Prometheus metrics at `/metrics`.
-//! - [`files`]: expiring download links for files in sandboxes.
+//! - [`files`]: expiring download links for files in sandboxes (and transcripts).
+//! - [`handoff`]: transcript downloads and the logged-in users' transcripts page.
 //! - [`error`]: the mapping of errors to HTTP answers.
 //! - [`oauth`]: the OAuth 2.1 authorization server (the `sandgate-oauth` crate).
-//! - [`config`], [`sandboxes`], [`lifecycle`], [`audit`], [`keys`], [`admin`]: the service layer
-//!   (the `sandgate-service` crate), re-exported under their old paths.
+//! - [`config`], [`sandboxes`], [`lifecycle`], [`audit`], [`keys`], [`admin`], [`transcripts`],
+//!   [`retention`]: the service layer (the `sandgate-service` crate), re-exported here.
 //! - [`App`]: build the state and router, bind, run until a shutdown signal.
 
 use std::net::SocketAddr;
@@ -35,6 +36,7 @@ use tower_http::trace::TraceLayer;
 pub mod connections;
 pub mod error;
 pub mod files;
+pub mod handoff;
 pub mod health;
 pub mod limits;
 pub mod mcp;
@@ -44,7 +46,9 @@ pub mod telemetry;
 // The service layer lives in its own crate; its modules stay reachable under the old paths so
 // the binary and the tests read the same.
 pub use sandgate_oauth as oauth;
-pub use sandgate_service::{Config, admin, audit, config, keys, lifecycle, sandboxes};
+pub use sandgate_service::{
+    Config, admin, audit, config, keys, lifecycle, retention, sandboxes, transcripts,
+};
 
 use crate::keys::{KeyError, KeyRing};
 use crate::sandboxes::SandboxService;
@@ -68,8 +72,10 @@ pub struct AppState {
     pub audit: audit::AuditLog,
     /// Prometheus metrics.
     pub metrics: metrics::Metrics,
-    /// Expiring download links (`get_file`).
+    /// Expiring download links (`get_file`, `export_transcript`).
     pub links: files::DownloadLinks,
+    /// Transcripts of what ran in sandboxes.
+    pub transcripts: transcripts::Transcripts,
     /// Cancelled at shutdown: ends open MCP streams so shutdown is not held up by them.
     pub shutdown: CancellationToken,
     /// Cancelled after the server stopped: ends the background work (reaper, reconciliation).
@@ -174,6 +180,13 @@ impl AppState {
             background_stop.clone(),
             &background,
         );
+        retention::start_purge(
+            db.clone(),
+            &config.retention,
+            background_stop.clone(),
+            &background,
+        );
+        let transcripts = transcripts::Transcripts::new(db.clone(), &config.retention);
         Ok(Self {
             config: Arc::new(config),
             db,
@@ -184,6 +197,7 @@ impl AppState {
             audit,
             metrics: metrics::Metrics::new(),
             links,
+            transcripts,
             shutdown: CancellationToken::new(),
             background_stop,
             background,
@@ -212,6 +226,7 @@ pub fn router(state: AppState) -> Router {
         state.audit.clone(),
         state.metrics.clone(),
         state.links.clone(),
+        state.transcripts.clone(),
         state.shutdown.child_token(),
     );
     let body_timeout = std::time::Duration::from_secs(state.config.http.body_read_timeout_seconds);
@@ -239,6 +254,7 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::metrics))
         .route("/files/{token}", get(files::download))
+        .route(handoff::PAGE, get(handoff::page))
         .route(
             "/.well-known/oauth-protected-resource",
             get(mcp::auth::resource_metadata),

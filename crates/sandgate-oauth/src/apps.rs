@@ -51,7 +51,8 @@ async fn page_handler(state: &AppState, headers: &HeaderMap, here: &str) -> Resp
         h1 { "Connected apps" }
         p.muted {
             "Signed in as " (session.email) ". Apps listed here can use sandgate for you. "
-            "Disconnecting one stops its access at once and closes its sandboxes."
+            "Disconnecting one stops its access at once and closes its sandboxes. "
+            a href=(paths::TRANSCRIPTS) { "Find a conversation's transcript" } "."
         }
         @for c in &connections {
             div.app data-grant=(c.id) {

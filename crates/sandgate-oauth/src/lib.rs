@@ -64,6 +64,8 @@ pub mod paths {
     pub const APPS: &str = "/apps";
     /// Disconnect an app.
     pub const DISCONNECT: &str = "/apps/disconnect";
+    /// A signed-in user's transcripts page (served by the gateway's handoff module).
+    pub const TRANSCRIPTS: &str = "/transcripts";
 }
 
 /// What the authorization server keeps beside the shared state.

@@ -247,7 +247,7 @@ pub fn render_sandboxes(rows: &[SandboxRow]) -> String {
     out
 }
 
-async fn pool(config: &Config) -> Result<PgPool, AdminError> {
+pub(crate) async fn pool(config: &Config) -> Result<PgPool, AdminError> {
     let db =
         sandgate_store::connect_lazy(config.database.url.expose_secret(), &config.pool_settings())?;
     sandgate_store::migrate(&db).await?;

@@ -7,12 +7,16 @@
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`keys`]: the signing-key ring (access tokens).
 //! - [`admin`]: operator commands behind `sandgate admin`.
+//! - [`transcripts`]: what ran in each sandbox, kept for the person who takes over.
+//! - [`retention`]: what is kept after a sandbox ends and for how long; the purge job.
 
 pub mod admin;
 pub mod audit;
 pub mod config;
 pub mod keys;
+pub mod retention;
 pub mod sandboxes;
+pub mod transcripts;
 
 pub use sandboxes::lifecycle;
 

@@ -16,6 +16,7 @@ pub mod hygiene;
 pub mod keys;
 pub mod sandboxes;
 pub mod tenants;
+pub mod transcripts;
 pub mod users;
 
 /// What went wrong talking to Postgres.

@@ -341,6 +341,30 @@ pub async fn live_of_grant(
     .await?)
 }
 
+/// Ends every live sandbox of a tenant (`closed`, with `reason`) and forgets the conversation
+/// ids of all its sandboxes (they may name a customer's ticket); returns the rows it ended, whose
+/// containers the caller removes.
+pub async fn end_all_of_tenant(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    reason: &str,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    let ended = sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "UPDATE sandboxes SET state = 'closed', closed_at = now(), close_reason = $2
+         WHERE tenant_id = $1 AND state = 'leased'
+         RETURNING {COLUMNS}"
+    )))
+    .bind(tenant_id)
+    .bind(reason)
+    .fetch_all(&mut *conn)
+    .await?;
+    sqlx::query("UPDATE sandboxes SET conversation_id = NULL WHERE tenant_id = $1")
+        .bind(tenant_id)
+        .execute(conn)
+        .await?;
+    Ok(ended)
+}
+
 /// Live sandboxes (warm and leased) on `node`, for reconciliation with the Docker engine.
 #[tracing::instrument(skip_all, fields(node = %node))]
 pub async fn live_on_node(

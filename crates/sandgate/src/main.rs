@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sandgate_auth::Scope;
-use sandgate_gateway::{App, Config, admin, telemetry};
+use sandgate_gateway::{App, Config, admin, retention, telemetry};
 
 /// A multi-tenant code-interpreter MCP server.
 #[derive(Debug, Parser)]
@@ -99,6 +99,34 @@ enum TenantCommand {
         #[arg(long, value_parser = limit::<i32>)]
         max_calls_per_minute: Option<Setting<i32>>,
     },
+    /// Set how long the tenant's transcripts are kept after their sandbox ended (e.g. `7d`,
+    /// `12h`, `0s`), or `default` for the configured default. Prints the retention in force.
+    Retention {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+        /// How long, or `default`.
+        #[arg(long, value_parser = retention)]
+        transcripts: Setting<u32>,
+    },
+    /// Remove everything of a tenant's content now: close its live sandboxes (their files go
+    /// with their containers), delete its transcripts, forget its conversation ids. The tenant,
+    /// its users, connections and audit trail stay.
+    Purge {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+    },
+}
+
+fn retention(s: &str) -> Result<Setting<u32>, String> {
+    if s == "default" {
+        return Ok(Setting(None));
+    }
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 30d, 12h or default)"))?;
+    u32::try_from(d.as_secs())
+        .ok()
+        .filter(|s| *s <= i32::MAX as u32)
+        .map(|s| Setting(Some(s)))
+        .ok_or_else(|| "at most 68 years".to_owned())
 }
 
 /// A limit value on the command line: a number, or `default` (`None`).
@@ -276,6 +304,31 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
             let (own, effective) =
                 admin::set_tenant_limits(&config, tenant, reset, &changes).await?;
             println!("{}", admin::render_limits(&own, &effective));
+        }
+        Admin::Tenant(TenantCommand::Retention {
+            tenant,
+            transcripts,
+        }) => {
+            let seconds = retention::set_tenant_retention(&config, tenant, transcripts.0).await?;
+            println!(
+                "transcripts kept {} after their sandbox ends",
+                humantime::format_duration(std::time::Duration::from_secs(seconds))
+            );
+        }
+        Admin::Tenant(TenantCommand::Purge { tenant }) => {
+            let purged = retention::purge_tenant(&config, tenant).await?;
+            println!(
+                "closed {} live sandboxes, deleted {} transcripts",
+                purged.sandboxes_closed, purged.transcripts
+            );
+            if !purged.containers_left.is_empty() {
+                println!(
+                    "{} containers could not be removed now (is Docker reachable?); the gateway's \
+                     reconciliation removes them: {}",
+                    purged.containers_left.len(),
+                    purged.containers_left.join(" ")
+                );
+            }
         }
         Admin::Audit { tenant, limit } => {
             let events = admin::audit(&config, tenant, limit).await?;

@@ -47,6 +47,7 @@ TOOLS = {
     "close_sandbox",
     "create_sandbox",
     "execute_code",
+    "export_transcript",
     "get_file",
     "list_files",
     "run_terminal_command",
@@ -173,10 +174,10 @@ class Analyst:
 
 
 async def list_tools(client: Client) -> dict[str, dict[str, Any]]:
-    """tools/list: the seven tools, each described, with an object input and output schema."""
+    """tools/list: the eight tools, each described, with an object input and output schema."""
     listed = await client.list_tools()
     names = {tool.name for tool in listed.tools}
-    check(names == TOOLS, f"tools/list names the seven tools; got {sorted(names)}")
+    check(names == TOOLS, f"tools/list names the eight tools; got {sorted(names)}")
     check(listed.next_cursor is None, "tools/list fits on one page")
     schemas: dict[str, dict[str, Any]] = {}
     for tool in listed.tools:

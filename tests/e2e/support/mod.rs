@@ -172,12 +172,7 @@ impl Gateway {
     /// Runs `sandgate <args>` with this gateway's configuration; returns stdout, trimmed.
     /// Panics with stderr when it fails.
     pub async fn cli(&self, args: &[&str]) -> String {
-        let output = sandgate_command()
-            .args(args)
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .output()
-            .await
-            .expect("the sandgate binary runs");
+        let output = self.run_cli(args).await;
         assert!(
             output.status.success(),
             "sandgate {args:?} failed: {}",
@@ -187,6 +182,25 @@ impl Gateway {
             .expect("UTF-8 output")
             .trim()
             .to_owned()
+    }
+
+    async fn run_cli(&self, args: &[&str]) -> std::process::Output {
+        sandgate_command()
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .output()
+            .await
+            .expect("the sandgate binary runs")
+    }
+
+    /// Runs `sandgate <args>` that must fail; returns its stderr.
+    pub async fn cli_fails(&self, args: &[&str]) -> String {
+        let output = self.run_cli(args).await;
+        assert!(
+            !output.status.success(),
+            "sandgate {args:?} failed as it should"
+        );
+        String::from_utf8_lossy(&output.stderr).into_owned()
     }
 
     /// Like [`Gateway::cli`], writing `input` to the command's standard input.

@@ -115,6 +115,10 @@ impl McpServer {
                 self.close_sandbox(parse_args(args)?, caller, conversation)
                     .await
             }
+            ToolName::ExportTranscript => {
+                self.export_transcript(parse_args(args)?, caller, conversation)
+                    .await
+            }
         }
     }
 
@@ -184,6 +188,8 @@ impl McpServer {
                 args.overwrite.unwrap_or(false),
             )
             .await?;
+        let entry = crate::transcripts::file_entry(&info, false);
+        self.inner.transcripts.record(&resolved.row, &entry).await;
         let out = UploadFileOutput {
             sandbox_id: resolved.row.id.clone(),
             path: info.path,
@@ -212,11 +218,13 @@ impl McpServer {
             .sandboxes
             .read_file(caller, to, &args.path)
             .await?;
+        let entry = crate::transcripts::file_entry(&info, true);
+        self.inner.transcripts.record(&resolved.row, &entry).await;
         let mime = mime_type(&info.path, &data[..data.len().min(512)]);
         let (download_url, expires) =
             self.inner
                 .links
-                .mint(caller.tenant, &resolved.row.id, &info.path);
+                .mint(caller.tenant, caller.grant, &resolved.row.id, &info.path);
         let out = GetFileOutput {
             sandbox_id: resolved.row.id.clone(),
             path: info.path.clone(),
@@ -236,7 +244,18 @@ impl McpServer {
             out.download_expires_at,
             out.download_url
         );
-        let content = if mime.starts_with("image/") && mime != "image/svg+xml" {
+        let inline_max = self.inner.limits.inline_file_bytes;
+        let summary = if info.size > inline_max {
+            format!(
+                "{summary}\nThe file is over {inline_max} bytes, so it is not inlined: read the \
+                 resource link with resources/read, or give the person the download link."
+            )
+        } else {
+            summary
+        };
+        let content = if info.size > inline_max {
+            super::resources::file_link(&out.sandbox_id, &info.path, &mime, info.size)
+        } else if mime.starts_with("image/") && mime != "image/svg+xml" {
             ContentBlock::image(BASE64.encode(&data), mime)
         } else if let Ok(text) = std::str::from_utf8(&data) {
             ContentBlock::text(text.to_owned())
@@ -378,6 +397,8 @@ impl McpServer {
                 resolved.sandbox.exec(code, options, events)
             })
             .await?;
+        let entry = crate::transcripts::cell_entry(code, &outcome);
+        self.inner.transcripts.record(&resolved.row, &entry).await;
         let sandbox_id = resolved.row.id.clone();
         let mut images = Vec::new();
         let mut blocks = Vec::new();
@@ -431,13 +452,15 @@ impl McpServer {
         let options = CommandOptions {
             timeout,
             output_limit: self.inner.limits.output_limit_bytes,
-            cwd,
+            cwd: cwd.clone(),
         };
         let outcome = self
             .run_streaming(resolved, ctx, |events| {
                 resolved.sandbox.command(command, options, events)
             })
             .await?;
+        let entry = crate::transcripts::command_entry(command, cwd.as_deref(), &outcome);
+        self.inner.transcripts.record(&resolved.row, &entry).await;
         let out = RunTerminalCommandOutput {
             sandbox_id: resolved.row.id.clone(),
             stdout: outcome.stdout,

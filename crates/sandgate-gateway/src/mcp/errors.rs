@@ -128,7 +128,7 @@ fn service_failure(err: &ServiceError, tool: &str) -> Failure {
 }
 
 /// The text the model sees for a failed call: specific, with what to do next; never internals.
-fn public_message(err: &ServiceError) -> String {
+pub(super) fn public_message(err: &ServiceError) -> String {
     match err {
         ServiceError::Store(_) => {
             "sandgate hit an internal error; retry the call, and if it persists, tell the user"

@@ -7,14 +7,17 @@
 //! - `errors`: the one mapping from a failed call to its answer, audit record and metric.
 //! - `render`: the text blocks beside the structured content.
 //! - `progress`: output of running cells and commands as progress notifications.
+//! - [`resources`]: the sandboxes' files and transcripts as MCP resources.
+//! - `export`: the `export_transcript` tool.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -32,8 +35,10 @@ use crate::sandboxes::{Caller, SandboxService, ServiceError};
 pub mod auth;
 mod calls;
 mod errors;
+mod export;
 mod progress;
 mod render;
+pub mod resources;
 pub mod tools;
 
 use errors::CallError;
@@ -52,6 +57,7 @@ struct Inner {
     audit: AuditLog,
     metrics: crate::metrics::Metrics,
     links: crate::files::DownloadLinks,
+    transcripts: crate::transcripts::Transcripts,
     limits: LimitsConfig,
 }
 
@@ -62,6 +68,7 @@ pub fn service(
     audit: AuditLog,
     metrics: crate::metrics::Metrics,
     links: crate::files::DownloadLinks,
+    transcripts: crate::transcripts::Transcripts,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {
     let server = McpServer {
@@ -70,6 +77,7 @@ pub fn service(
             audit,
             metrics,
             links,
+            transcripts,
             limits: config.limits.clone(),
         }),
     };
@@ -158,14 +166,22 @@ impl McpServer {
 
 impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("sandgate", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "sandgate gives each conversation an isolated Python sandbox. Call create_sandbox \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new("sandgate", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "sandgate gives each conversation an isolated Python sandbox. Call create_sandbox \
                  (with a conversation_id) and pass the returned sandbox_id to execute_code, \
                  run_terminal_command, upload_file, get_file and list_files. Files live in \
-                 /home/user. Close the sandbox with close_sandbox when the conversation ends.",
-            )
+                 /home/user. Close the sandbox with close_sandbox when the conversation ends. \
+                 To hand the conversation to a person, call export_transcript. A sandbox's \
+                 files and transcript are also resources (sandbox://{sandbox_id}/files/{path}, \
+                 sandbox://{sandbox_id}/transcript.ipynb).",
+        )
     }
 
     async fn list_tools(
@@ -181,6 +197,32 @@ impl ServerHandler for McpServer {
             .collect();
         // The list depends on the caller's scopes: never cacheable across callers.
         Ok(ListToolsResult::with_all_items(tools).with_cache_scope(CacheScope::Private))
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        resources::list(self, request, &ctx).await
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _ctx: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(resources::templates())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        resources::read(self, &request.uri, &ctx)
+            .await
+            .map(Into::into)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

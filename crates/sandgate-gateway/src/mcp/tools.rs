@@ -344,6 +344,50 @@ pub struct CloseSandboxOutput {
     pub closed: bool,
 }
 
+/// `export_transcript` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExportTranscriptArgs {
+    /// One sandbox's transcript. Without it, the conversation's (every sandbox it had).
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// The conversation whose transcript to export when sandbox_id is not given.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    /// "ipynb" (a Jupyter notebook, the default) or "html" (a page a person can read in a
+    /// browser).
+    #[serde(default)]
+    pub format: Option<String>,
+}
+
+/// `export_transcript` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ExportTranscriptOutput {
+    /// The sandbox (the conversation's latest, when it had several).
+    pub sandbox_id: String,
+    /// The sandboxes the transcript covers, oldest first.
+    pub sandbox_ids: Vec<String>,
+    /// The conversation, when the sandboxes were bound to one.
+    pub conversation_id: Option<String>,
+    /// ipynb or html.
+    pub format: String,
+    /// The transcript as an MCP resource (read it with resources/read).
+    pub uri: String,
+    /// Its MIME type.
+    pub mime_type: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Calls (cells, commands, file transfers) it holds.
+    pub calls: u64,
+    /// Later calls that were not kept because a sandbox's transcript was full.
+    pub dropped: u64,
+    /// A link a person (e.g. the human agent taking over) can open, valid until
+    /// download_expires_at; it stops working if this app is disconnected.
+    pub download_url: String,
+    /// When the link stops working (RFC 3339).
+    pub download_expires_at: String,
+}
+
 /// The tools, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ToolName {
@@ -361,11 +405,13 @@ pub enum ToolName {
     ListFiles,
     /// `close_sandbox`.
     CloseSandbox,
+    /// `export_transcript`.
+    ExportTranscript,
 }
 
 impl ToolName {
     /// Every tool.
-    pub const ALL: [ToolName; 7] = [
+    pub const ALL: [ToolName; 8] = [
         ToolName::CreateSandbox,
         ToolName::ExecuteCode,
         ToolName::RunTerminalCommand,
@@ -373,6 +419,7 @@ impl ToolName {
         ToolName::GetFile,
         ToolName::ListFiles,
         ToolName::CloseSandbox,
+        ToolName::ExportTranscript,
     ];
 
     /// The wire name.
@@ -385,6 +432,7 @@ impl ToolName {
             ToolName::GetFile => "get_file",
             ToolName::ListFiles => "list_files",
             ToolName::CloseSandbox => "close_sandbox",
+            ToolName::ExportTranscript => "export_transcript",
         }
     }
 
@@ -398,7 +446,9 @@ impl ToolName {
         match self {
             ToolName::CreateSandbox | ToolName::CloseSandbox => Scope::Sandbox,
             ToolName::ExecuteCode | ToolName::RunTerminalCommand => Scope::Execute,
-            ToolName::GetFile | ToolName::ListFiles => Scope::FilesRead,
+            ToolName::GetFile | ToolName::ListFiles | ToolName::ExportTranscript => {
+                Scope::FilesRead
+            }
             ToolName::UploadFile => Scope::FilesWrite,
         }
     }
@@ -502,8 +552,10 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
             "Get file",
             format!(
                 "Fetch a file from the sandbox: images come back as image content, UTF-8 text \
-                 as text, anything else as an embedded binary resource. Use it for charts saved \
-                 under /home/user/outputs and for files your code wrote. {FILES_NOTE} {TARGET_NOTE}"
+                 as text, anything else as an embedded binary resource; a large file comes back \
+                 as a resource link (read it with resources/read) and a download link instead. \
+                 Use it for charts saved under /home/user/outputs and for files your code wrote. \
+                 {FILES_NOTE} {TARGET_NOTE}"
             ),
             ToolAnnotations::new()
                 .read_only(true)
@@ -534,6 +586,21 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
                 .read_only(false)
                 .destructive(true)
                 .idempotent(false)
+                .open_world(false),
+        ),
+        tool::<ExportTranscriptArgs, ExportTranscriptOutput>(
+            "export_transcript",
+            "Export transcript",
+            "Hand the conversation over to a person: export what ran in its sandboxes (every \
+             cell with its output, charts and errors, every command, every file uploaded or \
+             fetched) as a Jupyter notebook (format ipynb) they can open and re-run, or as a \
+             web page (format html). Returns a resource link and a download link to give the \
+             person. Works after the sandbox was closed, for as long as transcripts are kept."
+                .into(),
+            ToolAnnotations::new()
+                .read_only(true)
+                .destructive(false)
+                .idempotent(true)
                 .open_world(false),
         ),
     ]

@@ -43,6 +43,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Reaper and reconciliation timing.
     pub lifecycle: LifecycleConfig,
+    /// What is kept after a sandbox ends, for how long, and how much (transcripts).
+    pub retention: crate::retention::RetentionConfig,
     /// The MCP endpoint.
     pub mcp: McpConfig,
     /// Connections: caps and timeouts.
@@ -105,6 +107,8 @@ pub struct LimitsConfig {
     pub output_limit_bytes: usize,
     /// Largest file moved by get_file / upload_file, bytes.
     pub max_file_bytes: u64,
+    /// Largest file get_file returns inline; bigger ones come as a resource link, bytes.
+    pub inline_file_bytes: u64,
 }
 
 /// Reaper and reconciliation timing.
@@ -476,6 +480,7 @@ impl Config {
             let (field, rest) = message.split_once(": ").unwrap_or(("", &message));
             invalid(&format!("sandbox.{field}"), rest.to_owned())
         })?;
+        self.retention.validate()?;
         Ok(())
     }
 
@@ -609,6 +614,18 @@ mod tests {
                 err.contains("sandbox.memory_mb"),
                 "error should name the key: {err}"
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn files_cannot_outlive_their_sandbox_and_the_error_says_why() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_RETENTION__FILES_SECONDS", "3600");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("retention.files_seconds"), "{err}");
+            assert!(err.contains("removed when the sandbox ends"), "{err}");
             Ok(())
         });
     }

@@ -1,0 +1,113 @@
+//! The `export_transcript` tool: a sandbox's or a conversation's transcript for the person who
+//! takes over, as a resource link plus a download link.
+
+use rmcp::model::{ContentBlock, Resource};
+
+use super::calls::Answer;
+use super::render::{rfc3339, structured};
+use super::tools::{ExportTranscriptArgs, ExportTranscriptOutput};
+use super::{CallError, McpServer};
+use crate::sandboxes::{Caller, ServiceError};
+use crate::transcripts::{Format, Subject, TranscriptError};
+
+impl McpServer {
+    pub(super) async fn export_transcript(
+        &self,
+        args: ExportTranscriptArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        let format = match args.format.as_deref() {
+            None => Format::Notebook,
+            Some(f) => Format::parse(f).ok_or_else(|| {
+                CallError::InvalidParams(format!("format {f:?} is not ipynb or html"))
+            })?,
+        };
+        let subject = match (args.sandbox_id, args.conversation_id, conversation) {
+            (Some(id), _, _) => Subject::Sandbox(id),
+            (None, Some(c), _) => Subject::Conversation(c),
+            // The MCP session is the conversation (2025-11-25 era): its sandbox, so that the
+            // session id never ends up in a URI or a link.
+            (None, None, Some(session)) => Subject::Sandbox(
+                self.inner
+                    .sandboxes
+                    .conversation_sandbox(caller, session)
+                    .await?,
+            ),
+            (None, None, None) => {
+                return Err(CallError::InvalidParams(
+                    "give the sandbox_id or conversation_id whose transcript to export".into(),
+                ));
+            }
+        };
+        let transcript = self
+            .inner
+            .transcripts
+            .load(caller.tenant, &subject)
+            .await
+            .map_err(|err| match err {
+                TranscriptError::NotFound { .. } => ServiceError::NotFound(err.to_string()),
+                TranscriptError::Store(store) => ServiceError::Store(store),
+            })?;
+        let rendered = format.render(&transcript);
+        let uri = super::resources::transcript_uri(&subject, format);
+        let (download_url, expires) = self.inner.links.mint_transcript(
+            caller.tenant,
+            caller.grant,
+            &subject,
+            crate::handoff::link_kind(format),
+        );
+        let out = ExportTranscriptOutput {
+            sandbox_id: transcript
+                .parts
+                .last()
+                .map(|p| p.sandbox_id.clone())
+                .unwrap_or_default(),
+            sandbox_ids: transcript
+                .parts
+                .iter()
+                .map(|p| p.sandbox_id.clone())
+                .collect(),
+            conversation_id: transcript.conversation_id.clone(),
+            format: format.extension().to_owned(),
+            uri: uri.clone(),
+            mime_type: format.mime_type().to_owned(),
+            size: rendered.len() as u64,
+            calls: transcript
+                .parts
+                .iter()
+                .map(|p| p.records.len() as u64)
+                .sum(),
+            dropped: transcript.parts.iter().map(|p| u64::from(p.dropped)).sum(),
+            download_url,
+            download_expires_at: rfc3339(expires),
+        };
+        let mut text = format!(
+            "Transcript of {} ({} calls, {} bytes) as {}: {}. Give the person taking over this \
+             link (valid until {}): {}",
+            transcript.title().to_lowercase(),
+            out.calls,
+            out.size,
+            out.format,
+            out.uri,
+            out.download_expires_at,
+            out.download_url
+        );
+        if out.dropped > 0 {
+            text.push_str(&format!(
+                "\n{} later calls were not kept (the transcript's bound per sandbox).",
+                out.dropped
+            ));
+        }
+        let link = ContentBlock::resource_link(
+            Resource::new(uri, format!("transcript.{}", out.format))
+                .with_title(transcript.title())
+                .with_mime_type(format.mime_type())
+                .with_size(out.size),
+        );
+        Ok(Answer {
+            sandbox_id: Some(out.sandbox_id.clone()),
+            result: structured(&out, text, false, vec![link]),
+        })
+    }
+}

@@ -1,0 +1,450 @@
+//! A sandbox's files and transcripts as MCP resources, scoped to the caller's tenant exactly like
+//! the tools (another tenant's resource answers like a missing one).
+//!
+//! - Templates: `sandbox://{sandbox_id}/files/{path}` (a live sandbox's file, path relative to
+//!   /home/user), `sandbox://{sandbox_id}/transcript.ipynb|html` and
+//!   `conversation://{conversation_id}/transcript.ipynb|html` (kept after the sandbox ends).
+//! - `resources/list` shows the tenant's data policy and, in the 2025-11-25 era, the current
+//!   MCP session's sandbox (its files and transcript); never another conversation's files. In
+//!   the stateless era there is no current conversation: callers name what they want through
+//!   the templates.
+//! - Caching hints (2026-07-28): lists and contents are private and fresh for 0 ms (files
+//!   change under running code); the templates are the same for everyone.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+use rmcp::model::{
+    CacheScope, ContentBlock, ListResourceTemplatesResult, ListResourcesResult,
+    PaginatedRequestParams, ReadResourceResult, Resource, ResourceContents, ResourceTemplate,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use sandgate_auth::{AccessClaims, Scope};
+use sandgate_sandbox::EntryKind;
+use serde_json::json;
+
+use super::errors::public_message;
+use super::{McpServer, claims_of, session_conversation, tools::mime_type};
+use crate::sandboxes::{Caller, ServiceError};
+use crate::transcripts::{Format, Subject, TranscriptError};
+
+/// Resources per `resources/list` page.
+const PAGE_SIZE: usize = 50;
+/// Most files listed from one sandbox (a walk of /home/user, a few levels deep).
+const MAX_LISTED_FILES: usize = 500;
+const MAX_DEPTH: usize = 4;
+/// The tenant's data policy.
+pub const POLICY_URI: &str = "sandgate://data-policy";
+/// How long clients may keep the templates.
+const TEMPLATES_TTL_MS: u64 = 3_600_000;
+
+/// What a path segment keeps unescaped.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// The URI of a file (absolute path under /home/user) in a sandbox.
+pub fn file_uri(sandbox_id: &str, path: &str) -> String {
+    let relative = path
+        .strip_prefix("/home/user/")
+        .unwrap_or(path.trim_start_matches('/'));
+    let encoded: Vec<String> = relative
+        .split('/')
+        .map(|seg| utf8_percent_encode(seg, SEGMENT).to_string())
+        .collect();
+    format!("sandbox://{sandbox_id}/files/{}", encoded.join("/"))
+}
+
+/// The URI of a transcript.
+pub fn transcript_uri(subject: &Subject, format: Format) -> String {
+    match subject {
+        Subject::Sandbox(id) => format!("sandbox://{id}/transcript.{}", format.extension()),
+        Subject::Conversation(id) => format!(
+            "conversation://{}/transcript.{}",
+            utf8_percent_encode(id, SEGMENT),
+            format.extension()
+        ),
+    }
+}
+
+/// A `resource_link` content block for a file too big to inline.
+pub fn file_link(sandbox_id: &str, path: &str, mime: &str, size: u64) -> ContentBlock {
+    ContentBlock::resource_link(
+        Resource::new(file_uri(sandbox_id, path), file_name(path))
+            .with_mime_type(mime)
+            .with_size(size),
+    )
+}
+
+fn file_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_owned()
+}
+
+/// What a URI names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Policy,
+    File { sandbox_id: String, path: String },
+    Transcript { subject: Subject, format: Format },
+}
+
+fn parse(uri: &str) -> Option<Target> {
+    if uri == POLICY_URI {
+        return Some(Target::Policy);
+    }
+    let transcript = |rest: &str| {
+        let format = rest.strip_prefix("transcript.").and_then(Format::parse)?;
+        Some(format)
+    };
+    if let Some(rest) = uri.strip_prefix("sandbox://") {
+        let (sandbox_id, rest) = rest.split_once('/')?;
+        if sandbox_id.is_empty() {
+            return None;
+        }
+        if let Some(path) = rest.strip_prefix("files/") {
+            let path = percent_decode_str(path).decode_utf8().ok()?;
+            if path.is_empty() {
+                return None;
+            }
+            return Some(Target::File {
+                sandbox_id: sandbox_id.to_owned(),
+                path: path.into_owned(),
+            });
+        }
+        return Some(Target::Transcript {
+            subject: Subject::Sandbox(sandbox_id.to_owned()),
+            format: transcript(rest)?,
+        });
+    }
+    let rest = uri.strip_prefix("conversation://")?;
+    let (conversation, rest) = rest.split_once('/')?;
+    let conversation = percent_decode_str(conversation).decode_utf8().ok()?;
+    if conversation.is_empty() {
+        return None;
+    }
+    Some(Target::Transcript {
+        subject: Subject::Conversation(conversation.into_owned()),
+        format: transcript(rest)?,
+    })
+}
+
+/// `resources/templates/list`.
+pub fn templates() -> ListResourceTemplatesResult {
+    let t = |uri: &str, name: &str, title: &str, description: &str, mime: Option<&str>| {
+        let template = ResourceTemplate::new(uri, name)
+            .with_title(title)
+            .with_description(description);
+        match mime {
+            Some(m) => template.with_mime_type(m),
+            None => template,
+        }
+    };
+    ListResourceTemplatesResult::with_all_items(vec![
+        t(
+            "sandbox://{sandbox_id}/files/{path}",
+            "sandbox-file",
+            "A file in a sandbox",
+            "A file in a live sandbox; path is relative to /home/user (e.g. outputs/figure-1-1.png).",
+            None,
+        ),
+        t(
+            "sandbox://{sandbox_id}/transcript.ipynb",
+            "sandbox-transcript-notebook",
+            "A sandbox's transcript as a Jupyter notebook",
+            "Every cell (with outputs and charts), command and file transfer of the sandbox, as nbformat 4; kept after the sandbox ends.",
+            Some(Format::Notebook.mime_type()),
+        ),
+        t(
+            "sandbox://{sandbox_id}/transcript.html",
+            "sandbox-transcript-html",
+            "A sandbox's transcript as a web page",
+            "The same transcript as a self-contained HTML page.",
+            Some(Format::Html.mime_type()),
+        ),
+        t(
+            "conversation://{conversation_id}/transcript.ipynb",
+            "conversation-transcript-notebook",
+            "A conversation's transcript as a Jupyter notebook",
+            "Every sandbox the conversation had, oldest first.",
+            Some(Format::Notebook.mime_type()),
+        ),
+        t(
+            "conversation://{conversation_id}/transcript.html",
+            "conversation-transcript-html",
+            "A conversation's transcript as a web page",
+            "Every sandbox the conversation had, as a self-contained HTML page.",
+            Some(Format::Html.mime_type()),
+        ),
+    ])
+    .with_ttl_ms(TEMPLATES_TTL_MS)
+    .with_cache_scope(CacheScope::Public)
+}
+
+fn not_found(uri: &str, message: String) -> ErrorData {
+    ErrorData::resource_not_found(message, Some(json!({ "uri": uri })))
+}
+
+fn service_error(uri: &str, err: ServiceError) -> ErrorData {
+    match err {
+        ServiceError::NotFound(_) | ServiceError::Ended { .. } | ServiceError::Lost { .. } => {
+            not_found(uri, public_message(&err))
+        }
+        ServiceError::Store(_) | ServiceError::Unavailable(_) | ServiceError::DatabaseAway => {
+            tracing::warn!(error = ?err, "reading a resource failed");
+            ErrorData::internal_error(public_message(&err), None)
+        }
+        other => ErrorData::invalid_request(public_message(&other), None),
+    }
+}
+
+async fn caller_of(server: &McpServer, claims: &AccessClaims) -> Result<Caller, ErrorData> {
+    let service = &server.inner.sandboxes;
+    let limits = service
+        .limits(claims.tenant)
+        .await
+        .map_err(|e| service_error("", e))?;
+    Ok(Caller {
+        tenant: claims.tenant,
+        subject: claims.sub.clone(),
+        token_id: claims.jti.clone(),
+        grant: claims.grant,
+        limits,
+    })
+}
+
+fn authorized(ctx: &RequestContext<RoleServer>) -> Result<AccessClaims, ErrorData> {
+    let claims =
+        claims_of(ctx).ok_or_else(|| ErrorData::invalid_request("not authenticated", None))?;
+    if !claims.has_scope(Scope::FilesRead) {
+        return Err(ErrorData::invalid_request(
+            "reading resources needs the files:read scope; reconnect the app with it",
+            None,
+        ));
+    }
+    Ok(claims)
+}
+
+fn policy_resource() -> Resource {
+    Resource::new(POLICY_URI, "data-policy")
+        .with_title("What sandgate keeps for you")
+        .with_description("What is kept after a sandbox ends, for how long, and who can read it.")
+        .with_mime_type("text/markdown")
+}
+
+/// `resources/list`: the data policy, then (legacy era) the session's sandbox.
+pub async fn list(
+    server: &McpServer,
+    request: Option<PaginatedRequestParams>,
+    ctx: &RequestContext<RoleServer>,
+) -> Result<ListResourcesResult, ErrorData> {
+    let claims = authorized(ctx)?;
+    let offset = match request.and_then(|r| r.cursor) {
+        None => 0,
+        Some(cursor) => cursor.parse::<usize>().map_err(|_| {
+            ErrorData::invalid_params(
+                "invalid cursor; pass the nextCursor of the previous page",
+                None,
+            )
+        })?,
+    };
+    let mut all = vec![policy_resource()];
+    if let Some(conversation) = session_conversation(ctx) {
+        let caller = caller_of(server, &claims).await?;
+        all.extend(session_sandbox(server, &caller, &conversation).await?);
+    }
+    let page: Vec<Resource> = all.iter().skip(offset).take(PAGE_SIZE).cloned().collect();
+    let mut result = ListResourcesResult::with_all_items(page);
+    if offset + PAGE_SIZE < all.len() {
+        result.next_cursor = Some((offset + PAGE_SIZE).to_string());
+    }
+    Ok(result.with_ttl_ms(0).with_cache_scope(CacheScope::Private))
+}
+
+/// The session's live sandbox, if it has one: its transcript and its files.
+async fn session_sandbox(
+    server: &McpServer,
+    caller: &Caller,
+    conversation: &str,
+) -> Result<Vec<Resource>, ErrorData> {
+    let service = &server.inner.sandboxes;
+    let Some(id) = service
+        .find_conversation(caller, conversation)
+        .await
+        .map_err(|e| service_error("", e))?
+    else {
+        return Ok(Vec::new());
+    };
+    let subject = Subject::Sandbox(id.clone());
+    let mut out = vec![
+        Resource::new(
+            transcript_uri(&subject, Format::Notebook),
+            "transcript.ipynb",
+        )
+        .with_title(format!("Transcript of sandbox {id}"))
+        .with_mime_type(Format::Notebook.mime_type()),
+    ];
+    let Ok(resolved) = service.resolve(caller, Some(&id), None, None).await else {
+        return Ok(out);
+    };
+    let mut dirs = vec![("/home/user".to_owned(), 0usize)];
+    let mut files = 0;
+    while let Some((dir, depth)) = dirs.pop() {
+        let Ok(entries) = resolved.sandbox.list_dir(&dir).await else {
+            continue;
+        };
+        for entry in entries {
+            let path = format!("{dir}/{}", entry.name);
+            match entry.kind {
+                EntryKind::Dir if depth + 1 < MAX_DEPTH && !entry.name.starts_with('.') => {
+                    dirs.push((path, depth + 1));
+                }
+                EntryKind::File if files < MAX_LISTED_FILES => {
+                    files += 1;
+                    let relative = path.trim_start_matches("/home/user/").to_owned();
+                    out.push(
+                        Resource::new(file_uri(&id, &path), relative)
+                            .with_mime_type(mime_type(&path, &[]))
+                            .with_size(entry.size),
+                    );
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `resources/read`.
+pub async fn read(
+    server: &McpServer,
+    uri: &str,
+    ctx: &RequestContext<RoleServer>,
+) -> Result<ReadResourceResult, ErrorData> {
+    let claims = authorized(ctx)?;
+    let target = parse(uri).ok_or_else(|| {
+        not_found(
+            uri,
+            format!(
+                "unknown resource {uri:?}; resources are sandbox://{{sandbox_id}}/files/{{path}}, \
+                 sandbox://{{sandbox_id}}/transcript.ipynb|html or \
+                 conversation://{{conversation_id}}/transcript.ipynb|html"
+            ),
+        )
+    })?;
+    let contents = match target {
+        Target::Policy => ResourceContents::text(policy_text(server, &claims).await?, uri)
+            .with_mime_type("text/markdown"),
+        Target::File { sandbox_id, path } => {
+            read_file(server, &claims, uri, &sandbox_id, &path).await?
+        }
+        Target::Transcript { subject, format } => {
+            let transcript = server
+                .inner
+                .transcripts
+                .load(claims.tenant, &subject)
+                .await
+                .map_err(|err| match err {
+                    TranscriptError::NotFound { .. } => not_found(uri, err.to_string()),
+                    TranscriptError::Store(_) => ErrorData::internal_error(err.to_string(), None),
+                })?;
+            ResourceContents::text(format.render(&transcript), uri)
+                .with_mime_type(format.mime_type())
+        }
+    };
+    Ok(ReadResourceResult::new(vec![contents])
+        .with_ttl_ms(0)
+        .with_cache_scope(CacheScope::Private))
+}
+
+async fn read_file(
+    server: &McpServer,
+    claims: &AccessClaims,
+    uri: &str,
+    sandbox_id: &str,
+    path: &str,
+) -> Result<ResourceContents, ErrorData> {
+    let caller = caller_of(server, claims).await?;
+    let service = &server.inner.sandboxes;
+    let resolved = service
+        .resolve(&caller, Some(sandbox_id), None, None)
+        .await
+        .map_err(|e| service_error(uri, e))?;
+    let file = resolved
+        .sandbox
+        .read_file(path, server.inner.limits.max_file_bytes)
+        .await;
+    let (data, info) = service
+        .checked(&resolved, file)
+        .await
+        .map_err(|e| service_error(uri, e))?;
+    let mime = mime_type(&info.path, &data[..data.len().min(512)]);
+    let texty = mime.starts_with("text/") || mime.ends_with("json") || mime.ends_with("xml");
+    Ok(match String::from_utf8(data) {
+        Ok(text) if texty => ResourceContents::text(text, uri).with_mime_type(mime),
+        Ok(text) => {
+            ResourceContents::blob(BASE64.encode(text.as_bytes()), uri).with_mime_type(mime)
+        }
+        Err(err) => ResourceContents::blob(BASE64.encode(err.as_bytes()), uri).with_mime_type(mime),
+    })
+}
+
+async fn policy_text(server: &McpServer, claims: &AccessClaims) -> Result<String, ErrorData> {
+    let transcripts = &server.inner.transcripts;
+    let seconds = transcripts
+        .retention_seconds(claims.tenant)
+        .await
+        .map_err(|_| {
+            ErrorData::internal_error("temporarily unavailable; retry in a moment", None)
+        })?;
+    let bound = transcripts.bound();
+    Ok(format!(
+        "# What sandgate keeps for your tenant\n\n\
+         - Files in a sandbox live only in its container and are deleted when the sandbox ends.\n\
+         - A transcript of each sandbox (code, output, charts, errors, file names, sizes and \
+           hashes; never the files) is kept for {days} days after the sandbox ends, then deleted. \
+           It keeps the first {entries} calls and at most {bytes} per sandbox and says so when it \
+           dropped some.\n\
+         - Only your tenant can read its transcripts: through export_transcript, these resources, \
+           download links (15 minutes; they stop when the app that made them is disconnected) and \
+           your users' page at /transcripts.\n\
+         - The audit trail records who called which tool on which sandbox, the outcome and the \
+           duration; never code, output or file contents.\n",
+        days = seconds / 86_400,
+        entries = bound.max_entries,
+        bytes = sandgate_transcript::human_bytes(bound.max_bytes),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_round_trip() {
+        let uri = file_uri("sbx_1", "/home/user/out put/a#b.csv");
+        assert_eq!(uri, "sandbox://sbx_1/files/out%20put/a%23b.csv");
+        assert_eq!(
+            parse(&uri),
+            Some(Target::File {
+                sandbox_id: "sbx_1".into(),
+                path: "out put/a#b.csv".into()
+            })
+        );
+        let subject = Subject::Conversation("ticket/42".into());
+        let uri = transcript_uri(&subject, Format::Html);
+        assert_eq!(uri, "conversation://ticket%2F42/transcript.html");
+        assert_eq!(
+            parse(&uri),
+            Some(Target::Transcript {
+                subject,
+                format: Format::Html
+            })
+        );
+        assert_eq!(parse("sandbox://sbx_1/transcript.pdf"), None);
+        assert_eq!(parse("sandbox:///files/a"), None);
+        assert_eq!(parse("file:///etc/passwd"), None);
+    }
+}

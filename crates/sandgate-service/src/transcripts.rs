@@ -1,0 +1,309 @@
+//! Transcripts of what ran in each sandbox (issue 13): recorded after every cell, command and
+//! file transfer, kept in Postgres (so they survive the sandbox and every replica sees them),
+//! bounded per sandbox, readable by the sandbox's tenant only, and exported as a notebook or an
+//! HTML page for the person who takes over the conversation.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use chrono::Utc;
+use sandgate_sandbox::{CommandOutcome, ExecOutcome, FileInfo};
+use sandgate_store::sandboxes::SandboxRow;
+use sandgate_store::transcripts::{self as store, Appended, NewEntry};
+use sandgate_store::{PgPool, StoreError};
+use sandgate_transcript::{
+    Bound, Cell, CellError, Command, Entry, FileEvent, Part, Record, Transcript,
+};
+use uuid::Uuid;
+
+use crate::retention::RetentionConfig;
+
+/// Records and loads transcripts. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Transcripts {
+    db: PgPool,
+    bound: Bound,
+    retention_seconds: u64,
+}
+
+/// Whose transcript.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// One sandbox's.
+    Sandbox(String),
+    /// A conversation's: every sandbox it had, oldest first.
+    Conversation(String),
+}
+
+impl Subject {
+    /// `sandbox sbx_…` / `conversation "…"`, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Subject::Sandbox(id) => format!("sandbox {id}"),
+            Subject::Conversation(id) => format!("conversation {id:?}"),
+        }
+    }
+}
+
+/// A handoff format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// Jupyter notebook (nbformat 4.5).
+    Notebook,
+    /// Self-contained HTML page.
+    Html,
+}
+
+impl Format {
+    /// Parses `ipynb` / `html` (and a few spellings of them).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "ipynb" | "notebook" | "jupyter" => Some(Format::Notebook),
+            "html" | "htm" => Some(Format::Html),
+            _ => None,
+        }
+    }
+
+    /// File extension.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Notebook => "ipynb",
+            Format::Html => "html",
+        }
+    }
+
+    /// MIME type.
+    pub fn mime_type(self) -> &'static str {
+        match self {
+            Format::Notebook => "application/x-ipynb+json",
+            Format::Html => "text/html",
+        }
+    }
+
+    /// The transcript in this format.
+    pub fn render(self, transcript: &Transcript) -> String {
+        match self {
+            Format::Notebook => {
+                serde_json::to_string_pretty(&sandgate_transcript::notebook::render(transcript))
+                    .expect("a notebook serializes")
+            }
+            Format::Html => sandgate_transcript::html::render(transcript),
+        }
+    }
+}
+
+/// Why a transcript could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TranscriptError {
+    /// Nothing for this tenant under that sandbox or conversation (or it was purged).
+    #[error(
+        "no transcript for {subject}: nothing has run there yet, it belongs to no sandbox of \
+         yours, or it was deleted after the retention period ({days} days after the sandbox \
+         ended); check the id"
+    )]
+    NotFound {
+        /// What was asked for.
+        subject: String,
+        /// The retention in force, days.
+        days: u64,
+    },
+    /// Postgres failed.
+    #[error("transcripts are temporarily unavailable; retry in a moment")]
+    Store(#[from] StoreError),
+}
+
+impl Transcripts {
+    /// Transcripts kept under the `[retention]` settings.
+    pub fn new(db: PgPool, config: &RetentionConfig) -> Self {
+        Self {
+            db,
+            bound: Bound {
+                max_entries: config.transcript_max_entries,
+                max_bytes: config.transcript_max_bytes,
+            },
+            retention_seconds: config.transcripts_seconds,
+        }
+    }
+
+    /// Appends what just happened in a sandbox to its transcript. Never fails the call that
+    /// produced it: a failure is logged (the call's own result is what the model needs).
+    pub async fn record(&self, row: &SandboxRow, entry: &Entry) {
+        let Some(tenant_id) = row.tenant_id else {
+            return;
+        };
+        let body = serde_json::to_value(entry).expect("entries serialize");
+        let bytes = body.to_string().len() as i64;
+        let new = NewEntry {
+            tenant_id,
+            sandbox_id: &row.id,
+            conversation_id: row.conversation_id.as_deref(),
+            kind: entry.kind(),
+            body: &body,
+            bytes,
+        };
+        let bound = store::Bound {
+            max_entries: self.bound.max_entries as i32,
+            max_bytes: self.bound.max_bytes as i64,
+        };
+        let result = async {
+            let mut tx = self.db.begin().await?;
+            let appended = store::append(&mut tx, &new, bound).await?;
+            tx.commit().await?;
+            Ok::<_, StoreError>(appended)
+        }
+        .await;
+        match result {
+            Ok(Appended::Kept(_)) => {}
+            Ok(Appended::Dropped) => {
+                tracing::debug!(sandbox_id = %row.id, "transcript full; entry counted, not kept")
+            }
+            Err(err) => {
+                tracing::warn!(error = ?err, sandbox_id = %row.id, "recording the transcript failed")
+            }
+        }
+    }
+
+    /// How much one sandbox's transcript keeps.
+    pub fn bound(&self) -> Bound {
+        self.bound
+    }
+
+    /// The transcript retention in force for a tenant, seconds.
+    pub async fn retention_seconds(&self, tenant: Uuid) -> Result<u64, StoreError> {
+        crate::retention::tenant_retention(&self.db, self.retention_seconds, tenant).await
+    }
+
+    /// A tenant's transcript of a sandbox or conversation.
+    pub async fn load(
+        &self,
+        tenant: Uuid,
+        subject: &Subject,
+    ) -> Result<Transcript, TranscriptError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let (summaries, conversation_id) = match subject {
+            Subject::Sandbox(id) => {
+                let found = store::of_sandbox(&mut conn, tenant, id).await?;
+                // A legacy MCP session standing in for the conversation is not shown.
+                let conversation = found
+                    .as_ref()
+                    .and_then(|s| s.conversation_id.clone())
+                    .filter(|c| !c.starts_with("mcp-session:"));
+                (found.into_iter().collect::<Vec<_>>(), conversation)
+            }
+            Subject::Conversation(id) => (
+                store::of_conversation(&mut conn, tenant, id).await?,
+                Some(id.clone()),
+            ),
+        };
+        if summaries.is_empty() {
+            let seconds = self.retention_seconds(tenant).await?;
+            return Err(TranscriptError::NotFound {
+                subject: subject.describe(),
+                days: seconds / 86_400,
+            });
+        }
+        let mut parts = Vec::with_capacity(summaries.len());
+        for summary in summaries {
+            let rows = store::entries(&mut conn, &summary.sandbox_id).await?;
+            let records = rows
+                .into_iter()
+                .filter_map(|row| match serde_json::from_value::<Entry>(row.body) {
+                    Ok(entry) => Some(Record {
+                        seq: row.seq,
+                        at: row.at,
+                        entry,
+                    }),
+                    Err(err) => {
+                        tracing::warn!(error = %err, sandbox_id = %summary.sandbox_id, seq = row.seq, "skipping an unreadable transcript entry");
+                        None
+                    }
+                })
+                .collect();
+            parts.push(Part {
+                sandbox_id: summary.sandbox_id,
+                started_at: summary.leased_at,
+                closed_at: summary.closed_at,
+                records,
+                dropped: summary.dropped.max(0) as u32,
+            });
+        }
+        Ok(Transcript {
+            conversation_id,
+            parts,
+            bound: self.bound,
+            exported_at: Utc::now(),
+        })
+    }
+}
+
+/// A cell's transcript entry (charts as base64 PNG in their MIME bundles).
+pub fn cell_entry(code: &str, outcome: &ExecOutcome) -> Entry {
+    let displays = outcome
+        .displays
+        .iter()
+        .map(|d| {
+            let mut bundle: BTreeMap<String, serde_json::Value> = d
+                .data
+                .iter()
+                .filter(|(mime, _)| mime.as_str() != "image/png")
+                .map(|(mime, value)| (mime.clone(), serde_json::Value::String(value.clone())))
+                .collect();
+            if let Some(png) = &d.png {
+                bundle.insert("image/png".into(), BASE64.encode(png).into());
+            }
+            bundle
+        })
+        .collect();
+    Entry::Cell(Cell {
+        code: code.to_owned(),
+        stdout: outcome.stdout.clone(),
+        stderr: outcome.stderr.clone(),
+        result: outcome.result.as_ref().map(|bundle| {
+            bundle
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect()
+        }),
+        error: outcome.error.as_ref().map(|e| CellError {
+            name: e.name.clone(),
+            value: e.value.clone(),
+            traceback: e.traceback.clone(),
+        }),
+        displays,
+        execution_count: outcome.execution_count,
+        truncated: outcome.truncated,
+        timed_out: outcome.timed_out,
+        state_lost: outcome.state_lost,
+        duration_ms: outcome.duration.as_millis() as u64,
+    })
+}
+
+/// A command's transcript entry.
+pub fn command_entry(command: &str, cwd: Option<&str>, outcome: &CommandOutcome) -> Entry {
+    Entry::Command(Command {
+        command: command.to_owned(),
+        cwd: cwd.map(str::to_owned),
+        stdout: outcome.stdout.clone(),
+        stderr: outcome.stderr.clone(),
+        exit_code: outcome.exit_code,
+        signal: outcome.signal,
+        timed_out: outcome.timed_out,
+        truncated: outcome.truncated,
+        duration_ms: outcome.duration.as_millis() as u64,
+    })
+}
+
+/// An upload's (`fetched: false`) or a fetch's transcript entry: name, size and hash only.
+pub fn file_entry(info: &FileInfo, fetched: bool) -> Entry {
+    let event = FileEvent {
+        path: info.path.clone(),
+        size: info.size,
+        sha256: info.sha256.clone(),
+    };
+    if fetched {
+        Entry::Fetch(event)
+    } else {
+        Entry::Upload(event)
+    }
+}

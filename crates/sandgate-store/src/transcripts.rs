@@ -1,0 +1,229 @@
+//! Transcripts: what ran in each sandbox, kept after the sandbox ends (bounded per sandbox) so a
+//! person can take over the conversation; deleted after the retention period.
+//!
+//! Every read takes the caller's tenant and filters by it: another tenant's transcript is
+//! indistinguishable from one that does not exist. Entries are opaque JSON here (the
+//! `sandgate-transcript` crate gives them their shape).
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use sqlx::types::JsonValue;
+use uuid::Uuid;
+
+use crate::StoreError;
+
+/// How much one sandbox's transcript keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// Most entries.
+    pub max_entries: i32,
+    /// Most bytes of entry JSON.
+    pub max_bytes: i64,
+}
+
+/// An entry to append.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEntry<'a> {
+    /// The sandbox's owner.
+    pub tenant_id: Uuid,
+    /// The sandbox.
+    pub sandbox_id: &'a str,
+    /// Its conversation, if any.
+    pub conversation_id: Option<&'a str>,
+    /// `cell`, `command`, `upload` or `fetch`.
+    pub kind: &'a str,
+    /// The entry.
+    pub body: &'a JsonValue,
+    /// Its size as JSON text, bytes.
+    pub bytes: i64,
+}
+
+/// Whether an appended entry was kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Kept at this position.
+    Kept(i32),
+    /// Not kept: the transcript is at its bound (it counts one more dropped entry).
+    Dropped,
+}
+
+/// Appends an entry to a sandbox's transcript, or counts it as dropped when the transcript is
+/// at its bound. Takes the transcript's row lock, so concurrent calls on one sandbox get
+/// consecutive positions; run it in a transaction.
+#[tracing::instrument(skip_all, fields(sandbox_id = entry.sandbox_id))]
+pub async fn append(
+    conn: &mut PgConnection,
+    entry: &NewEntry<'_>,
+    bound: Bound,
+) -> Result<Appended, StoreError> {
+    // The no-op update takes the row lock and returns the counts as they are.
+    let (entries, bytes): (i32, i64) = sqlx::query_as(
+        "INSERT INTO transcripts (sandbox_id, tenant_id, conversation_id) VALUES ($1, $2, $3)
+         ON CONFLICT (sandbox_id) DO UPDATE SET entries = transcripts.entries
+         RETURNING entries, bytes",
+    )
+    .bind(entry.sandbox_id)
+    .bind(entry.tenant_id)
+    .bind(entry.conversation_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if entries >= bound.max_entries || bytes + entry.bytes > bound.max_bytes {
+        sqlx::query("UPDATE transcripts SET dropped = dropped + 1 WHERE sandbox_id = $1")
+            .bind(entry.sandbox_id)
+            .execute(conn)
+            .await?;
+        return Ok(Appended::Dropped);
+    }
+    let seq = entries + 1;
+    sqlx::query(
+        "WITH e AS (INSERT INTO transcript_entries (sandbox_id, seq, kind, body) VALUES ($1, $2, $3, $4))
+         UPDATE transcripts SET entries = $2, bytes = bytes + $5 WHERE sandbox_id = $1",
+    )
+    .bind(entry.sandbox_id)
+    .bind(seq)
+    .bind(entry.kind)
+    .bind(entry.body)
+    .bind(entry.bytes)
+    .execute(conn)
+    .await?;
+    Ok(Appended::Kept(seq))
+}
+
+/// A sandbox's transcript, without its entries.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct Summary {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// Its conversation.
+    pub conversation_id: Option<String>,
+    /// When the sandbox was leased.
+    pub leased_at: Option<DateTime<Utc>>,
+    /// When it ended.
+    pub closed_at: Option<DateTime<Utc>>,
+    /// Entries kept.
+    pub entries: i32,
+    /// Bytes kept.
+    pub bytes: i64,
+    /// Entries not kept.
+    pub dropped: i32,
+}
+
+const SUMMARY: &str = "SELECT t.sandbox_id, t.conversation_id, s.leased_at, s.closed_at, t.entries, t.bytes, t.dropped
+     FROM transcripts t JOIN sandboxes s ON s.id = t.sandbox_id";
+
+/// The transcript of one of the tenant's sandboxes.
+#[tracing::instrument(skip_all, fields(sandbox_id))]
+pub async fn of_sandbox(
+    conn: &mut PgConnection,
+    tenant: Uuid,
+    sandbox_id: &str,
+) -> Result<Option<Summary>, StoreError> {
+    Ok(sqlx::query_as::<_, Summary>(sqlx::AssertSqlSafe(format!(
+        "{SUMMARY} WHERE t.tenant_id = $1 AND t.sandbox_id = $2"
+    )))
+    .bind(tenant)
+    .bind(sandbox_id)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// The transcripts of a tenant's conversation, one per sandbox it had, oldest first.
+#[tracing::instrument(skip_all)]
+pub async fn of_conversation(
+    conn: &mut PgConnection,
+    tenant: Uuid,
+    conversation_id: &str,
+) -> Result<Vec<Summary>, StoreError> {
+    Ok(sqlx::query_as::<_, Summary>(sqlx::AssertSqlSafe(format!(
+        "{SUMMARY} WHERE t.tenant_id = $1 AND t.conversation_id = $2 ORDER BY s.leased_at, t.created_at"
+    )))
+    .bind(tenant)
+    .bind(conversation_id)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// A stored entry.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct EntryRow {
+    /// Position, from 1.
+    pub seq: i32,
+    /// When it was recorded.
+    pub at: DateTime<Utc>,
+    /// The entry.
+    pub body: JsonValue,
+}
+
+/// A sandbox's entries in order (the caller found the sandbox through its tenant first).
+#[tracing::instrument(skip_all, fields(sandbox_id))]
+pub async fn entries(
+    conn: &mut PgConnection,
+    sandbox_id: &str,
+) -> Result<Vec<EntryRow>, StoreError> {
+    Ok(sqlx::query_as::<_, EntryRow>(
+        "SELECT seq, at, body FROM transcript_entries WHERE sandbox_id = $1 ORDER BY seq",
+    )
+    .bind(sandbox_id)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Deletes the transcripts of ended sandboxes whose retention is over: the tenant's own
+/// retention when it has one, else `default_seconds`, counted from when the sandbox ended.
+/// Returns how many it deleted.
+#[tracing::instrument(skip_all)]
+pub async fn purge_expired(
+    conn: &mut PgConnection,
+    default_seconds: i64,
+) -> Result<u64, StoreError> {
+    let done = sqlx::query(
+        "DELETE FROM transcripts t USING sandboxes s, tenants n
+         WHERE s.id = t.sandbox_id AND n.id = t.tenant_id
+           AND s.state IN ('closed', 'lost')
+           AND COALESCE(s.closed_at, s.last_used_at, s.created_at)
+               + make_interval(secs => COALESCE(n.transcript_retention_seconds, $1)::double precision)
+               <= now()",
+    )
+    .bind(default_seconds)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Deletes every transcript of a tenant now. Returns how many it deleted.
+#[tracing::instrument(skip_all, fields(%tenant))]
+pub async fn purge_tenant(conn: &mut PgConnection, tenant: Uuid) -> Result<u64, StoreError> {
+    let done = sqlx::query("DELETE FROM transcripts WHERE tenant_id = $1")
+        .bind(tenant)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// A tenant's own transcript retention, seconds (`None`: the configured default).
+pub async fn retention_of(
+    conn: &mut PgConnection,
+    tenant: Uuid,
+) -> Result<Option<Option<i32>>, StoreError> {
+    Ok(sqlx::query_scalar::<_, Option<i32>>(
+        "SELECT transcript_retention_seconds FROM tenants WHERE id = $1",
+    )
+    .bind(tenant)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// Sets (or with `None` clears) a tenant's own transcript retention. False when there is no
+/// such tenant.
+pub async fn set_retention(
+    conn: &mut PgConnection,
+    tenant: Uuid,
+    seconds: Option<i32>,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query("UPDATE tenants SET transcript_retention_seconds = $2 WHERE id = $1")
+        .bind(tenant)
+        .bind(seconds)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -1,0 +1,340 @@
+//! What ran in a sandbox, kept so a person can take over a conversation: every cell and command
+//! (code, output, result, error, charts, duration, time) and every file uploaded or fetched (name,
+//! size, hash; never the file itself).
+//!
+//! - [`Entry`]: one thing that happened, as stored (JSON) by the gateway.
+//! - [`Transcript`]: a conversation's entries, sandbox by sandbox, with what was not kept.
+//! - [`notebook`]: the transcript as a Jupyter notebook (nbformat 4.5).
+//! - [`html`]: the transcript as one self-contained HTML page that runs nothing.
+//!
+//! This crate knows nothing of Postgres, HTTP or Docker: the gateway fills a [`Transcript`]
+//! from the store and hands it to a renderer.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+pub mod html;
+pub mod notebook;
+
+/// A Jupyter MIME bundle: MIME type to its representation (images base64-encoded).
+pub type MimeBundle = BTreeMap<String, serde_json::Value>;
+
+/// One thing that happened in a sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entry {
+    /// A Python cell (`execute_code`).
+    Cell(Cell),
+    /// A shell command (`run_terminal_command`).
+    Command(Command),
+    /// A file the model uploaded into the sandbox (`upload_file`).
+    Upload(FileEvent),
+    /// A file the model fetched from the sandbox (`get_file`).
+    Fetch(FileEvent),
+}
+
+impl Entry {
+    /// The entry's kind as stored beside it (for queries that need no JSON).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Entry::Cell(_) => "cell",
+            Entry::Command(_) => "command",
+            Entry::Upload(_) => "upload",
+            Entry::Fetch(_) => "fetch",
+        }
+    }
+}
+
+/// A Python cell and what it produced.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    /// The source.
+    pub code: String,
+    /// stdout (including child processes').
+    pub stdout: String,
+    /// stderr.
+    pub stderr: String,
+    /// The value of the last expression.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<MimeBundle>,
+    /// The exception it raised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<CellError>,
+    /// Charts and other rich outputs (`display(...)`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub displays: Vec<MimeBundle>,
+    /// The kernel's execution counter.
+    #[serde(default)]
+    pub execution_count: Option<u64>,
+    /// Output beyond the gateway's per-call limit was dropped.
+    #[serde(default)]
+    pub truncated: bool,
+    /// Interrupted at its timeout.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// The kernel was restarted (variables lost).
+    #[serde(default)]
+    pub state_lost: bool,
+    /// Wall time, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// An exception raised by a cell.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellError {
+    /// Exception class.
+    pub name: String,
+    /// Message.
+    pub value: String,
+    /// Plain-text traceback lines.
+    pub traceback: Vec<String>,
+}
+
+/// A shell command and what it produced.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Command {
+    /// The command line.
+    pub command: String,
+    /// Its working directory, when one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// stdout.
+    pub stdout: String,
+    /// stderr.
+    pub stderr: String,
+    /// Exit code.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// Killed at its timeout.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Output beyond the per-call limit was dropped.
+    #[serde(default)]
+    pub truncated: bool,
+    /// Wall time, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// A file that went into or out of the sandbox: what it was, not what it held.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileEvent {
+    /// Absolute path in the sandbox.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Hex SHA-256 of the content.
+    pub sha256: String,
+}
+
+/// An entry with its place and time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// Position in its sandbox's transcript, from 1.
+    pub seq: i32,
+    /// When the call finished.
+    pub at: DateTime<Utc>,
+    /// What happened.
+    pub entry: Entry,
+}
+
+/// One sandbox's part of a transcript.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Part {
+    /// `sbx_…`.
+    pub sandbox_id: String,
+    /// When the sandbox was leased.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it ended, if it has.
+    pub closed_at: Option<DateTime<Utc>>,
+    /// What was kept, in order.
+    pub records: Vec<Record>,
+    /// Entries that were not kept because the sandbox's transcript was full.
+    pub dropped: u32,
+}
+
+/// How much of a sandbox's activity a transcript keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    /// Most entries kept per sandbox.
+    pub max_entries: u32,
+    /// Most bytes (of stored JSON) kept per sandbox.
+    pub max_bytes: u64,
+}
+
+impl Bound {
+    /// The sentence a reader sees where entries were dropped.
+    pub fn truncation_note(&self, dropped: u32) -> String {
+        format!(
+            "[transcript truncated: {dropped} later call(s) in this sandbox were not kept; a \
+             sandbox's transcript keeps its first {} calls and at most {} of output]",
+            self.max_entries,
+            human_bytes(self.max_bytes)
+        )
+    }
+}
+
+/// A conversation's transcript: its sandboxes' parts, oldest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transcript {
+    /// The conversation, when the sandboxes were bound to one.
+    pub conversation_id: Option<String>,
+    /// Sandbox by sandbox.
+    pub parts: Vec<Part>,
+    /// The bound each part was kept under.
+    pub bound: Bound,
+    /// When this export was made.
+    pub exported_at: DateTime<Utc>,
+}
+
+impl Transcript {
+    /// A short title: the conversation, else the sandbox.
+    pub fn title(&self) -> String {
+        match (&self.conversation_id, self.parts.first()) {
+            (Some(c), _) => format!("Conversation {c}"),
+            (None, Some(p)) => format!("Sandbox {}", p.sandbox_id),
+            (None, None) => "Empty transcript".to_owned(),
+        }
+    }
+}
+
+/// `1536` → `1.5 KiB`.
+pub fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["bytes", "KiB", "MiB", "GiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// The `text/plain` of a bundle, when it has one.
+pub(crate) fn plain(bundle: &MimeBundle) -> Option<&str> {
+    bundle.get("text/plain").and_then(|v| v.as_str())
+}
+
+#[cfg(test)]
+pub(crate) mod sample {
+    use super::*;
+
+    /// A transcript with one of everything, including hostile output.
+    pub fn transcript() -> Transcript {
+        let at = DateTime::from_timestamp(1_800_000_000, 0).expect("a valid time");
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+        let entries = vec![
+            Entry::Upload(FileEvent {
+                path: "/home/user/orders.csv".into(),
+                size: 39,
+                sha256: "c9a2".into(),
+            }),
+            Entry::Cell(Cell {
+                code: "print('hi')\n1 + 1".into(),
+                stdout: "hi\n".into(),
+                result: Some(BTreeMap::from([("text/plain".into(), "2".into())])),
+                execution_count: Some(1),
+                duration_ms: 3,
+                ..Cell::default()
+            }),
+            Entry::Cell(Cell {
+                code: "plt.plot([1, 2]); plt.show()".into(),
+                displays: vec![BTreeMap::from([
+                    ("image/png".into(), png.into()),
+                    ("text/plain".into(), "<Figure>".into()),
+                ])],
+                execution_count: Some(2),
+                duration_ms: 40,
+                ..Cell::default()
+            }),
+            Entry::Cell(Cell {
+                code: "display(HTML('<script>document.title = \"pwned\"</script>'))".into(),
+                displays: vec![BTreeMap::from([(
+                    "text/html".into(),
+                    "<script>document.title = \"pwned\"</script>".into(),
+                )])],
+                execution_count: Some(3),
+                duration_ms: 2,
+                ..Cell::default()
+            }),
+            Entry::Cell(Cell {
+                code: "1 / 0".into(),
+                error: Some(CellError {
+                    name: "ZeroDivisionError".into(),
+                    value: "division by zero".into(),
+                    traceback: vec![
+                        "Traceback".into(),
+                        "ZeroDivisionError: division by zero".into(),
+                    ],
+                }),
+                execution_count: Some(4),
+                duration_ms: 1,
+                ..Cell::default()
+            }),
+            Entry::Command(Command {
+                command: "ls && exit 3".into(),
+                stdout: "orders.csv\n".into(),
+                exit_code: Some(3),
+                duration_ms: 5,
+                ..Command::default()
+            }),
+            Entry::Fetch(FileEvent {
+                path: "/home/user/outputs/figure-2-1.png".into(),
+                size: 68,
+                sha256: "ab12".into(),
+            }),
+        ];
+        Transcript {
+            conversation_id: Some("ticket-<1234>".into()),
+            parts: vec![Part {
+                sandbox_id: "sbx_test".into(),
+                started_at: Some(at),
+                closed_at: None,
+                records: entries
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, entry)| Record {
+                        seq: i as i32 + 1,
+                        at,
+                        entry,
+                    })
+                    .collect(),
+                dropped: 2,
+            }],
+            bound: Bound {
+                max_entries: 7,
+                max_bytes: 1 << 20,
+            },
+            exported_at: at,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_as_tagged_json() {
+        for record in sample::transcript().parts[0].records.iter() {
+            let json = serde_json::to_value(&record.entry).expect("serializes");
+            assert_eq!(json["kind"], record.entry.kind());
+            let back: Entry = serde_json::from_value(json).expect("deserializes");
+            assert_eq!(back, record.entry);
+        }
+    }
+
+    #[test]
+    fn sizes_read_like_a_person_wrote_them() {
+        assert_eq!(human_bytes(39), "39 bytes");
+        assert_eq!(human_bytes(16 << 20), "16.0 MiB");
+    }
+}

@@ -22,11 +22,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{HeaderName, Request};
 use axum::routing::get;
-use sandgate_sandbox::{
-    DockerBackend, DockerError, ManagerConfig, PoolConfig, SandboxError, SandboxManager,
-};
-use sandgate_store::{PgPool, StoreError};
-use secrecy::ExposeSecret;
+use sandgate_sandbox::DockerBackend;
+use sandgate_store::PgPool;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -47,10 +44,10 @@ pub mod telemetry;
 // the binary and the tests read the same.
 pub use sandgate_oauth as oauth;
 pub use sandgate_service::{
-    Config, admin, audit, config, keys, lifecycle, retention, sandboxes, transcripts,
+    Config, admin, audit, config, keys, lifecycle, resource_uri, retention, sandboxes, transcripts,
 };
 
-use crate::keys::{KeyError, KeyRing};
+use crate::keys::KeyRing;
 use crate::sandboxes::SandboxService;
 
 /// What the gateway shares with every request handler. Cheap to clone.
@@ -87,21 +84,9 @@ pub struct AppState {
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// The database URL could not be used.
-    #[error("cannot set up the database pool")]
-    Database(#[source] StoreError),
-    /// Migrations failed (Postgres unreachable, or a migration error).
-    #[error("cannot migrate the database; is Postgres running at the configured database.url?")]
-    Migrate(#[source] StoreError),
-    /// The signing keys could not be loaded.
-    #[error("cannot load the token signing keys")]
-    Keys(#[source] KeyError),
-    /// The Docker client could not be set up.
-    #[error("cannot set up the Docker client")]
-    Docker(#[source] DockerError),
-    /// The sandbox manager could not start.
-    #[error("cannot start the sandbox manager")]
-    Sandboxes(#[source] SandboxError),
+    /// The service layer (Postgres, keys, Docker, the sandbox manager) could not start.
+    #[error(transparent)]
+    Services(#[from] sandgate_service::startup::StartError),
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}")]
     Bind {
@@ -125,82 +110,35 @@ impl AppState {
     /// Connects to Postgres and Docker, migrates, loads keys and starts the sandbox manager
     /// (which begins filling the warm pool in the background).
     pub async fn start(config: Config) -> Result<Self, StartError> {
-        let db = sandgate_store::connect_lazy(
-            config.database.url.expose_secret(),
-            &config.pool_settings(),
-        )
-        .map_err(StartError::Database)?;
-        sandgate_store::migrate(&db)
-            .await
-            .map_err(StartError::Migrate)?;
-        let keys = KeyRing::load(db.clone(), config.public_url(), config.mcp_url())
-            .await
-            .map_err(StartError::Keys)?;
-        let docker = DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
-        let mut manager_config = ManagerConfig::new(config.instance.clone());
-        manager_config.pool = PoolConfig {
-            min_ready: config.pool.min_ready,
-            max_concurrent_starts: config.pool.max_concurrent_starts,
-        };
-        let manager = SandboxManager::start(
-            Arc::new(docker.clone()),
-            vec![config.sandbox.clone()],
-            manager_config,
-        )
-        .map_err(StartError::Sandboxes)?;
-        let node = if config.docker.host.is_empty() {
-            "local".to_owned()
-        } else {
-            config.docker.host.clone()
-        };
-        let sandboxes = SandboxService::new(
-            db.clone(),
-            manager,
-            config.sandbox.clone(),
-            node,
-            config.limits.clone(),
-            config.pool.max_concurrent_starts,
-        );
+        let services = sandgate_service::Services::start(&config).await?;
         let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
         let links = files::DownloadLinks::new(oauth.cookie_key(), &config.public_url());
-        let background_stop = CancellationToken::new();
-        let background = TaskTracker::new();
-        sandboxes
-            .start_lifecycle(&config.lifecycle, background_stop.clone(), &background)
-            .await;
-        let audit = audit::AuditLog::start(db.clone(), background_stop.clone(), &background);
+        let (stop, background) = (&services.background_stop, &services.background);
         oauth::purge::start(
-            db.clone(),
+            services.db.clone(),
             &config.oauth.limits,
-            background_stop.clone(),
-            &background,
+            stop.clone(),
+            background,
         );
         oauth.limits.start_housekeeping(
             std::time::Duration::from_secs(60),
-            background_stop.clone(),
-            &background,
+            stop.clone(),
+            background,
         );
-        retention::start_purge(
-            db.clone(),
-            &config.retention,
-            background_stop.clone(),
-            &background,
-        );
-        let transcripts = transcripts::Transcripts::new(db.clone(), &config.retention);
         Ok(Self {
             config: Arc::new(config),
-            db,
-            docker,
-            keys,
-            sandboxes,
+            db: services.db,
+            docker: services.docker,
+            keys: services.keys,
+            sandboxes: services.sandboxes,
             oauth,
-            audit,
+            audit: services.audit,
             metrics: metrics::Metrics::new(),
             links,
-            transcripts,
+            transcripts: services.transcripts,
             shutdown: CancellationToken::new(),
-            background_stop,
-            background,
+            background_stop: services.background_stop,
+            background: services.background,
         })
     }
 }
@@ -299,12 +237,7 @@ pub fn router(state: AppState) -> Router {
 
 /// Runs the migrations embedded in the binary.
 pub async fn migrate(config: &Config) -> Result<(), StartError> {
-    let db =
-        sandgate_store::connect_lazy(config.database.url.expose_secret(), &config.pool_settings())
-            .map_err(StartError::Database)?;
-    sandgate_store::migrate(&db)
-        .await
-        .map_err(StartError::Migrate)
+    Ok(sandgate_service::startup::migrate(config).await?)
 }
 
 /// A bound, ready-to-run gateway.

@@ -5,20 +5,29 @@
 //! - [`sandboxes`]: tenant-scoped sandboxes ([`SandboxService`]): leasing, resolving, closing.
 //! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
+//! - [`health`]: readiness (Postgres, Docker, the sandbox image).
 //! - [`keys`]: the signing-key ring (access tokens).
+//! - [`links`]: expiring download links (signed; opened by the gateway's `/files/` route).
+//! - [`startup`]: [`Services::start`]: the pool, keys, sandbox manager and background work.
 //! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`transcripts`]: what ran in each sandbox, kept for the person who takes over.
+//! - [`resource_uri`]: the URIs of the MCP resources (files, transcripts, the data policy).
 //! - [`retention`]: what is kept after a sandbox ends and for how long; the purge job.
 
 pub mod admin;
 pub mod audit;
 pub mod config;
+pub mod health;
 pub mod keys;
+pub mod links;
+pub mod resource_uri;
 pub mod retention;
 pub mod sandboxes;
+pub mod startup;
 pub mod transcripts;
 
 pub use sandboxes::lifecycle;
 
 pub use config::Config;
 pub use sandboxes::{Caller, Limits, Resolved, SandboxService, ServiceError, Target};
+pub use startup::Services;

@@ -174,6 +174,28 @@ impl Transcripts {
         crate::retention::tenant_retention(&self.db, self.retention_seconds, tenant).await
     }
 
+    /// What sandgate keeps for `tenant`, as markdown (the data-policy resource).
+    pub async fn policy_markdown(&self, tenant: Uuid) -> Result<String, StoreError> {
+        let seconds = self.retention_seconds(tenant).await?;
+        let bound = self.bound();
+        Ok(format!(
+            "# What sandgate keeps for your tenant\n\n\
+             - Files in a sandbox live only in its container and are deleted when the sandbox ends.\n\
+             - A transcript of each sandbox (code, output, charts, errors, file names, sizes and \
+               hashes; never the files) is kept for {days} days after the sandbox ends, then deleted. \
+               It keeps the first {entries} calls and at most {bytes} per sandbox and says so when it \
+               dropped some.\n\
+             - Only your tenant can read its transcripts: through export_transcript, these resources, \
+               download links (15 minutes; they stop when the app that made them is disconnected) and \
+               your users' page at /transcripts.\n\
+             - The audit trail records who called which tool on which sandbox, the outcome and the \
+               duration; never code, output or file contents.\n",
+            days = seconds / 86_400,
+            entries = bound.max_entries,
+            bytes = sandgate_transcript::human_bytes(bound.max_bytes),
+        ))
+    }
+
     /// A tenant's transcript of a sandbox or conversation.
     pub async fn load(
         &self,

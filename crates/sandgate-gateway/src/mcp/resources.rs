@@ -20,7 +20,6 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use sandgate_auth::{AccessClaims, Scope};
-use sandgate_sandbox::EntryKind;
 use serde_json::json;
 
 use super::errors::public_message;
@@ -205,30 +204,16 @@ async fn session_sandbox(
     let Ok(resolved) = service.resolve(caller, Some(&id), None, None).await else {
         return Ok(out);
     };
-    let mut dirs = vec![("/home/user".to_owned(), 0usize)];
-    let mut files = 0;
-    while let Some((dir, depth)) = dirs.pop() {
-        let Ok(entries) = resolved.sandbox.list_dir(&dir).await else {
-            continue;
-        };
-        for entry in entries {
-            let path = format!("{dir}/{}", entry.name);
-            match entry.kind {
-                EntryKind::Dir if depth + 1 < MAX_DEPTH && !entry.name.starts_with('.') => {
-                    dirs.push((path, depth + 1));
-                }
-                EntryKind::File if files < MAX_LISTED_FILES => {
-                    files += 1;
-                    let relative = path.trim_start_matches("/home/user/").to_owned();
-                    out.push(
-                        Resource::new(file_uri(&id, &path), relative)
-                            .with_mime_type(mime_type(&path, &[]))
-                            .with_size(entry.size),
-                    );
-                }
-                _ => {}
-            }
-        }
+    for (path, size) in service
+        .walk_files(&resolved, MAX_LISTED_FILES, MAX_DEPTH)
+        .await
+    {
+        let relative = path.trim_start_matches("/home/user/").to_owned();
+        out.push(
+            Resource::new(file_uri(&id, &path), relative)
+                .with_mime_type(mime_type(&path, &[]))
+                .with_size(size),
+        );
     }
     Ok(out)
 }
@@ -308,28 +293,10 @@ async fn read_file(
 }
 
 async fn policy_text(server: &McpServer, claims: &AccessClaims) -> Result<String, ErrorData> {
-    let transcripts = &server.inner.transcripts;
-    let seconds = transcripts
-        .retention_seconds(claims.tenant)
+    server
+        .inner
+        .transcripts
+        .policy_markdown(claims.tenant)
         .await
-        .map_err(|_| {
-            ErrorData::internal_error("temporarily unavailable; retry in a moment", None)
-        })?;
-    let bound = transcripts.bound();
-    Ok(format!(
-        "# What sandgate keeps for your tenant\n\n\
-         - Files in a sandbox live only in its container and are deleted when the sandbox ends.\n\
-         - A transcript of each sandbox (code, output, charts, errors, file names, sizes and \
-           hashes; never the files) is kept for {days} days after the sandbox ends, then deleted. \
-           It keeps the first {entries} calls and at most {bytes} per sandbox and says so when it \
-           dropped some.\n\
-         - Only your tenant can read its transcripts: through export_transcript, these resources, \
-           download links (15 minutes; they stop when the app that made them is disconnected) and \
-           your users' page at /transcripts.\n\
-         - The audit trail records who called which tool on which sandbox, the outcome and the \
-           duration; never code, output or file contents.\n",
-        days = seconds / 86_400,
-        entries = bound.max_entries,
-        bytes = sandgate_transcript::human_bytes(bound.max_bytes),
-    ))
+        .map_err(|_| ErrorData::internal_error("temporarily unavailable; retry in a moment", None))
 }

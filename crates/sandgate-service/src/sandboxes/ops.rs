@@ -1,7 +1,7 @@
 //! What the file tools do to a sandbox, apart from how a face (MCP, a download link) encodes the
 //! call and the answer.
 
-use sandgate_sandbox::{FileInfo, Listing};
+use sandgate_sandbox::{EntryKind, FileInfo, Listing};
 
 use super::{Caller, Resolved, SandboxService, ServiceError};
 
@@ -90,5 +90,34 @@ impl SandboxService {
         let listing = resolved.sandbox.list(path).await;
         let listing = self.checked(&resolved, listing).await?;
         Ok((resolved, listing))
+    }
+
+    /// The regular files under /home/user of a resolved sandbox, as (absolute path, size):
+    /// at most `max_files`, at most `max_depth` directories deep, hidden directories skipped.
+    /// Directories that cannot be read are skipped.
+    pub async fn walk_files(
+        &self,
+        resolved: &Resolved,
+        max_files: usize,
+        max_depth: usize,
+    ) -> Vec<(String, u64)> {
+        let mut out = Vec::new();
+        let mut dirs = vec![("/home/user".to_owned(), 0usize)];
+        while let Some((dir, depth)) = dirs.pop() {
+            let Ok(entries) = resolved.sandbox.list_dir(&dir).await else {
+                continue;
+            };
+            for entry in entries {
+                let path = format!("{dir}/{}", entry.name);
+                match entry.kind {
+                    EntryKind::Dir if depth + 1 < max_depth && !entry.name.starts_with('.') => {
+                        dirs.push((path, depth + 1));
+                    }
+                    EntryKind::File if out.len() < max_files => out.push((path, entry.size)),
+                    _ => {}
+                }
+            }
+        }
+        out
     }
 }

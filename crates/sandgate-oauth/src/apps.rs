@@ -7,7 +7,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use sandgate_auth::Scope;
-use sandgate_auth::secret;
 use sandgate_store::StoreError;
 use sandgate_store::grants;
 use serde::Deserialize;
@@ -118,16 +117,8 @@ pub async fn disconnect(
         Ok(None) => return session::login_redirect(paths::APPS),
         Err(err) => return unavailable(&err),
     };
-    if !form
-        .csrf
-        .as_deref()
-        .is_some_and(|c| secret::constant_time_eq(c, &session.csrf_token))
-    {
-        return html::error_page(
-            StatusCode::FORBIDDEN,
-            "Form expired",
-            "This form expired or did not come from sandgate. Reload the page and try again.",
-        );
+    if !session::csrf_ok(&session, form.csrf.as_deref()) {
+        return session::form_expired();
     }
     let revoked = async {
         let mut tx = state.db.begin().await?;

@@ -442,11 +442,7 @@ pub async fn consent(
         Err(err) => return unavailable(&err).into_response(),
     };
     // The token proves the form came from our consent page in this session (no CSRF).
-    let csrf_ok = form
-        .csrf
-        .as_deref()
-        .is_some_and(|c| secret::constant_time_eq(c, &session.csrf_token));
-    if !csrf_ok {
+    if !super::session::csrf_ok(&session, form.csrf.as_deref()) {
         tracing::warn!(user_id = %session.user_id, "consent POST without a valid CSRF token");
         return html::error_page(
             StatusCode::FORBIDDEN,

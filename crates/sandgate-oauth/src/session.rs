@@ -371,16 +371,8 @@ pub async fn logout(
 ) -> Response {
     let policy = CookiePolicy::of(&state.config);
     if let Ok(Some(session)) = current(&state, &headers).await {
-        if !form
-            .csrf
-            .as_deref()
-            .is_some_and(|c| secret::constant_time_eq(c, &session.csrf_token))
-        {
-            return html::error_page(
-                StatusCode::FORBIDDEN,
-                "Form expired",
-                "This form expired or did not come from sandgate. Reload the page and try again.",
-            );
+        if !csrf_ok(&session, form.csrf.as_deref()) {
+            return form_expired();
         }
         if let Some(id) = session_id(&state, &headers)
             && let Ok(mut conn) = state.db.acquire().await
@@ -390,4 +382,18 @@ pub async fn logout(
     }
     let jar = SignedCookieJar::new(cookie_key(&state)).remove(policy.removal(policy.session));
     (jar, see_other(paths::LOGIN)).into_response()
+}
+
+/// Whether a form's CSRF token is this session's (the form came from our page in this session).
+pub fn csrf_ok(session: &Session, presented: Option<&str>) -> bool {
+    presented.is_some_and(|c| secret::constant_time_eq(c, &session.csrf_token))
+}
+
+/// The answer to a signed-in form whose CSRF token is missing or wrong.
+pub fn form_expired() -> Response {
+    html::error_page(
+        StatusCode::FORBIDDEN,
+        "Form expired",
+        "This form expired or did not come from sandgate. Reload the page and try again.",
+    )
 }

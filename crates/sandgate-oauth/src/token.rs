@@ -274,11 +274,7 @@ async fn authorization_code(
     client: &Client,
     form: &TokenForm,
 ) -> Result<serde_json::Value, TokenEndpointError> {
-    let code = form
-        .code
-        .as_deref()
-        .filter(|c| !c.is_empty())
-        .ok_or_else(|| TokenEndpointError::InvalidRequest("code is required".into()))?;
+    let code = required(form.code.as_deref(), "code")?;
     let mut tx = state.db.begin().await.map_err(StoreError::from)?;
     let row = grants::lock_code(&mut tx, &secret::hash(code))
         .await?
@@ -404,11 +400,7 @@ async fn refresh(
     client: &Client,
     form: &TokenForm,
 ) -> Result<serde_json::Value, TokenEndpointError> {
-    let presented = form
-        .refresh_token
-        .as_deref()
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| TokenEndpointError::InvalidRequest("refresh_token is required".into()))?;
+    let presented = required(form.refresh_token.as_deref(), "refresh_token")?;
     let hash = secret::hash(presented);
     let mut tx = state.db.begin().await.map_err(StoreError::from)?;
     let row = grants::take_refresh(&mut tx, &hash)
@@ -499,11 +491,7 @@ pub async fn revoke(
 ) -> Response {
     let result = async {
         let client = authenticate(&state, address, &headers, &form).await?;
-        let token = form
-            .token
-            .as_deref()
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| TokenEndpointError::InvalidRequest("token is required".into()))?;
+        let token = required(form.token.as_deref(), "token")?;
         let mut conn = state.db.acquire().await.map_err(StoreError::from)?;
         // Only the client a token was issued to may revoke it; anything else is ignored.
         if secret::is_kind(token, SecretKind::RefreshToken) {
@@ -548,4 +536,11 @@ fn narrow_scopes(
         return Err(TokenEndpointError::InvalidScope(refusal(*extra)));
     }
     Ok(asked)
+}
+
+/// A form field the request cannot do without (RFC 6749 §5.2 `invalid_request` when missing).
+fn required<'a>(value: Option<&'a str>, name: &str) -> Result<&'a str, TokenEndpointError> {
+    value
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| TokenEndpointError::InvalidRequest(format!("{name} is required")))
 }

@@ -303,6 +303,14 @@ impl Sandbox {
         }
     }
 
+    /// `result`, with a failure explained by the container's fate (see `explain`).
+    async fn explained<T>(&self, result: Result<T, ChannelError>) -> Result<T, SandboxError> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(err) => Err(self.explain(err).await),
+        }
+    }
+
     /// Runs a Python cell; see [`AgentChannel::exec`].
     pub async fn exec(
         &self,
@@ -310,10 +318,8 @@ impl Sandbox {
         options: ExecOptions,
         events: Option<mpsc::Sender<OutputEvent>>,
     ) -> Result<ExecOutcome, SandboxError> {
-        match self.inner.channel.exec(code, options, events).await {
-            Ok(outcome) => Ok(outcome),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.exec(code, options, events).await)
+            .await
     }
 
     /// Runs a shell command; see [`AgentChannel::command`].
@@ -323,10 +329,8 @@ impl Sandbox {
         options: CommandOptions,
         events: Option<mpsc::Sender<OutputEvent>>,
     ) -> Result<CommandOutcome, SandboxError> {
-        match self.inner.channel.command(command, options, events).await {
-            Ok(outcome) => Ok(outcome),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.command(command, options, events).await)
+            .await
     }
 
     /// Writes a file under /home/user; see [`AgentChannel::write_file`].
@@ -336,10 +340,8 @@ impl Sandbox {
         data: &[u8],
         overwrite: bool,
     ) -> Result<FileInfo, SandboxError> {
-        match self.inner.channel.write_file(path, data, overwrite).await {
-            Ok(info) => Ok(info),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.write_file(path, data, overwrite).await)
+            .await
     }
 
     /// Reads a file under /home/user; see [`AgentChannel::read_file`].
@@ -348,66 +350,47 @@ impl Sandbox {
         path: &str,
         max_bytes: u64,
     ) -> Result<(Vec<u8>, FileInfo), SandboxError> {
-        match self.inner.channel.read_file(path, max_bytes).await {
-            Ok(file) => Ok(file),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.read_file(path, max_bytes).await)
+            .await
     }
 
     /// Lists a directory under /home/user; see [`AgentChannel::list_dir`].
     pub async fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, SandboxError> {
-        match self.inner.channel.list_dir(path).await {
-            Ok(entries) => Ok(entries),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.list_dir(path).await)
+            .await
     }
 
     /// Lists a directory with the space used and left; see [`AgentChannel::list`].
     pub async fn list(&self, path: &str) -> Result<Listing, SandboxError> {
-        match self.inner.channel.list(path).await {
-            Ok(listing) => Ok(listing),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.list(path).await).await
     }
 
     /// Starts a background job; see [`AgentChannel::start_job`].
     pub async fn start_job(&self, command: &str, cwd: Option<&str>) -> Result<Job, SandboxError> {
-        match self.inner.channel.start_job(command, cwd).await {
-            Ok(job) => Ok(job),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.start_job(command, cwd).await)
+            .await
     }
 
     /// Lists the background jobs; see [`AgentChannel::jobs`].
     pub async fn jobs(&self) -> Result<Vec<Job>, SandboxError> {
-        match self.inner.channel.jobs().await {
-            Ok(jobs) => Ok(jobs),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.jobs().await).await
     }
 
     /// Kills a background job; see [`AgentChannel::kill_job`].
     pub async fn kill_job(&self, job: &str) -> Result<Job, SandboxError> {
-        match self.inner.channel.kill_job(job).await {
-            Ok(job) => Ok(job),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.kill_job(job).await).await
     }
 
     /// Checks that the agent answers.
     pub async fn ping(&self) -> Result<PingInfo, SandboxError> {
-        match self.inner.channel.ping().await {
-            Ok(info) => Ok(info),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.ping().await).await
     }
 
     /// Restarts the kernel: variables are lost, files stay.
     pub async fn restart(&self) -> Result<(), SandboxError> {
-        match self.inner.channel.restart().await {
-            Ok(_) => Ok(()),
-            Err(err) => Err(self.explain(err).await),
-        }
+        self.explained(self.inner.channel.restart().await)
+            .await
+            .map(|_| ())
     }
 
     /// Removes the container (its files and kernel go with it).

@@ -41,7 +41,9 @@ async fn support_analyst(era: Era) {
             "execute_code",
             "export_transcript",
             "get_file",
+            "kill_job",
             "list_files",
+            "list_jobs",
             "run_terminal_command",
             "upload_file"
         ]

@@ -524,10 +524,10 @@ impl McpServer {
             .await?;
         let job = JobOutput::from(job);
         let note = format!(
-            "Started background job {} (pid {}); its output goes to {}. It keeps running \
-             after this call: list_jobs shows whether it still runs, kill_job with job_id \
-             \"{}\" stops it.",
-            job.job_id, job.pid, job.log, job.job_id
+            "Started background job {} (pid {}); its output goes to {} (read it with \
+             run_terminal_command, e.g. tail -n 50 {}). It keeps running after this call: \
+             list_jobs shows whether it still runs, kill_job with job_id \"{}\" stops it.",
+            job.job_id, job.pid, job.log, job.log, job.job_id
         );
         let outcome = sandgate_sandbox::CommandOutcome {
             stdout: format!("{note}\n"),

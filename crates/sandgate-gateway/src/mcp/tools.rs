@@ -195,8 +195,8 @@ pub struct JobOutput {
     pub pid: u64,
     /// The command line it runs.
     pub command: String,
-    /// The file its stdout and stderr go to (read it with get_file or run_terminal_command,
-    /// e.g. tail).
+    /// The file its stdout and stderr go to (outside /home/user: read it with
+    /// run_terminal_command, e.g. tail -n 50 <log>).
     pub log: String,
     /// When it started (RFC 3339).
     pub started_at: String,

@@ -3,16 +3,8 @@
 
 use serde_json::{Value, json};
 
+use crate::mcp::stack;
 use crate::mcp_client::{Client, Era};
-use crate::support::{self, Gateway};
-
-async fn stack() -> (Gateway, String) {
-    let database = support::fresh_database().await;
-    let gateway = Gateway::start(&database, &[]).await;
-    let tenant = gateway.create_tenant().await;
-    let token = gateway.token(&tenant).await;
-    (gateway, token)
-}
 
 /// The job named `job_id` in a `list_jobs` answer.
 fn listed<'a>(list: &'a Value, job_id: &str) -> Option<&'a Value> {
@@ -179,7 +171,6 @@ async fn another_tenants_jobs_look_exactly_like_a_missing_sandbox() {
         .expect("a job_id")
         .to_owned();
     let pid = started.structured["job"]["pid"].as_u64().expect("a pid");
-    let random = format!("sbx_{}", uuid::Uuid::new_v4().simple());
 
     let calls: Vec<(&str, Value)> = vec![
         ("list_jobs", json!({})),
@@ -190,23 +181,7 @@ async fn another_tenants_jobs_look_exactly_like_a_missing_sandbox() {
         ),
     ];
     for (tool, args) in calls {
-        let with = |id: &str| {
-            let mut args = args.clone();
-            args["sandbox_id"] = json!(id);
-            args
-        };
-        let foreign = b.call(tool, with(&sandbox_a)).await.expect("a tool result");
-        let missing = b.call(tool, with(&random)).await.expect("a tool result");
-        assert!(foreign.is_error && missing.is_error, "{tool} refuses both");
-        assert_eq!(
-            foreign.text.replace(&sandbox_a, "<id>"),
-            missing.text.replace(&random, "<id>"),
-            "{tool}: another tenant's sandbox answers exactly like a missing one"
-        );
-        assert_eq!(
-            foreign.structured, missing.structured,
-            "{tool}: same structured content"
-        );
+        b.assert_foreign_looks_missing(tool, args, &sandbox_a).await;
     }
 
     // A's job runs on, and B's attempt started none there.

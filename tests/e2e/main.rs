@@ -4,6 +4,7 @@
 mod cli;
 mod handoff;
 mod hostile;
+mod jobs;
 mod lifecycle;
 mod login_form;
 mod mcp;

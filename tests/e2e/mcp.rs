@@ -9,7 +9,8 @@ use crate::support::{self, Gateway};
 
 const SALES_CSV: &str = "region,product,amount\nnorth,widget,10\nsouth,widget,5\nnorth,gadget,7\nsouth,gadget,3\nnorth,widget,1\n";
 
-async fn stack() -> (Gateway, String) {
+/// A fresh database, a gateway on it, a tenant and its token.
+pub(crate) async fn stack() -> (Gateway, String) {
     let database = support::fresh_database().await;
     let gateway = Gateway::start(&database, &[]).await;
     let tenant = gateway.create_tenant().await;
@@ -41,7 +42,9 @@ async fn support_analyst(era: Era) {
             "execute_code",
             "export_transcript",
             "get_file",
+            "kill_job",
             "list_files",
+            "list_jobs",
             "run_terminal_command",
             "upload_file"
         ]
@@ -395,7 +398,6 @@ async fn another_tenants_sandbox_looks_exactly_like_a_missing_one() {
         json!({"sandbox_id": sandbox_a, "path": "a.txt", "content_text": "A"}),
     )
     .await;
-    let random = format!("sbx_{}", uuid::Uuid::new_v4().simple());
 
     let calls: Vec<(&str, Value)> = vec![
         ("execute_code", json!({"code": "secret = 'B was here'"})),
@@ -409,23 +411,7 @@ async fn another_tenants_sandbox_looks_exactly_like_a_missing_one() {
         ("close_sandbox", json!({})),
     ];
     for (tool, args) in calls {
-        let with = |id: &str| {
-            let mut args = args.clone();
-            args["sandbox_id"] = json!(id);
-            args
-        };
-        let foreign = b.call(tool, with(&sandbox_a)).await.expect("a tool result");
-        let missing = b.call(tool, with(&random)).await.expect("a tool result");
-        assert!(foreign.is_error && missing.is_error, "{tool} refuses both");
-        assert_eq!(
-            foreign.text.replace(&sandbox_a, "<id>"),
-            missing.text.replace(&random, "<id>"),
-            "{tool}: another tenant's sandbox answers exactly like a missing one"
-        );
-        assert_eq!(
-            foreign.structured, missing.structured,
-            "{tool}: same structured content"
-        );
+        b.assert_foreign_looks_missing(tool, args, &sandbox_a).await;
     }
     let still = a
         .ok(

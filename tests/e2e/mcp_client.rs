@@ -11,7 +11,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{
     ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceError, ServiceExt,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 /// Which protocol era to speak.
@@ -183,5 +183,31 @@ impl Client {
             result.text
         );
         result
+    }
+
+    /// Plays the attacker: calls `tool` with `args` naming `foreign` (another tenant's sandbox)
+    /// and naming a sandbox that does not exist, and asserts both answers are the same error.
+    pub async fn assert_foreign_looks_missing(&self, tool: &str, args: Value, foreign: &str) {
+        let random = format!("sbx_{}", uuid::Uuid::new_v4().simple());
+        let with = |id: &str| {
+            let mut args = args.clone();
+            args["sandbox_id"] = json!(id);
+            args
+        };
+        let foreign_answer = self.call(tool, with(foreign)).await.expect("a tool result");
+        let missing = self.call(tool, with(&random)).await.expect("a tool result");
+        assert!(
+            foreign_answer.is_error && missing.is_error,
+            "{tool} refuses both"
+        );
+        assert_eq!(
+            foreign_answer.text.replace(foreign, "<id>"),
+            missing.text.replace(&random, "<id>"),
+            "{tool}: another tenant's sandbox answers exactly like a missing one"
+        );
+        assert_eq!(
+            foreign_answer.structured, missing.structured,
+            "{tool}: same structured content"
+        );
     }
 }

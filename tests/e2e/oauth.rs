@@ -138,6 +138,8 @@ async fn an_mcp_client_connects_once_with_pkce_and_refresh_tokens_rotate() {
             "close_sandbox",
             "create_sandbox",
             "execute_code",
+            "kill_job",
+            "list_jobs",
             "run_terminal_command"
         ],
         "the token's scopes decide the tools"
@@ -739,8 +741,8 @@ async fn a_person_connects_an_app_in_a_real_browser() {
     let tools = client.service.list_all_tools().await.expect("tools/list");
     assert_eq!(
         tools.len(),
-        7,
-        "sandbox, execute and files:read open seven tools: {tools:?}"
+        9,
+        "sandbox, execute and files:read open nine tools: {tools:?}"
     );
 }
 
@@ -784,7 +786,9 @@ async fn the_python_sdk_oauth_provider_connects_and_calls_a_tool() {
             "execute_code",
             "export_transcript",
             "get_file",
+            "kill_job",
             "list_files",
+            "list_jobs",
             "run_terminal_command",
             "upload_file"
         ])

@@ -49,7 +49,9 @@ TOOLS = {
     "execute_code",
     "export_transcript",
     "get_file",
+    "kill_job",
     "list_files",
+    "list_jobs",
     "run_terminal_command",
     "upload_file",
 }
@@ -174,10 +176,10 @@ class Analyst:
 
 
 async def list_tools(client: Client) -> dict[str, dict[str, Any]]:
-    """tools/list: the eight tools, each described, with an object input and output schema."""
+    """tools/list: the ten tools, each described, with an object input and output schema."""
     listed = await client.list_tools()
     names = {tool.name for tool in listed.tools}
-    check(names == TOOLS, f"tools/list names the eight tools; got {sorted(names)}")
+    check(names == TOOLS, f"tools/list names the ten tools; got {sorted(names)}")
     check(listed.next_cursor is None, "tools/list fits on one page")
     schemas: dict[str, dict[str, Any]] = {}
     for tool in listed.tools:

@@ -10,8 +10,10 @@ use chrono::DateTime;
 use rmcp::RoleServer;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ResourceContents};
 use rmcp::service::RequestContext;
-use sandgate_sandbox::{CommandOptions, ExecOptions, OutputEvent};
-use sandgate_service::{Caller, Resolved, Target};
+use sandgate_sandbox::{
+    AgentError, ChannelError, CommandOptions, ExecOptions, OutputEvent, SandboxError,
+};
+use sandgate_service::{Caller, Resolved, ServiceError, Target};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
@@ -96,6 +98,9 @@ impl McpServer {
             }
             ToolName::RunTerminalCommand => {
                 let args: RunTerminalCommandArgs = parse_args(args)?;
+                if args.background {
+                    return self.start_job(args, caller, conversation).await;
+                }
                 let timeout = self.call_timeout(args.timeout_seconds)?;
                 let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
                 let resolved = self.inner.sandboxes.resolve_target(caller, to).await?;
@@ -119,6 +124,11 @@ impl McpServer {
                 self.export_transcript(parse_args(args)?, caller, conversation)
                     .await
             }
+            ToolName::ListJobs => {
+                self.list_jobs(parse_args(args)?, caller, conversation)
+                    .await
+            }
+            ToolName::KillJob => self.kill_job(parse_args(args)?, caller, conversation).await,
         }
     }
 
@@ -470,6 +480,7 @@ impl McpServer {
             timed_out: outcome.timed_out,
             truncated: outcome.truncated,
             duration_ms: outcome.duration.as_millis() as u64,
+            job: None,
         };
         let is_error = out.timed_out || out.exit_code != Some(0);
         let mut text = render_streams(&out.stdout, &out.stderr);
@@ -488,5 +499,156 @@ impl McpServer {
             sandbox_id: Some(out.sandbox_id.clone()),
             result: structured(&out, text, is_error, vec![]),
         })
+    }
+
+    /// `run_terminal_command` with `background: true`: starts the job and answers at once.
+    async fn start_job(
+        &self,
+        args: RunTerminalCommandArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        if args.timeout_seconds.is_some() {
+            return Err(CallError::InvalidParams(
+                "timeout_seconds does not apply to a background command (it runs until it \
+                 exits or kill_job ends it); leave timeout_seconds out, or drop background"
+                    .into(),
+            ));
+        }
+        let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
+        let started = std::time::Instant::now();
+        let (resolved, job) = self
+            .inner
+            .sandboxes
+            .start_job(caller, to, &args.command, args.cwd.as_deref())
+            .await?;
+        let job = JobOutput::from(job);
+        let note = format!(
+            "Started background job {} (pid {}); its output goes to {} (read it with \
+             run_terminal_command, e.g. tail -n 50 {}). It keeps running after this call: \
+             list_jobs shows whether it still runs, kill_job with job_id \"{}\" stops it.",
+            job.job_id, job.pid, job.log, job.log, job.job_id
+        );
+        let outcome = sandgate_sandbox::CommandOutcome {
+            stdout: format!("{note}\n"),
+            duration: started.elapsed(),
+            ..Default::default()
+        };
+        let entry = crate::transcripts::command_entry(&args.command, args.cwd.as_deref(), &outcome);
+        self.inner.transcripts.record(&resolved.row, &entry).await;
+        let out = RunTerminalCommandOutput {
+            sandbox_id: resolved.row.id.clone(),
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            truncated: false,
+            duration_ms: outcome.duration.as_millis() as u64,
+            job: Some(job),
+        };
+        let text = format!("{note} (sandbox {})", out.sandbox_id);
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, text, false, vec![]),
+        ))
+    }
+
+    async fn list_jobs(
+        &self,
+        args: ListJobsArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        if args.sandbox_id.is_none() && conversation.is_none() {
+            return Err(CallError::InvalidParams(
+                "give the sandbox_id (or conversation_id) whose jobs to list".into(),
+            ));
+        }
+        let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
+        let (resolved, jobs) = self.inner.sandboxes.jobs(caller, to).await?;
+        let out = ListJobsOutput {
+            sandbox_id: resolved.row.id.clone(),
+            jobs: jobs.into_iter().map(JobOutput::from).collect(),
+        };
+        let mut text = format!("Background jobs in sandbox {}:\n", out.sandbox_id);
+        for job in &out.jobs {
+            text.push_str(&format!(
+                "{}  pid {}  {}  log {}  {}\n",
+                job.job_id,
+                job.pid,
+                job_state(job),
+                job.log,
+                job.command
+            ));
+        }
+        if out.jobs.is_empty() {
+            text.push_str("(none; start one with run_terminal_command and background: true)\n");
+        } else if out.jobs.iter().any(|j| j.running) {
+            text.push_str("Stop a running job with kill_job and its job_id.\n");
+        }
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, text, false, vec![]),
+        ))
+    }
+
+    async fn kill_job(
+        &self,
+        args: KillJobArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        if args.sandbox_id.is_none() && conversation.is_none() {
+            return Err(CallError::InvalidParams(
+                "give the sandbox_id (or conversation_id) the job runs in".into(),
+            ));
+        }
+        let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
+        let (resolved, job) = match self
+            .inner
+            .sandboxes
+            .kill_job(caller, to, &args.job_id)
+            .await
+        {
+            Err(ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(
+                AgentError::NotFound { .. },
+            )))) => {
+                let text = format!(
+                    "There is no background job \"{}\" in this sandbox; list_jobs shows its \
+                     jobs and their job_ids.",
+                    args.job_id
+                );
+                return Ok(Answer {
+                    result: CallToolResult::error(vec![ContentBlock::text(text)]),
+                    sandbox_id: args.sandbox_id,
+                });
+            }
+            other => other?,
+        };
+        let out = KillJobOutput {
+            sandbox_id: resolved.row.id.clone(),
+            job: JobOutput::from(job),
+        };
+        let text = format!(
+            "Background job {} in sandbox {}: {}.",
+            out.job.job_id,
+            out.sandbox_id,
+            job_state(&out.job)
+        );
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, text, false, vec![]),
+        ))
+    }
+}
+
+/// How a job reads in a text block: running, or how it ended.
+fn job_state(job: &JobOutput) -> String {
+    match (job.running, job.exit_code, job.signal) {
+        (true, _, _) => "running".into(),
+        (false, Some(code), _) => format!("exited with code {code}"),
+        (false, None, Some(sig)) => format!("killed by signal {sig}"),
+        (false, None, None) => "ended".into(),
     }
 }

@@ -1,7 +1,7 @@
 //! The MCP endpoint: rmcp's Streamable HTTP service at `/mcp`, serving both protocol eras
 //! (2025-11-25 with sessions, 2026-07-28 stateless), behind bearer-token authentication.
 //!
-//! - [`tools`]: the seven tools' arguments, outputs and descriptions.
+//! - [`tools`]: the tools' arguments, outputs and descriptions.
 //! - [`auth`]: the bearer-token middleware and the protected-resource metadata (RFC 9728).
 //! - `calls`: what each tool does, as MCP (arguments in, service call, answer out).
 //! - `errors`: the one mapping from a failed call to its answer, audit record and metric.
@@ -177,7 +177,9 @@ impl ServerHandler for McpServer {
             "sandgate gives each conversation an isolated Python sandbox. Call create_sandbox \
                  (with a conversation_id) and pass the returned sandbox_id to execute_code, \
                  run_terminal_command, upload_file, get_file and list_files. Files live in \
-                 /home/user. Close the sandbox with close_sandbox when the conversation ends. \
+                 /home/user. A process that must keep running between calls is started with \
+                 run_terminal_command and background: true, then list_jobs and kill_job reach \
+                 it. Close the sandbox with close_sandbox when the conversation ends. \
                  To hand the conversation to a person, call export_transcript. A sandbox's \
                  files and transcript are also resources (sandbox://{sandbox_id}/files/{path}, \
                  sandbox://{sandbox_id}/transcript.ipynb).",

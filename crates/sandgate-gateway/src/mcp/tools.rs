@@ -1,4 +1,4 @@
-//! The seven tools: their arguments, structured outputs and descriptions. The names of tools and
+//! The tools: their arguments, structured outputs and descriptions. The names of tools and
 //! arguments are a public contract (clients and docs depend on them).
 
 use std::sync::LazyLock;
@@ -145,6 +145,12 @@ pub struct RunTerminalCommandArgs {
     /// Working directory, relative to /home/user or absolute under it (default /home/user).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Start the command as a background job (default false): it keeps running after this
+    /// call (e.g. a server or a long computation for later calls) and the call returns at once
+    /// with the job; its output goes to the job's log file. See list_jobs and kill_job.
+    /// timeout_seconds does not apply to it.
+    #[serde(default)]
+    pub background: bool,
     /// See create_sandbox.
     #[serde(default)]
     pub sandbox_id: Option<String>,
@@ -176,6 +182,100 @@ pub struct RunTerminalCommandOutput {
     pub truncated: bool,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+    /// The background job the call started (with background true), else null.
+    pub job: Option<JobOutput>,
+}
+
+/// A background job (started by run_terminal_command with background true).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct JobOutput {
+    /// Its handle in the sandbox, e.g. job-1: pass it as job_id to kill_job.
+    pub job_id: String,
+    /// Its main process id inside the sandbox.
+    pub pid: u64,
+    /// The command line it runs.
+    pub command: String,
+    /// The file its stdout and stderr go to (outside /home/user: read it with
+    /// run_terminal_command, e.g. tail -n 50 <log>).
+    pub log: String,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// Whether it is still running.
+    pub running: bool,
+    /// Its exit code, once it exited normally.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it (9 when kill_job killed it), if one did.
+    pub signal: Option<i32>,
+}
+
+impl From<sandgate_sandbox::Job> for JobOutput {
+    fn from(job: sandgate_sandbox::Job) -> Self {
+        let started = chrono::DateTime::from_timestamp_millis((job.started * 1000.0) as i64)
+            .map(super::render::rfc3339)
+            .unwrap_or_default();
+        Self {
+            job_id: job.id,
+            pid: job.pid,
+            command: job.command,
+            log: job.log,
+            started_at: started,
+            running: job.running,
+            exit_code: job.exit_code,
+            signal: job.signal,
+        }
+    }
+}
+
+/// `list_jobs` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListJobsArgs {
+    /// The sandbox whose jobs to list (from create_sandbox).
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// The conversation whose sandbox's jobs to list when sandbox_id is not given.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    /// Keep the sandbox alive this many seconds without a call from now on (like
+    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
+    #[serde(default)]
+    pub keep_alive_seconds: Option<u32>,
+}
+
+/// `list_jobs` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListJobsOutput {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// Its running jobs and the most recently ended ones, oldest first.
+    pub jobs: Vec<JobOutput>,
+}
+
+/// `kill_job` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillJobArgs {
+    /// The job to kill (job_id from run_terminal_command or list_jobs, e.g. job-1).
+    pub job_id: String,
+    /// The sandbox the job runs in (from create_sandbox).
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// The conversation whose sandbox the job runs in when sandbox_id is not given.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    /// Keep the sandbox alive this many seconds without a call from now on (like
+    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
+    #[serde(default)]
+    pub keep_alive_seconds: Option<u32>,
+}
+
+/// `kill_job` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct KillJobOutput {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// The job as it ended.
+    pub job: JobOutput,
 }
 
 /// `upload_file` arguments.
@@ -407,11 +507,15 @@ pub enum ToolName {
     CloseSandbox,
     /// `export_transcript`.
     ExportTranscript,
+    /// `list_jobs`.
+    ListJobs,
+    /// `kill_job`.
+    KillJob,
 }
 
 impl ToolName {
     /// Every tool.
-    pub const ALL: [ToolName; 8] = [
+    pub const ALL: [ToolName; 10] = [
         ToolName::CreateSandbox,
         ToolName::ExecuteCode,
         ToolName::RunTerminalCommand,
@@ -420,6 +524,8 @@ impl ToolName {
         ToolName::ListFiles,
         ToolName::CloseSandbox,
         ToolName::ExportTranscript,
+        ToolName::ListJobs,
+        ToolName::KillJob,
     ];
 
     /// The wire name.
@@ -433,6 +539,8 @@ impl ToolName {
             ToolName::ListFiles => "list_files",
             ToolName::CloseSandbox => "close_sandbox",
             ToolName::ExportTranscript => "export_transcript",
+            ToolName::ListJobs => "list_jobs",
+            ToolName::KillJob => "kill_job",
         }
     }
 
@@ -445,7 +553,10 @@ impl ToolName {
     pub fn scope(self) -> Scope {
         match self {
             ToolName::CreateSandbox | ToolName::CloseSandbox => Scope::Sandbox,
-            ToolName::ExecuteCode | ToolName::RunTerminalCommand => Scope::Execute,
+            ToolName::ExecuteCode
+            | ToolName::RunTerminalCommand
+            | ToolName::ListJobs
+            | ToolName::KillJob => Scope::Execute,
             ToolName::GetFile | ToolName::ListFiles | ToolName::ExportTranscript => {
                 Scope::FilesRead
             }
@@ -523,8 +634,11 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
                 "Run a bash command in the sandbox as an unprivileged user (no network, no \
                  sudo). Returns stdout, stderr and the exit code; isError is true when the exit \
                  code is not 0. After timeout_seconds the command and everything it started are \
-                 killed. The working directory is /home/user unless cwd is given. {FILES_NOTE} \
-                 {TARGET_NOTE}"
+                 killed (processes started with & or nohup do not survive the call). To keep a \
+                 process running for later calls (a server, a long computation), pass \
+                 background: true: the call returns at once with a job (job_id, pid, log file), \
+                 list_jobs shows it and kill_job ends it. The working directory is /home/user \
+                 unless cwd is given. {FILES_NOTE} {TARGET_NOTE}"
             ),
             ToolAnnotations::new()
                 .read_only(false)
@@ -600,6 +714,34 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
             ToolAnnotations::new()
                 .read_only(true)
                 .destructive(false)
+                .idempotent(true)
+                .open_world(false),
+        ),
+        tool::<ListJobsArgs, ListJobsOutput>(
+            "list_jobs",
+            "List background jobs",
+            format!(
+                "List the sandbox's background jobs (started by run_terminal_command with \
+                 background: true): each job's job_id, pid, command, log file, and whether it is \
+                 still running or how it ended (exit code or signal). {TARGET_NOTE}"
+            ),
+            ToolAnnotations::new()
+                .read_only(true)
+                .destructive(false)
+                .idempotent(true)
+                .open_world(false),
+        ),
+        tool::<KillJobArgs, KillJobOutput>(
+            "kill_job",
+            "Kill background job",
+            format!(
+                "Stop a background job (started by run_terminal_command with background: true) \
+                 and every process it started; returns the job as it ended. Get job_ids from \
+                 list_jobs. {TARGET_NOTE}"
+            ),
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(true)
                 .idempotent(true)
                 .open_world(false),
         ),

@@ -1,7 +1,7 @@
-//! What the file tools do to a sandbox, apart from how a face (MCP, a download link) encodes the
-//! call and the answer.
+//! What the file and job tools do to a sandbox, apart from how a face (MCP, a download link)
+//! encodes the call and the answer.
 
-use sandgate_sandbox::{EntryKind, FileInfo, Listing};
+use sandgate_sandbox::{EntryKind, FileInfo, Job, Listing};
 
 use super::{Caller, Resolved, SandboxService, ServiceError};
 
@@ -119,5 +119,52 @@ impl SandboxService {
             }
         }
         out
+    }
+
+    /// Starts `command` as a background job in the target sandbox: it outlives the call and
+    /// the sweeps that end a call's processes, until it exits or [`Self::kill_job`] ends it.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
+    pub async fn start_job(
+        &self,
+        caller: &Caller,
+        target: Target<'_>,
+        command: &str,
+        cwd: Option<&str>,
+    ) -> Result<(Resolved, Job), ServiceError> {
+        let resolved = self.resolve_target(caller, target).await?;
+        tracing::Span::current().record("sandbox_id", &resolved.row.id);
+        let started = resolved.sandbox.start_job(command, cwd).await;
+        let job = self.checked(&resolved, started).await?;
+        Ok((resolved, job))
+    }
+
+    /// The target sandbox's background jobs, running and recently ended.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
+    pub async fn jobs(
+        &self,
+        caller: &Caller,
+        target: Target<'_>,
+    ) -> Result<(Resolved, Vec<Job>), ServiceError> {
+        let resolved = self.resolve_target(caller, target).await?;
+        tracing::Span::current().record("sandbox_id", &resolved.row.id);
+        let jobs = resolved.sandbox.jobs().await;
+        let jobs = self.checked(&resolved, jobs).await?;
+        Ok((resolved, jobs))
+    }
+
+    /// Kills the background job `job` of the target sandbox and everything it started; returns
+    /// the job as it ended.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
+    pub async fn kill_job(
+        &self,
+        caller: &Caller,
+        target: Target<'_>,
+        job: &str,
+    ) -> Result<(Resolved, Job), ServiceError> {
+        let resolved = self.resolve_target(caller, target).await?;
+        tracing::Span::current().record("sandbox_id", &resolved.row.id);
+        let killed = resolved.sandbox.kill_job(job).await;
+        let job = self.checked(&resolved, killed).await?;
+        Ok((resolved, job))
     }
 }

@@ -350,3 +350,87 @@ async fn ordinary_shell_work_runs_under_the_profiles_runtime() {
     );
     env.cleanup().await;
 }
+
+/// Counts the events logged with the message "sandbox stderr" (one per container stderr line the
+/// gateway logs).
+#[derive(Clone, Default)]
+struct StderrLinesLogged(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StderrLinesLogged {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" && format!("{value:?}") == "sandbox stderr" {
+                    self.0 = true;
+                }
+            }
+        }
+        let mut message = Message(false);
+        event.record(&mut message);
+        if message.0 {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+// The current-thread runtime keeps the channel's reader task on this thread, where the counting
+// subscriber is installed.
+#[tokio::test]
+async fn a_sandbox_flooding_stderr_does_not_flood_the_gateway_log() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let logged = StderrLinesLogged::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(logged.clone()));
+    let env = TestEnv::new("stderr-flood", 0).await;
+    let sandbox = env.lease().await;
+    let flood = r#"
+import os, sys
+for i in range(20000):
+    os.write(2, b"flood line %d\n" % i)
+reached = []
+for pid in os.listdir('/proc'):
+    if not pid.isdigit():
+        continue
+    for fd in ('1', '2'):
+        try:
+            with open(f'/proc/{pid}/fd/{fd}', 'w') as f:
+                f.write('forged stderr line\n' * 1000)
+            reached.append((pid, fd))
+        except OSError:
+            pass
+print(len(reached))
+"#;
+    let outcome = sandbox
+        .exec(
+            flood,
+            ExecOptions {
+                timeout: Duration::from_secs(60),
+                ..ExecOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("the flooding cell answers");
+    assert!(outcome.error.is_none(), "{:?}", outcome.error);
+    let command = sandbox
+        .command(
+            "seq 20000 >&2; for p in /proc/[0-9]*; do echo forged > $p/fd/2; done 2>/dev/null; true",
+            CommandOptions {
+                timeout: Duration::from_secs(60),
+                ..CommandOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("the flooding command answers");
+    assert_eq!(command.exit_code, Some(0), "{:?}", command.stderr);
+    // The kernel's and the command's own stderr come back as the call's (capped) output; no more
+    // than the log budget's burst (20 lines) of container stderr may reach the gateway's log.
+    let lines = logged.0.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        lines <= 22,
+        "{lines} lines of the sandbox's stderr reached the gateway's log"
+    );
+    sandbox.ping().await.expect("the sandbox lives on");
+}

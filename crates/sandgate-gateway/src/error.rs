@@ -76,6 +76,9 @@ pub enum DownloadError {
     /// The app connection (grant) that made the link was disconnected.
     #[error("revoked link")]
     Revoked,
+    /// The transcript the link names is no longer kept (past its retention, or purged).
+    #[error("transcript no longer kept")]
+    TranscriptGone,
     /// The service could not serve the file.
     #[error(transparent)]
     Service(#[from] ServiceError),
@@ -98,6 +101,10 @@ impl DownloadError {
             DownloadError::Revoked => (
                 StatusCode::GONE,
                 "The app connection that made this link was disconnected, so the link no longer works.",
+            ),
+            DownloadError::TranscriptGone => (
+                StatusCode::GONE,
+                "This transcript is no longer kept (it was deleted after its retention period).",
             ),
             DownloadError::Service(err) => match err {
                 // Another tenant's sandbox answers like a missing one: both are gone for the link.

@@ -9,7 +9,7 @@
 //! revoked.
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 
@@ -33,7 +33,7 @@ pub async fn download(
             Some(c) => crate::transcripts::Subject::Conversation(c),
             None => crate::transcripts::Subject::Sandbox(claims.s),
         };
-        return Ok(crate::handoff::download(&state, claims.t, &subject, claims.k).await);
+        return crate::handoff::download(&state, claims.t, &subject, claims.k).await;
     }
     let service = &state.sandboxes;
     let caller = Caller {
@@ -103,13 +103,4 @@ async fn refuse_revoked(state: &AppState, claims: &Claims) -> Result<(), Downloa
         Ok(_) => Err(DownloadError::Revoked),
         Err(_) => Err(DownloadError::Service(ServiceError::DatabaseAway)),
     }
-}
-
-pub(crate) fn refuse(status: StatusCode, message: &str) -> Response {
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        format!("{message}\n"),
-    )
-        .into_response()
 }

@@ -14,8 +14,10 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::AppState;
-use crate::files::{LinkKind, refuse};
+use crate::error::DownloadError;
+use crate::files::LinkKind;
 use crate::oauth::{html as pages, session};
+use crate::sandboxes::ServiceError;
 use crate::transcripts::{Format, Subject, TranscriptError};
 
 /// The path of the transcripts page.
@@ -42,22 +44,15 @@ pub async fn download(
     tenant: Uuid,
     subject: &Subject,
     kind: LinkKind,
-) -> Response {
-    let transcript = match state.transcripts.load(tenant, subject).await {
-        Ok(t) => t,
-        Err(TranscriptError::NotFound { .. }) => {
-            return refuse(
-                StatusCode::GONE,
-                "This transcript is no longer kept (it was deleted after its retention period).",
-            );
-        }
-        Err(TranscriptError::Store(_)) => {
-            return refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "Temporarily unavailable; retry in a moment.",
-            );
-        }
-    };
+) -> Result<Response, DownloadError> {
+    let transcript = state
+        .transcripts
+        .load(tenant, subject)
+        .await
+        .map_err(|err| match err {
+            TranscriptError::NotFound { .. } => DownloadError::TranscriptGone,
+            TranscriptError::Store(_) => DownloadError::Service(ServiceError::DatabaseAway),
+        })?;
     let format = format_of(kind);
     let mut response = format.render(&transcript).into_response();
     let headers = response.headers_mut();
@@ -87,7 +82,7 @@ pub async fn download(
         HeaderValue::from_static("no-referrer"),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    response
+    Ok(response)
 }
 
 /// The page's query.

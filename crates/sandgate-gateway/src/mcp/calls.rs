@@ -255,7 +255,8 @@ impl McpServer {
             out.download_url
         );
         let inline_max = self.inner.limits.inline_file_bytes;
-        let summary = if info.size > inline_max {
+        let inline = info.size <= inline_max;
+        let summary = if !inline {
             format!(
                 "{summary}\nThe file is over {inline_max} bytes, so it is not inlined: read the \
                  resource link with resources/read, or give the person the download link."
@@ -263,7 +264,7 @@ impl McpServer {
         } else {
             summary
         };
-        let content = if info.size > inline_max {
+        let content = if !inline {
             super::resources::file_link(&out.sandbox_id, &info.path, &mime, info.size)
         } else if mime.starts_with("image/") && mime != "image/svg+xml" {
             ContentBlock::image(BASE64.encode(&data), mime)

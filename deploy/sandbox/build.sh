@@ -13,12 +13,19 @@
 # --offline (the default; --auto is the same, since our machines reach no
 # container registry): debootstrap a Debian minbase root with debootstrap's
 # and apt's default mirrors, install packages.txt into it with
-# install-packages.sh (chrooted), `docker import` it as
-# sandgate-sandbox-base:<base hash>, then `docker build` the Dockerfile on it.
-# The base hash covers only what goes into the root (packages.txt,
-# install-packages.sh, the debootstrap settings below), so a change to the
-# final steps rebuilds in seconds.
-# --online: `docker build` the Dockerfile on debian:bookworm-slim.
+# install-packages.sh and requirements.lock with install-wheels.sh (both
+# chrooted), `docker import` it as sandgate-sandbox-base:<base hash>, then
+# `docker build` the Dockerfile on it. The base hash covers only what goes into
+# the root (packages.txt, install-packages.sh, requirements.lock,
+# install-wheels.sh, the debootstrap settings below), so a change to the final
+# steps rebuilds in seconds.
+# --online: `docker build` the Dockerfile on debian:bookworm-slim, with the
+# wheels in the build context.
+#
+# Both recipes first fetch the wheels of requirements.lock on this machine,
+# with its python3's pip and pip configuration (index, certificates), for the
+# image's interpreter and platform (wheel-target.sh), hashes checked, into
+# $SANDGATE_CACHE/sandbox/wheels: a wheel is downloaded once per machine.
 #
 # Needs root for debootstrap (uses sudo otherwise). Downloaded .debs are kept
 # in $SANDGATE_CACHE/sandbox/debs; debootstrap's log in $SANDGATE_CACHE/sandbox.
@@ -142,12 +149,31 @@ run_logged() {
 }
 
 debootstrap_phases='^(I: (Retrieving (Release|Packages)|Resolving|Found|Installing core|Unpacking required|Configuring required|Unpacking the base|Configuring the base|Base system)|[EW]: )'
-apt_phases='^(install-packages:|Fetched |[0-9]+ upgraded|Setting up (python3|ipython3|python3-(numpy|pandas|matplotlib|openpyxl)) )'
+apt_phases='^(install-packages:|install-wheels:|Fetched |[0-9]+ upgraded|Setting up python3 )'
+wheel_phases='^(  Downloading|ERROR)'
+
+# Fetches the wheels of requirements.lock into $work/wheels (a wheel already there with the right
+# hash is not downloaded again), showing each one as it comes.
+fetch_wheels() {
+	local t0 logfile=$work/wheels.log
+	# shellcheck source=deploy/sandbox/wheel-target.sh
+	source "$here/wheel-target.sh"
+	python3 -m pip --version >/dev/null 2>&1 ||
+		die "python3 -m pip does not run here: the image's wheels are fetched with this machine's pip"
+	mkdir -p "$work/wheels"
+	t0=$(now_ms)
+	log "step 0/4: wheels of requirements.lock ($(grep -c '==' "$here/requirements.lock") packages) into $work/wheels (log: $logfile)"
+	: >"$logfile"
+	run_logged "$logfile" wheels "$wheel_phases" \
+		python3 -m pip download --dest "$work/wheels" --require-hashes --no-deps \
+		--progress-bar off --disable-pip-version-check "${WHEEL_TARGET[@]}" -r "$here/requirements.lock"
+	log "step 0/4: done in $(since "$t0") ($(du -sh "$work/wheels" | cut -f1) of wheels cached)"
+}
 
 build_offline_base() {
 	local base_hash base_tag logfile t0 t
 	base_hash=$( (
-		hash_files packages.txt install-packages.sh
+		hash_files packages.txt install-packages.sh requirements.lock install-wheels.sh
 		echo "$SUITE $VARIANT $BASE_RECIPE_VERSION"
 	) | sha256sum | cut -c1-12)
 	base_tag="sandgate-sandbox-base:$base_hash"
@@ -156,6 +182,7 @@ build_offline_base() {
 		BASE_TAG=$base_tag
 		return
 	fi
+	fetch_wheels
 	command -v debootstrap >/dev/null || {
 		log "installing debootstrap"
 		"${as_root[@]}" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap" >&2
@@ -176,7 +203,7 @@ build_offline_base() {
 	log "step 1/4: done in $(since "$t0")"
 
 	t=$(now_ms)
-	log "step 2/4: install-packages.sh in the new root (apt-get; log: $logfile)"
+	log "step 2/4: install-packages.sh and install-wheels.sh in the new root (apt-get, pip; log: $logfile)"
 	# apt in the root uses the sources debootstrap wrote; take this machine's
 	# Debian sources instead when they are for the same suite, so that the image
 	# gets -updates and -security too.
@@ -187,16 +214,21 @@ build_offline_base() {
 	fi
 	"${as_root[@]}" cp -L /etc/resolv.conf "$rootfs/etc/resolv.conf"
 	"${as_root[@]}" mount -t proc proc "$rootfs/proc"
-	"${as_root[@]}" mkdir -p "$rootfs/var/cache/sandgate-debs/partial" "$rootfs/tmp/sandgate"
+	"${as_root[@]}" mkdir -p "$rootfs/var/cache/sandgate-debs/partial" "$rootfs/tmp/sandgate/wheels"
 	"${as_root[@]}" mount --bind "$work/debs" "$rootfs/var/cache/sandgate-debs"
-	"${as_root[@]}" cp "$here/packages.txt" "$here/install-packages.sh" "$rootfs/tmp/sandgate/"
+	"${as_root[@]}" mount --bind -o ro "$work/wheels" "$rootfs/tmp/sandgate/wheels"
+	"${as_root[@]}" cp "$here/packages.txt" "$here/install-packages.sh" "$here/requirements.lock" \
+		"$here/install-wheels.sh" "$rootfs/tmp/sandgate/"
 	printf 'Dir::Cache::archives "/var/cache/sandgate-debs/";\n' |
 		"${as_root[@]}" tee "$rootfs/tmp/sandgate/apt.conf" >/dev/null
 	run_logged "$logfile" apt "$apt_phases" \
 		"${as_root[@]}" chroot "$rootfs" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
 		APT_CONFIG=/tmp/sandgate/apt.conf LANG=C.UTF-8 \
 		/bin/sh /tmp/sandgate/install-packages.sh
-	"${as_root[@]}" umount "$rootfs/var/cache/sandgate-debs" "$rootfs/proc"
+	run_logged "$logfile" wheels "$apt_phases" \
+		"${as_root[@]}" chroot "$rootfs" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+		/bin/sh /tmp/sandgate/install-wheels.sh /tmp/sandgate/wheels
+	"${as_root[@]}" umount "$rootfs/tmp/sandgate/wheels" "$rootfs/var/cache/sandgate-debs" "$rootfs/proc"
 	"${as_root[@]}" rm -rf "$rootfs/var/cache/sandgate-debs" "$rootfs/tmp/sandgate"
 	# Docker provides these at run time; nothing of this machine goes into the image.
 	"${as_root[@]}" sh -c ": >'$rootfs/etc/resolv.conf'; : >'$rootfs/etc/hostname'; : >'$rootfs/etc/machine-id'"
@@ -228,6 +260,11 @@ context="$work/context-$recipe_hash"
 rm -rf "$context"
 mkdir -p "$context"
 cp "${files[@]/#/$here/}" "$context/"
+if [[ $mode == online ]]; then
+	fetch_wheels
+	# The online recipe installs the wheels in the Dockerfile (the offline one did in the base).
+	cp -l "$work/wheels"/*.whl "$context/" 2>/dev/null || cp "$work/wheels"/*.whl "$context/"
+fi
 command -v cc >/dev/null || {
 	log "installing a C compiler (gcc) for the statx shim"
 	"${as_root[@]}" sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev" >&2

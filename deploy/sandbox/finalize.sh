@@ -15,6 +15,17 @@ install -d -o 1000 -g 1000 -m 0755 /home/user /home/user/outputs
 
 ln -sf /usr/bin/python3 /usr/local/bin/python
 
+# Packages on demand (README.md, "Packages on demand"): pip talks only to the agent's loopback
+# index and installs for the user into PYTHONUSERBASE=/opt/packages, the mount point of a tmpfs
+# the gateway sizes per profile. `pip` is a wrapper that adds the index's reasons when pip fails.
+install -m 0644 "$here/pip.conf" /etc/pip.conf
+install -d -m 0755 /opt/packages /usr/local/lib/sandgate
+install -m 0644 "$here/sandgate_pip.py" /usr/local/lib/sandgate/sandgate_pip.py
+for name in pip pip3 "pip$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"; do
+	printf '#!/bin/sh\nexec /usr/bin/python3 /usr/local/lib/sandgate/sandgate_pip.py "$@"\n' >"/usr/local/bin/$name"
+	chmod 0755 "/usr/local/bin/$name"
+done
+
 # gVisor: the statx shim (statx_shim.c says why), preloaded into every dynamically linked program.
 if [ -f "$here/statx_shim.so" ]; then
 	install -d -m 0755 /usr/local/lib/sandgate

@@ -34,6 +34,7 @@ import ctypes
 import errno
 import fcntl
 import hashlib
+import importlib
 import io
 import json
 import linecache
@@ -51,6 +52,8 @@ import threading
 import time
 import traceback
 import types
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PROTOCOL_VERSION = 2
 
@@ -342,7 +345,10 @@ def user_env(extra=None):
         "PYTHONUNBUFFERED": "1",
         # IPython wants a writable profile directory; keep it out of the user's home (and quota).
         "IPYTHONDIR": os.path.join(tempfile.gettempdir(), "sandgate-ipython"),
+        # pip installs the user's packages here (pip.conf: user = true), outside the home.
+        "PYTHONUSERBASE": PACKAGES_BASE,
     }
+    env["PATH"] = os.path.join(PACKAGES_BASE, "bin") + ":" + env["PATH"]
     for name in ("SANDGATE_AGENT_HOME", "MPLCONFIGDIR", "PYTHONPATH", "IPYTHONDIR", "LC_ALL", "TZ"):
         if name in os.environ:
             env[name] = os.environ[name]
@@ -708,6 +714,7 @@ class IPythonKernel:
             # Lower case is valid for both IPython 8 (caseless enum) and 9 (lower-case names).
             colors="nocolor",
         )
+        register_pip_magic(self.shell)
         self.last_value = None
         self.last_error = None
 
@@ -1092,6 +1099,234 @@ class CellRunner(FrameServer):
                 ).start()
 
 
+
+# --------------------------------------------------------------------------------------------------
+# Package index relay (PROTOCOL.md, "index_serve")
+#
+# The sandbox has no network, but its pip is configured (/etc/pip.conf in the image) to use a
+# package index on loopback inside the container: this small HTTP server, run by the agent. It
+# answers nothing itself: each request pip makes becomes an `index_request` event of the gateway's
+# open `index_serve` call, and the gateway's answer (chunk frames with the same id) is streamed back
+# to pip. The gateway decides everything (policy, wheels only, hashes, its cache); the agent only
+# carries bytes. Installed packages go to PYTHONUSERBASE (a tmpfs of their own, outside the home).
+
+# Where the relay listens (loopback inside the container; the image's pip.conf names this port).
+INDEX_PORT = int(os.environ.get("SANDGATE_AGENT_INDEX_PORT") or 3141)
+# Where pip installs packages for the sandbox user (`pip install --user`, set in pip.conf).
+PACKAGES_BASE = os.environ.get("SANDGATE_AGENT_PACKAGES") or "/opt/packages"
+# The longest path the relay forwards; project names and wheel file names are far shorter.
+INDEX_MAX_PATH = 1024
+# How long a pip request waits for the gateway's next frame before it gets 504.
+INDEX_FRAME_TIMEOUT_S = 120.0
+# Requests relayed at once (pip makes a handful); beyond, pip is answered 503 at once.
+INDEX_MAX_PENDING = 16
+# Notes the relay keeps for the pip wrapper (what the gateway refused and why).
+INDEX_MAX_NOTES = 50
+# What pip hears when no call holds the relay open (a background job, or a gateway without it).
+INDEX_NOT_SERVING = (
+    "package installs work only inside a call (run_terminal_command, execute_code, "
+    "install_packages), not in background jobs"
+)
+INDEX_PATH = re.compile(r"^/(simple/(?:[A-Za-z0-9._-]+/)?|files/[0-9a-f]{64}/[A-Za-z0-9._+!-]+)$")
+
+
+def user_site():
+    """The site directory pip installs the sandbox user's packages into (PEP 370 user scheme)."""
+    version = "%d.%d" % sys.version_info[:2]
+    return os.path.join(PACKAGES_BASE, "lib", f"python{version}", "site-packages")
+
+
+def prepare_user_site():
+    """Creates the user site directory before the kernel starts, so that Python puts it on sys.path
+    at start-up (it is added only when it exists) and the next cell imports what pip installed."""
+    if not os.path.isdir(PACKAGES_BASE):
+        return
+    try:
+        CREDS.run_as_user(os.makedirs, user_site(), 0o755, True)
+    except OSError as err:
+        log(f"cannot create {user_site()}: {err}")
+
+
+def register_pip_magic(shell):
+    """`%pip` runs the image's `pip` command (the wrapper that also prints what the package index
+    refused and why), not IPython's `python -m pip`, and makes the new packages importable in the
+    next line. `!pip` reaches the same command through the shell."""
+
+    def pip(line):
+        shell.system("pip " + line)
+        importlib.invalidate_caches()
+
+    try:
+        shell.register_magic_function(pip, "line", "pip")
+    except Exception as err:  # IPython without this API: its own %pip stays
+        log(f"%pip not replaced: {err!r}")
+
+
+class IndexRelay:
+    """The loopback package index: forwards pip's requests to the gateway's `index_serve` call."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.serving = None  # request id of the open index_serve call
+        self.pending = {}  # relay request id -> queue of chunk frames
+        self.next_rid = 1
+        self.notes = collections.deque(maxlen=INDEX_MAX_NOTES)  # (seq, text)
+        self.note_seq = 0
+        self.server = None
+
+    def start(self):
+        try:
+            self.server = ThreadingHTTPServer(("127.0.0.1", INDEX_PORT), IndexHandler)
+        except OSError as err:
+            log(f"package index relay not started on 127.0.0.1:{INDEX_PORT}: {err}")
+            return
+        self.server.daemon_threads = True
+        self.server.relay = self
+        threading.Thread(target=self.server.serve_forever, name="index-relay", daemon=True).start()
+
+    def port(self):
+        return self.server.server_address[1] if self.server else None
+
+    def serve(self, req_id):
+        """A gateway call opens the relay; a newer call replaces an older one (answered at once)."""
+        with self.lock:
+            old, self.serving = self.serving, req_id
+        if old is not None:
+            WRITER.ok(old, {"served": False, "replaced": True})
+
+    def close(self, req_id):
+        """Ends the open serve call `req_id` (the gateway's interrupt); False when not open."""
+        with self.lock:
+            if self.serving != req_id:
+                return False
+            self.serving = None
+            pending = list(self.pending.values())
+        for frames in pending:  # requests still waiting: the gateway will not answer them now
+            frames.put({"closed": True})
+        WRITER.ok(req_id, {"served": True, "replaced": False})
+        return True
+
+    def route(self, req_id, frame):
+        """Takes a chunk frame of the serve call; True when it was one (even if now unwanted)."""
+        with self.lock:
+            if req_id is None or req_id != self.serving:
+                return False
+            frames = self.pending.get(frame.get("rid"))
+        if frames is not None:
+            try:
+                frames.put(frame, timeout=INDEX_FRAME_TIMEOUT_S)
+            except queue.Full:
+                pass
+        return True
+
+    def add_note(self, text):
+        with self.lock:
+            self.note_seq += 1
+            self.notes.append((self.note_seq, text[:2000]))
+
+    def notes_after(self, seq):
+        with self.lock:
+            return self.note_seq, [text for n, text in self.notes if n > seq]
+
+    def relay(self, path):
+        """Sends one request to the gateway; returns (rid, queue of its answer frames) or an error
+        (status, text) when it cannot be sent."""
+        with self.lock:
+            if self.serving is None:
+                return None, (503, INDEX_NOT_SERVING)
+            if len(self.pending) >= INDEX_MAX_PENDING:
+                return None, (503, "too many package index requests at once")
+            rid = self.next_rid
+            self.next_rid += 1
+            frames = queue.Queue(maxsize=WRITE_QUEUE_CHUNKS)
+            self.pending[rid] = frames
+            serving = self.serving
+        WRITER.event(serving, "index_request", rid=rid, path=path)
+        return rid, frames
+
+    def done(self, rid):
+        with self.lock:
+            self.pending.pop(rid, None)
+
+
+class IndexHandler(BaseHTTPRequestHandler):
+    """pip's side of the relay: GET only, known paths only, the answer streamed as it arrives."""
+
+    server_version = "sandgate-index"
+    # HTTP/1.0: the answer's end is the connection's end, so a streamed body needs no length.
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, format, *args):  # noqa: A002  (BaseHTTPRequestHandler's signature)
+        pass  # pip's requests are not the container log's business
+
+    def do_GET(self):  # noqa: N802  (BaseHTTPRequestHandler's naming)
+        relay = self.server.relay
+        url = urllib.parse.urlsplit(self.path)
+        if url.path == "/_sandgate/notes":
+            after = urllib.parse.parse_qs(url.query).get("after", ["0"])[0]
+            seq, notes = relay.notes_after(int(after) if after.isdigit() else 0)
+            self.answer(200, json.dumps({"seq": seq, "notes": notes}), "application/json")
+            return
+        if len(url.path) > INDEX_MAX_PATH or not INDEX_PATH.match(url.path):
+            self.answer(404, "not a package index path")
+            return
+        rid, frames = relay.relay(url.path)
+        if rid is None:
+            status, text = frames
+            relay.add_note(text)
+            self.answer(status, text)
+            return
+        try:
+            self.stream(relay, frames)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # pip went away; the rest of the answer is dropped
+        finally:
+            relay.done(rid)
+
+    def stream(self, relay, frames):
+        started = False
+        while True:
+            try:
+                frame = frames.get(timeout=INDEX_FRAME_TIMEOUT_S)
+            except queue.Empty:
+                frame = {"closed": True}
+            if frame.get("closed"):
+                if not started:
+                    self.answer(504, "the gateway did not answer this package index request")
+                return
+            if not started:
+                started = True
+                note = frame.get("note")
+                if isinstance(note, str) and note:
+                    relay.add_note(note)
+                status = frame.get("status")
+                self.send_response(status if isinstance(status, int) and 100 <= status < 600 else 502)
+                self.send_header("Content-Type", str(frame.get("content_type") or "text/plain"))
+                length = frame.get("length")
+                if isinstance(length, int) and length >= 0:
+                    self.send_header("Content-Length", str(length))
+                self.end_headers()
+            data = frame.get("data") or ""
+            try:
+                raw = base64.b64decode(data, validate=True) if data else b""
+            except (binascii.Error, TypeError, ValueError):
+                return  # a broken frame ends the answer; pip sees a short body and fails
+            self.wfile.write(raw)
+            if frame.get("last", True):
+                return
+
+    def answer(self, status, text, content_type="text/plain; charset=utf-8"):
+        body = text.encode("utf-8")
+        # The reason phrase carries the first line too (pip shows it for a failed download); the
+        # status line is latin-1, so anything else becomes "?".
+        reason = text.splitlines()[0][:200].encode("ascii", "replace").decode() if text else None
+        self.send_response(status, reason if status >= 400 else None)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
 # --------------------------------------------------------------------------------------------------
 # The agent (root): the kernel's supervisor, commands, jobs, files
 
@@ -1223,8 +1458,11 @@ class Agent(FrameServer):
         self.job_seq = 0
         self.uploads = {}  # request id -> queue of chunk frames of a running write_file
         self.upload_tmp = {}  # request id -> temporary file of a running write_file
+        self.index = IndexRelay()
 
     def start(self):
+        prepare_user_site()
+        self.index.start()
         self.kernel = KernelProcess(self)
 
     # ----- frames from the gateway
@@ -1370,6 +1608,7 @@ class Agent(FrameServer):
                     "ipython": bool(frame.get("ipython")),
                     "preloaded": [p for p in frame.get("preloaded", []) if isinstance(p, str)],
                     "isolated": CREDS.root,
+                    "index_port": self.index.port(),
                 }
             )
         self.dispatch()
@@ -1467,6 +1706,8 @@ class Agent(FrameServer):
                 interrupted = True
             elif target in self.commands:
                 kill_group(self.commands[target])
+                interrupted = True
+            elif target is not None and self.index.close(target):
                 interrupted = True
             else:
                 for req in self.exec_queue:
@@ -1738,7 +1979,12 @@ class Agent(FrameServer):
             self.uploads[req_id] = chunks
         self.spawn("write_file", self.run_write, req_id, target, size, overwrite, chunks, as_user=True)
 
+    def op_index_serve(self, req_id, frame):
+        self.index.serve(req_id)
+
     def route_chunk(self, req_id, frame):
+        if self.index.route(req_id, frame):
+            return
         with self.state_lock:
             chunks = self.uploads.get(req_id)
         # Chunks of an upload that was refused, has failed or was cut off by a restart are dropped

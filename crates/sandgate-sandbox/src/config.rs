@@ -30,16 +30,20 @@ pub struct SandboxProfile {
     pub tmp_size_mb: u64,
     /// Size bound of the writable /home/user, MiB.
     pub home_size_mb: u64,
+    /// Size of the tmpfs on /opt/packages, where `pip install` puts the user's packages (outside
+    /// the home: they neither use its quota nor show among the user's files), MiB.
+    pub packages_size_mb: u64,
 }
 
 impl SandboxProfile {
     /// The memory limit the container gets: the profile's memory plus the sizes of the tmpfs
-    /// mounts on /tmp and /home/user, whose pages the memory cgroup counts. Filling them is then
-    /// ENOSPC for user code, never an out-of-memory kill of the sandbox.
+    /// mounts on /tmp, /home/user and /opt/packages, whose pages the memory cgroup counts.
+    /// Filling them is then ENOSPC for user code, never an out-of-memory kill of the sandbox.
     pub fn container_memory_mb(&self) -> u64 {
         self.memory_mb
             .saturating_add(self.tmp_size_mb)
             .saturating_add(self.home_size_mb)
+            .saturating_add(self.packages_size_mb)
     }
 
     /// Checks the values against what Docker and the kernel accept; the error names the field.
@@ -74,14 +78,14 @@ impl SandboxProfile {
         if self.nofile < 64 {
             return Err(format!("nofile: {} is too small; at least 64", self.nofile));
         }
-        if self.tmp_size_mb == 0 || self.home_size_mb == 0 {
-            return Err("tmp_size_mb and home_size_mb: must be more than 0".into());
+        if self.tmp_size_mb == 0 || self.home_size_mb == 0 || self.packages_size_mb == 0 {
+            return Err("tmp_size_mb, home_size_mb and packages_size_mb: must be more than 0".into());
         }
         // The container's limit covers memory and both tmpfs mounts; past this, Docker's i64 of
         // bytes (or any real host) cannot hold the promise that a full disk is only ENOSPC.
         if self.container_memory_mb() > MAX_CONTAINER_MEMORY_MB {
             return Err(format!(
-                "home_size_mb: memory_mb + tmp_size_mb + home_size_mb is {} MiB, more than the {} MiB a sandbox's memory limit may be (files on the tmpfs mounts count as memory)",
+                "home_size_mb: memory_mb + tmp_size_mb + home_size_mb + packages_size_mb is {} MiB, more than the {} MiB a sandbox's memory limit may be (files on the tmpfs mounts count as memory)",
                 self.container_memory_mb(),
                 MAX_CONTAINER_MEMORY_MB
             ));
@@ -174,12 +178,13 @@ mod tests {
             nofile: 1024,
             tmp_size_mb: 64,
             home_size_mb: 512,
+            packages_size_mb: 256,
         }
     }
 
     #[test]
-    fn the_container_limit_covers_memory_and_both_tmpfs_mounts() {
-        assert_eq!(profile().container_memory_mb(), 512 + 64 + 512);
+    fn the_container_limit_covers_memory_and_every_tmpfs_mount() {
+        assert_eq!(profile().container_memory_mb(), 512 + 64 + 512 + 256);
         assert_eq!(profile().validate(), Ok(()));
     }
 

@@ -25,6 +25,8 @@ pub const AGENT_SOURCE: &str = include_str!("../agent/agent.py");
 
 /// The sandbox user's home; the only writable place besides /tmp.
 const HOME: &str = "/home/user";
+/// Where the sandbox user's pip installs packages (PYTHONUSERBASE in the image and the agent).
+const PACKAGES: &str = "/opt/packages";
 
 const MIB: u64 = 1024 * 1024;
 
@@ -133,6 +135,14 @@ pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
             format!(
                 "rw,nosuid,nodev,size={}m,uid=1000,gid=1000,mode=0700",
                 profile.home_size_mb
+            ),
+        ),
+        // Packages the user installs with pip (the image's pip.conf: user scheme, PYTHONUSERBASE).
+        (
+            PACKAGES.to_owned(),
+            format!(
+                "rw,nosuid,nodev,size={}m,uid=1000,gid=1000,mode=0755",
+                profile.packages_size_mb
             ),
         ),
     ]);

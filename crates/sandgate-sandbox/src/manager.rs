@@ -794,6 +794,7 @@ mod tests {
             nofile: 1024,
             tmp_size_mb: 64,
             home_size_mb: 512,
+            packages_size_mb: 256,
         }
     }
 

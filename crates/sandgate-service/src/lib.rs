@@ -8,6 +8,7 @@
 //! - [`health`]: readiness (Postgres, Docker, the sandbox image).
 //! - [`keys`]: the signing-key ring (access tokens).
 //! - [`links`]: expiring download links (signed; opened by the gateway's `/files/` route).
+//! - [`packages`]: packages on demand (the host side of `pip install` in a sandbox).
 //! - [`startup`]: [`Services::start`]: the pool, keys, sandbox manager and background work.
 //! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`transcripts`]: what ran in each sandbox, kept for the person who takes over.
@@ -20,6 +21,7 @@ pub mod config;
 pub mod health;
 pub mod keys;
 pub mod links;
+pub mod packages;
 pub mod resource_uri;
 pub mod retention;
 pub mod sandboxes;

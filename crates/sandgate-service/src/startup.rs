@@ -36,6 +36,9 @@ pub enum StartError {
     /// The sandbox manager could not start.
     #[error("cannot start the sandbox manager")]
     Sandboxes(#[source] SandboxError),
+    /// The package index could not be set up (its configuration).
+    #[error("cannot set up packages on demand")]
+    Packages(#[source] crate::packages::PackagesConfigError),
 }
 
 /// The running service layer. Cheap to clone.
@@ -53,6 +56,8 @@ pub struct Services {
     pub audit: AuditLog,
     /// Transcripts of what ran in sandboxes.
     pub transcripts: Transcripts,
+    /// Packages on demand: the host side of `pip install` in a sandbox.
+    pub packages: crate::packages::PackageIndex,
     /// Cancelled to end the background work.
     pub background_stop: CancellationToken,
     /// The background work, to wait for at shutdown.
@@ -89,6 +94,8 @@ impl Services {
             &background,
         );
         let transcripts = Transcripts::new(db.clone(), &config.retention);
+        let packages = crate::packages::PackageIndex::new(&config.packages, Some(db.clone()))
+            .map_err(StartError::Packages)?;
         Ok(Self {
             db,
             docker,
@@ -96,6 +103,7 @@ impl Services {
             sandboxes,
             audit,
             transcripts,
+            packages,
             background_stop,
             background,
         })

@@ -14,6 +14,7 @@ pub mod clients;
 pub mod grants;
 pub mod hygiene;
 pub mod keys;
+pub mod packages;
 pub mod sandboxes;
 pub mod tenants;
 pub mod transcripts;

@@ -10,6 +10,7 @@ mod budget;
 mod calls;
 mod error;
 mod files;
+mod index;
 mod link;
 mod output;
 #[cfg(test)]
@@ -18,6 +19,7 @@ mod types;
 
 use budget::*;
 pub use error::{AgentError, ChannelError};
+pub use index::{IndexAnswer, IndexBody, IndexHandler};
 use link::*;
 use output::*;
 pub use types::*;

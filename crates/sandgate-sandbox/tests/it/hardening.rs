@@ -50,13 +50,18 @@ async fn a_leased_container_carries_every_item_of_the_hardening_baseline() {
         home.contains("size=512m") && home.contains("uid=1000") && home.contains("mode=0700"),
         "bounded /home/user owned by the user: {home}"
     );
+    let packages = &tmpfs["/opt/packages"];
+    assert!(
+        packages.contains("size=256m") && packages.contains("uid=1000") && packages.contains("nosuid"),
+        "bounded /opt/packages (pip's user installs) owned by the user: {packages}"
+    );
     // The agent is root (with the three capabilities above); user code runs as uid 1000 with
     // none, which the probe below checks from inside.
     assert_eq!(config.user.as_deref(), Some("0:0"), "the agent's user");
     assert_eq!(host.pids_limit, Some(256), "pids limit");
     assert_eq!(
         host.memory,
-        Some((512 + 64 + 512) << 20),
+        Some((512 + 64 + 512 + 256) << 20),
         "memory limit: memory + the tmpfs sizes"
     );
     assert_eq!(

@@ -92,8 +92,9 @@ async fn allocating_past_the_memory_limit_reports_the_memory_limit() {
         ) => {
             let message = err.to_string();
             assert!(
-                // 512 MiB for processes + 64 + 512 MiB for the tmpfs mounts (their pages count).
-                message.contains("memory limit of 1088 MiB was hit"),
+                // 512 MiB for processes + 64 + 512 + 256 MiB for the tmpfs mounts (their pages
+                // count).
+                message.contains("memory limit of 1344 MiB was hit"),
                 "the error names the memory limit: {message}"
             );
             eprintln!("oom: {message}");

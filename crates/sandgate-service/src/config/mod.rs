@@ -53,6 +53,8 @@ pub struct Config {
     pub oauth: OAuthConfig,
     /// Logging.
     pub log: LogConfig,
+    /// Packages on demand (`pip install` in a sandbox).
+    pub packages: crate::packages::PackagesConfig,
 }
 
 /// Postgres settings.
@@ -255,7 +257,10 @@ impl Config {
         self.validate_limits()?;
         self.validate_mcp()?;
         self.validate_oauth()?;
-        self.validate_lifecycle()
+        self.validate_lifecycle()?;
+        self.packages
+            .validate()
+            .map_err(|(key, message)| ConfigError::Invalid { key, message })
     }
 
     /// `database`, `instance` and `public_url`.

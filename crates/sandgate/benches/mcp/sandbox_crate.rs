@@ -14,6 +14,7 @@ pub(crate) fn profile(image: &str) -> SandboxProfile {
         nofile: 1024,
         tmp_size_mb: 64,
         home_size_mb: 512,
+        packages_size_mb: 256,
     }
 }
 

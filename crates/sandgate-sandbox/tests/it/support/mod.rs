@@ -51,6 +51,7 @@ pub fn profile() -> SandboxProfile {
         nofile: 1024,
         tmp_size_mb: 64,
         home_size_mb: 512,
+        packages_size_mb: 256,
     }
 }
 

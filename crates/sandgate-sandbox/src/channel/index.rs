@@ -1,0 +1,155 @@
+//! The package index relay (PROTOCOL.md, `index_serve`): pip in the sandbox asks the agent's
+//! loopback index, the agent forwards each request here, and an [`IndexHandler`] (the service's
+//! package index: policy, wheels only, hashes, the shared cache) answers it.
+
+#[allow(clippy::wildcard_imports)] // the channel's modules share one set of imports
+use super::*;
+
+use std::path::PathBuf;
+
+use futures::future::BoxFuture;
+use tokio::io::AsyncReadExt;
+
+/// One answer to a request of the sandbox's pip, relayed back by the agent.
+#[derive(Debug)]
+pub struct IndexAnswer {
+    /// HTTP status pip sees.
+    pub status: u16,
+    /// Its `Content-Type`.
+    pub content_type: String,
+    /// What the sandbox's `pip` command prints when pip fails (why a package was refused).
+    pub note: Option<String>,
+    /// The body.
+    pub body: IndexBody,
+}
+
+/// The body of an [`IndexAnswer`]: small pages from memory, wheels streamed from the host's cache.
+#[derive(Debug)]
+pub enum IndexBody {
+    /// A page (or an error text) held in memory.
+    Bytes(Bytes),
+    /// A file on this host (a cached wheel), sent in chunks without holding it in memory.
+    File(PathBuf),
+}
+
+impl IndexAnswer {
+    /// A plain-text refusal: pip shows `status` and the first line (as the reason phrase of a
+    /// failed download), the `pip` command prints the whole text as a note.
+    pub fn refused(status: u16, text: impl Into<String>) -> Self {
+        let text = text.into();
+        Self {
+            status,
+            content_type: "text/plain; charset=utf-8".into(),
+            note: Some(text.clone()),
+            body: IndexBody::Bytes(Bytes::from(text)),
+        }
+    }
+}
+
+/// Answers the package index requests of one sandbox. `path` is what pip asked the loopback
+/// index for (`/simple/<project>/` or `/files/<sha256>/<filename>`; the agent forwards nothing
+/// else).
+pub trait IndexHandler: Send + Sync {
+    /// The answer to one request.
+    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, IndexAnswer>;
+}
+
+impl AgentChannel {
+    /// Serves the sandbox's package index requests with `handler` until the future is dropped
+    /// (then the agent is told to stop relaying) or the channel is lost. Run it beside a call
+    /// (a cell or a command) so that pip in that call can install packages.
+    #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.shared.label))]
+    pub async fn serve_index(&self, handler: &dyn IndexHandler) -> Result<(), ChannelError> {
+        let mut call = self.start("index_serve", json!({})).await?;
+        let _close = InterruptOnDrop {
+            channel: Some(self.clone()),
+            target: call.id,
+        };
+        loop {
+            match call.next().await? {
+                Delivery::Event { event, frame } if event == "index_request" => {
+                    let rid = frame.get("rid").and_then(Value::as_u64);
+                    let path = frame.get("path").and_then(Value::as_str);
+                    let (Some(rid), Some(path)) = (rid, path) else {
+                        tracing::debug!("index_request without rid or path ignored");
+                        continue;
+                    };
+                    let answer = handler.get(path).await;
+                    self.send_index_answer(call.id, rid, answer).await?;
+                }
+                Delivery::Event { .. } | Delivery::Oversized { is_event: true, .. } => {}
+                // Another call took the relay over, or the agent refused the op: nothing to serve.
+                Delivery::Final(_) | Delivery::Oversized { .. } => return Ok(()),
+            }
+        }
+    }
+
+    async fn send_index_answer(
+        &self,
+        id: u64,
+        rid: u64,
+        answer: IndexAnswer,
+    ) -> Result<(), ChannelError> {
+        let head = |length: Option<u64>, data: &[u8], last: bool| {
+            let mut frame = Map::new();
+            frame.insert("rid".into(), rid.into());
+            frame.insert("status".into(), answer.status.into());
+            frame.insert("content_type".into(), answer.content_type.clone().into());
+            frame.insert("note".into(), answer.note.clone().into());
+            frame.insert("length".into(), length.into());
+            frame.insert("data".into(), BASE64.encode(data).into());
+            frame.insert("last".into(), last.into());
+            protocol::request_line(id, "chunk", frame)
+        };
+        match &answer.body {
+            IndexBody::Bytes(bytes) => {
+                self.send(head(Some(bytes.len() as u64), bytes, true)).await
+            }
+            IndexBody::File(path) => {
+                let mut file = match tokio::fs::File::open(path).await {
+                    Ok(file) => file,
+                    Err(err) => {
+                        tracing::warn!(path = %path.display(), %err, "cached wheel unreadable");
+                        let text = "the gateway could not read this wheel from its cache; try again";
+                        let refused = IndexAnswer::refused(502, text);
+                        return Box::pin(self.send_index_answer(id, rid, refused)).await;
+                    }
+                };
+                let length = file.metadata().await.ok().map(|m| m.len());
+                let mut buf = vec![0u8; CHUNK_BYTES];
+                let mut first = true;
+                loop {
+                    let n = read_full(&mut file, &mut buf).await.unwrap_or(0);
+                    let last = n < buf.len();
+                    let line = if first {
+                        first = false;
+                        head(length, &buf[..n], last)
+                    } else {
+                        let mut frame = Map::new();
+                        frame.insert("rid".into(), rid.into());
+                        frame.insert("data".into(), BASE64.encode(&buf[..n]).into());
+                        frame.insert("last".into(), last.into());
+                        protocol::request_line(id, "chunk", frame)
+                    };
+                    self.send(line).await?;
+                    if last {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reads until `buf` is full or the file ends; the number of bytes read.
+async fn read_full(file: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let n = file.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(filled)
+}

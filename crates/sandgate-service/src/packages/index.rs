@@ -1,0 +1,269 @@
+//! One call's package index: what pip in that call sees, and what it may install.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use sandgate_sandbox::{IndexAnswer, IndexBody, IndexHandler};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::PackageIndex;
+use super::cache::is_sha256;
+use super::upstream::{self, DownloadError, PageError};
+
+/// PEP 691's JSON project page, which pip prefers.
+const JSON_PAGE: &str = "application/vnd.pypi.simple.v1+json";
+
+/// A wheel this call's project pages offered: only these can be downloaded through it.
+#[derive(Debug, Clone)]
+struct Offered {
+    project: String,
+    version: String,
+    filename: String,
+    url: url::Url,
+}
+
+/// The [`IndexHandler`] of one call of one tenant in one sandbox.
+#[derive(Debug)]
+pub struct CallIndex {
+    index: PackageIndex,
+    tenant: Uuid,
+    sandbox_id: String,
+    offered: Mutex<HashMap<String, Offered>>,
+}
+
+impl CallIndex {
+    pub(super) fn new(index: PackageIndex, tenant: Uuid, sandbox_id: String) -> Self {
+        Self {
+            index,
+            tenant,
+            sandbox_id,
+            offered: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn answer(&self, path: &str) -> IndexAnswer {
+        let base = match &self.index.inner.upstream {
+            Ok(url) => url.clone(),
+            Err(why) => return IndexAnswer::refused(403, why.clone()),
+        };
+        if path == "/simple/" {
+            return page(json!({"meta": {"api-version": "1.0"}, "projects": []}));
+        }
+        if let Some(name) = path
+            .strip_prefix("/simple/")
+            .and_then(|p| p.strip_suffix('/'))
+        {
+            return self.project_page(&base, name).await;
+        }
+        if let Some(rest) = path.strip_prefix("/files/")
+            && let Some((sha256, filename)) = rest.split_once('/')
+            && is_sha256(sha256)
+        {
+            return self.wheel(sha256, filename).await;
+        }
+        IndexAnswer::refused(404, format!("not a package index path: {path}"))
+    }
+
+    /// The project's page with its binary wheels only (pointing at `/files/<sha256>/<name>`).
+    async fn project_page(&self, base: &url::Url, name: &str) -> IndexAnswer {
+        let project = normalize(name);
+        let files = match upstream::project_files(&self.index.inner.client, base, &project).await
+        {
+            Ok(files) => files,
+            Err(PageError::NotFound) => {
+                return IndexAnswer::refused(
+                    404,
+                    format!("no project named {project:?} on the package index: check the name"),
+                );
+            }
+            Err(PageError::Upstream(why)) => {
+                tracing::warn!(%project, %why, "package index unreachable");
+                return IndexAnswer::refused(
+                    502,
+                    format!("the package index could not be reached for {project:?} ({why}); try again later"),
+                );
+            }
+        };
+        let mut listed = Vec::new();
+        let mut offered = self.offered.lock().unwrap_or_else(|e| e.into_inner());
+        for file in &files {
+            let Some(version) = wheel_version(&file.filename) else {
+                continue; // an sdist or anything else: never offered
+            };
+            // A wheel without a published sha256 cannot be checked, so it is not offered.
+            let Some(sha256) = file.sha256.as_deref().filter(|h| is_sha256(h)) else {
+                continue;
+            };
+            offered.insert(
+                sha256.to_owned(),
+                Offered {
+                    project: project.clone(),
+                    version,
+                    filename: file.filename.clone(),
+                    url: file.url.clone(),
+                },
+            );
+            let mut entry = json!({
+                "filename": file.filename,
+                "url": format!("/files/{sha256}/{}", file.filename),
+                "hashes": {"sha256": sha256},
+            });
+            if let Some(rp) = &file.requires_python {
+                entry["requires-python"] = rp.clone().into();
+            }
+            if let Some(reason) = &file.yanked {
+                entry["yanked"] = if reason.is_empty() {
+                    true.into()
+                } else {
+                    reason.clone().into()
+                };
+            }
+            listed.push(entry);
+        }
+        drop(offered);
+        if listed.is_empty() && !files.is_empty() {
+            return IndexAnswer::refused(
+                404,
+                format!(
+                    "{project} publishes no binary wheel on the package index (only source distributions): sandboxes install binary wheels only and never build from source; use another package or version that ships a wheel"
+                ),
+            );
+        }
+        page(json!({"meta": {"api-version": "1.0"}, "name": project, "files": listed}))
+    }
+
+    /// A wheel the page offered: from the cache, else downloaded into it (hash checked) first.
+    async fn wheel(&self, sha256: &str, filename: &str) -> IndexAnswer {
+        let offered = self
+            .offered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sha256)
+            .cloned();
+        let Some(offered) = offered.filter(|o| o.filename == filename) else {
+            return IndexAnswer::refused(404, format!("{filename} was not offered to this sandbox"));
+        };
+        let inner = &self.index.inner;
+        let cached = inner.cache.path(sha256);
+        if !tokio::fs::try_exists(&cached).await.unwrap_or(false) {
+            let partial = inner.cache.temporary(sha256);
+            let downloaded = upstream::download(
+                &inner.client,
+                &offered.url,
+                &partial,
+                inner.max_wheel_bytes,
+                sha256,
+            )
+            .await;
+            if let Err(err) = downloaded {
+                return self.download_refused(&offered, sha256, err);
+            }
+            if let Err(err) = tokio::fs::rename(&partial, &cached).await {
+                let _ = tokio::fs::remove_file(&partial).await;
+                tracing::warn!(%err, "wheel cache write failed");
+                return IndexAnswer::refused(502, "the gateway could not store this wheel; try again");
+            }
+        }
+        tracing::info!(
+            tenant_id = %self.tenant,
+            sandbox_id = %self.sandbox_id,
+            project = %offered.project,
+            version = %offered.version,
+            "package wheel handed to a sandbox"
+        );
+        self.index
+            .audit_install(self.tenant, &self.sandbox_id, &offered.project, &offered.version, &offered.filename, sha256)
+            .await;
+        IndexAnswer {
+            status: 200,
+            content_type: "application/octet-stream".into(),
+            note: None,
+            body: IndexBody::File(cached),
+        }
+    }
+
+    fn download_refused(&self, offered: &Offered, sha256: &str, err: DownloadError) -> IndexAnswer {
+        let text = match err {
+            DownloadError::HashMismatch { got } => format!(
+                "{} from the package index does not match its published sha256 (expected {sha256}, got {got}): refused, it is corrupted or was tampered with",
+                offered.filename
+            ),
+            DownloadError::TooLarge { limit } => format!(
+                "{} is larger than the {} MiB a sandbox may download (packages.max_wheel_mb)",
+                offered.filename,
+                limit >> 20
+            ),
+            DownloadError::Failed(why) => {
+                tracing::warn!(%why, file = %offered.filename, "wheel download failed");
+                format!("{} could not be downloaded from the package index ({why}); try again later", offered.filename)
+            }
+        };
+        IndexAnswer::refused(502, text)
+    }
+}
+
+impl IndexHandler for CallIndex {
+    fn get<'a>(&'a self, path: &'a str) -> BoxFuture<'a, IndexAnswer> {
+        Box::pin(self.answer(path))
+    }
+}
+
+fn page(body: serde_json::Value) -> IndexAnswer {
+    IndexAnswer {
+        status: 200,
+        content_type: JSON_PAGE.into(),
+        note: None,
+        body: IndexBody::Bytes(Bytes::from(body.to_string())),
+    }
+}
+
+/// PEP 503 name normalization: lower case, runs of `-`, `_`, `.` become one `-`.
+pub(super) fn normalize(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut dash = false;
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            dash = true;
+        } else {
+            if dash && !out.is_empty() {
+                out.push('-');
+            }
+            dash = false;
+            out.push(c.to_ascii_lowercase());
+        }
+    }
+    out
+}
+
+/// The version of a wheel file name (`name-version(-build)?-py-abi-platform.whl`); `None` for
+/// anything that is not a wheel.
+fn wheel_version(filename: &str) -> Option<String> {
+    let stem = filename.strip_suffix(".whl")?;
+    let parts: Vec<&str> = stem.split('-').collect();
+    (parts.len() == 5 || parts.len() == 6).then(|| parts[1].to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_normalized_like_pep_503() {
+        assert_eq!(normalize("Friendly-Bard"), "friendly-bard");
+        assert_eq!(normalize("FRIENDLY__bard"), "friendly-bard");
+        assert_eq!(normalize("friendly.-_bard"), "friendly-bard");
+    }
+
+    #[test]
+    fn only_wheels_have_a_version_here() {
+        assert_eq!(wheel_version("demo-1.0-py3-none-any.whl").as_deref(), Some("1.0"));
+        assert_eq!(
+            wheel_version("demo-1.0-1b-cp311-cp311-manylinux_2_28_x86_64.whl").as_deref(),
+            Some("1.0")
+        );
+        assert_eq!(wheel_version("demo-1.0.tar.gz"), None);
+    }
+}

@@ -1,0 +1,362 @@
+//! The upstream package index: project pages (PEP 691 JSON, else PEP 503 HTML) and downloads.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncWriteExt;
+use url::Url;
+
+use super::PackagesConfigError;
+use super::config::PackagesConfig;
+
+/// The JSON API first (PEP 691), HTML (PEP 503) for indexes that only have that.
+const ACCEPT: &str = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1";
+/// The largest project page read (a project with thousands of files is a few MB).
+const MAX_PAGE_BYTES: usize = 32 << 20;
+
+/// The HTTP client for the upstream: the system's trust store plus the configured extra bundle.
+pub(super) fn client(config: &PackagesConfig) -> Result<reqwest::Client, PackagesConfigError> {
+    let mut builder = reqwest::Client::builder()
+        .user_agent(concat!("sandgate/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_secs(config.fetch_timeout_seconds.min(30)))
+        .read_timeout(Duration::from_secs(config.fetch_timeout_seconds));
+    let bundle = config.ca_bundle.trim();
+    if !bundle.is_empty() {
+        let refuse = |message: String| PackagesConfigError::CaBundle {
+            path: bundle.to_owned(),
+            message,
+        };
+        let pem = std::fs::read(bundle).map_err(|e| refuse(e.to_string()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| refuse(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(refuse("no PEM certificate in it".into()));
+        }
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder.build().map_err(PackagesConfigError::Client)
+}
+
+/// One file of a project, as the upstream index lists it.
+#[derive(Debug, Clone)]
+pub(super) struct ProjectFile {
+    pub(super) filename: String,
+    pub(super) url: Url,
+    pub(super) sha256: Option<String>,
+    pub(super) requires_python: Option<String>,
+    /// PEP 592: `Some(reason)` (possibly empty) when yanked.
+    pub(super) yanked: Option<String>,
+}
+
+/// Why a project page could not be had.
+#[derive(Debug)]
+pub(super) enum PageError {
+    /// The index has no such project.
+    NotFound,
+    /// The index could not be reached or answered something unusable.
+    Upstream(String),
+}
+
+/// The files of `project` (a normalized name) on the index at `base`.
+pub(super) async fn project_files(
+    client: &reqwest::Client,
+    base: &Url,
+    project: &str,
+) -> Result<Vec<ProjectFile>, PageError> {
+    let page = base
+        .join(&format!("{project}/"))
+        .map_err(|e| PageError::Upstream(e.to_string()))?;
+    let response = client
+        .get(page.clone())
+        .header(reqwest::header::ACCEPT, ACCEPT)
+        .send()
+        .await
+        .map_err(|e| PageError::Upstream(describe(&e)))?;
+    if response.status() == reqwest::StatusCode::NOT_FOUND {
+        return Err(PageError::NotFound);
+    }
+    if !response.status().is_success() {
+        return Err(PageError::Upstream(format!(
+            "the index answered {} for {page}",
+            response.status()
+        )));
+    }
+    let page = response.url().clone();
+    let json = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("json"));
+    let body = read_bounded(response, MAX_PAGE_BYTES).await?;
+    if json {
+        parse_json(&page, &body)
+    } else {
+        Ok(parse_html(&page, &String::from_utf8_lossy(&body)))
+    }
+}
+
+async fn read_bounded(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, PageError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| PageError::Upstream(describe(&e)))?
+    {
+        if body.len() + chunk.len() > max {
+            return Err(PageError::Upstream(format!("project page larger than {max} bytes")));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// PEP 691.
+fn parse_json(page: &Url, body: &[u8]) -> Result<Vec<ProjectFile>, PageError> {
+    #[derive(Deserialize)]
+    struct Page {
+        files: Vec<File>,
+    }
+    #[derive(Deserialize)]
+    struct File {
+        filename: String,
+        url: String,
+        #[serde(default)]
+        hashes: std::collections::HashMap<String, String>,
+        #[serde(default, rename = "requires-python")]
+        requires_python: Option<String>,
+        #[serde(default)]
+        yanked: Option<serde_json::Value>,
+    }
+    let parsed: Page = serde_json::from_slice(body)
+        .map_err(|e| PageError::Upstream(format!("the index's JSON project page: {e}")))?;
+    Ok(parsed
+        .files
+        .into_iter()
+        .filter_map(|f| {
+            let url = page.join(&f.url).ok()?;
+            let yanked = match f.yanked {
+                Some(serde_json::Value::Bool(true)) => Some(String::new()),
+                Some(serde_json::Value::String(reason)) => Some(reason),
+                _ => None,
+            };
+            Some(ProjectFile {
+                filename: f.filename,
+                url,
+                sha256: f.hashes.get("sha256").map(|h| h.to_ascii_lowercase()),
+                requires_python: f.requires_python,
+                yanked,
+            })
+        })
+        .collect())
+}
+
+/// PEP 503: the anchors of the page; the sha256 from each URL's fragment.
+fn parse_html(page: &Url, html: &str) -> Vec<ProjectFile> {
+    let mut files = Vec::new();
+    let lower = html.to_ascii_lowercase();
+    let mut at = 0;
+    while let Some(start) = lower[at..].find("<a ").map(|i| at + i) {
+        let Some(tag_end) = lower[start..].find('>').map(|i| start + i) else {
+            break;
+        };
+        let Some(close) = lower[tag_end..].find("</a>").map(|i| tag_end + i) else {
+            break;
+        };
+        let tag = &html[start + 3..tag_end];
+        let text = unescape(html[tag_end + 1..close].trim());
+        at = close + 4;
+        let Some(href) = attribute(tag, "href") else {
+            continue;
+        };
+        let Ok(mut url) = page.join(&href) else {
+            continue;
+        };
+        let sha256 = url
+            .fragment()
+            .and_then(|f| f.strip_prefix("sha256="))
+            .map(str::to_ascii_lowercase);
+        url.set_fragment(None);
+        let filename = if text.is_empty() {
+            url.path_segments()
+                .and_then(|mut s| s.next_back())
+                .unwrap_or_default()
+                .to_owned()
+        } else {
+            text
+        };
+        files.push(ProjectFile {
+            filename,
+            url,
+            sha256,
+            requires_python: attribute(tag, "data-requires-python"),
+            yanked: attribute(tag, "data-yanked"),
+        });
+    }
+    files
+}
+
+/// The value of attribute `name` in the inside of a tag (quoted with " or ').
+fn attribute(tag: &str, name: &str) -> Option<String> {
+    let lower = tag.to_ascii_lowercase();
+    let mut from = 0;
+    while let Some(i) = lower[from..].find(name).map(|i| from + i) {
+        from = i + name.len();
+        let before_ok = i == 0 || lower.as_bytes()[i - 1].is_ascii_whitespace();
+        let rest = tag[from..].trim_start();
+        if !before_ok {
+            continue;
+        }
+        let Some(rest) = rest.strip_prefix('=') else {
+            if rest.is_empty() || rest.starts_with(|c: char| c.is_ascii_whitespace() || c == '/') {
+                return Some(String::new()); // a bare attribute (data-yanked)
+            }
+            continue;
+        };
+        let rest = rest.trim_start();
+        let quote = rest.chars().next()?;
+        if quote == '"' || quote == '\'' {
+            let end = rest[1..].find(quote)?;
+            return Some(unescape(&rest[1..=end]));
+        }
+        let end = rest
+            .find(|c: char| c.is_ascii_whitespace())
+            .unwrap_or(rest.len());
+        return Some(unescape(&rest[..end]));
+    }
+    None
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+/// Why a download failed.
+#[derive(Debug)]
+pub(super) enum DownloadError {
+    /// The bytes do not have the sha256 the index published.
+    HashMismatch { got: String },
+    /// Larger than allowed.
+    TooLarge { limit: u64 },
+    /// The index or the local disk failed.
+    Failed(String),
+}
+
+/// Downloads `url` into `dest`, checking size and sha256 as it goes; `dest` is removed on failure.
+pub(super) async fn download(
+    client: &reqwest::Client,
+    url: &Url,
+    dest: &Path,
+    max_bytes: u64,
+    sha256: &str,
+) -> Result<u64, DownloadError> {
+    let result = download_inner(client, url, dest, max_bytes, sha256).await;
+    if result.is_err() {
+        let _ = tokio::fs::remove_file(dest).await;
+    }
+    result
+}
+
+async fn download_inner(
+    client: &reqwest::Client,
+    url: &Url,
+    dest: &Path,
+    max_bytes: u64,
+    sha256: &str,
+) -> Result<u64, DownloadError> {
+    let failed = |e: &dyn std::fmt::Display| DownloadError::Failed(e.to_string());
+    let mut response = client
+        .get(url.clone())
+        .send()
+        .await
+        .map_err(|e| DownloadError::Failed(describe(&e)))?;
+    if !response.status().is_success() {
+        return Err(DownloadError::Failed(format!(
+            "the index answered {} for {url}",
+            response.status()
+        )));
+    }
+    if response.content_length().is_some_and(|n| n > max_bytes) {
+        return Err(DownloadError::TooLarge { limit: max_bytes });
+    }
+    let mut file = tokio::fs::File::create(dest).await.map_err(|e| failed(&e))?;
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| DownloadError::Failed(describe(&e)))?
+    {
+        size += chunk.len() as u64;
+        if size > max_bytes {
+            return Err(DownloadError::TooLarge { limit: max_bytes });
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(|e| failed(&e))?;
+    }
+    file.flush().await.map_err(|e| failed(&e))?;
+    file.sync_all().await.map_err(|e| failed(&e))?;
+    let got = hex::encode(hasher.finalize());
+    if got != sha256 {
+        return Err(DownloadError::HashMismatch { got });
+    }
+    Ok(size)
+}
+
+/// A reqwest error with its causes (a TLS failure says why).
+fn describe(err: &reqwest::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn html_pages_give_file_names_hashes_and_yanks() {
+        let page = Url::parse("http://127.0.0.1:1/simple/demo/").unwrap();
+        let html = r#"<html><body>
+            <a href="../../files/demo-1.0-py3-none-any.whl#sha256=ABCD" data-requires-python="&gt;=3.8">demo-1.0-py3-none-any.whl</a>
+            <A HREF='demo-0.9.tar.gz' data-yanked>demo-0.9.tar.gz</A>
+            </body></html>"#;
+        let files = parse_html(&page, html);
+        assert_eq!(files.len(), 2, "{files:?}");
+        assert_eq!(files[0].filename, "demo-1.0-py3-none-any.whl");
+        assert_eq!(
+            files[0].url.as_str(),
+            "http://127.0.0.1:1/files/demo-1.0-py3-none-any.whl"
+        );
+        assert_eq!(files[0].sha256.as_deref(), Some("abcd"));
+        assert_eq!(files[0].requires_python.as_deref(), Some(">=3.8"));
+        assert_eq!(files[0].yanked, None);
+        assert_eq!(files[1].yanked.as_deref(), Some(""));
+        assert_eq!(
+            files[1].url.as_str(),
+            "http://127.0.0.1:1/simple/demo/demo-0.9.tar.gz"
+        );
+    }
+
+    #[test]
+    fn json_pages_resolve_relative_urls() {
+        let page = Url::parse("http://127.0.0.1:1/simple/demo/").unwrap();
+        let body = br#"{"meta":{"api-version":"1.0"},"name":"demo","files":[
+            {"filename":"demo-1.0-py3-none-any.whl","url":"/f/demo-1.0-py3-none-any.whl","hashes":{"sha256":"AB"},"yanked":"broken"}]}"#;
+        let files = parse_json(&page, body).unwrap();
+        assert_eq!(files[0].url.as_str(), "http://127.0.0.1:1/f/demo-1.0-py3-none-any.whl");
+        assert_eq!(files[0].sha256.as_deref(), Some("ab"));
+        assert_eq!(files[0].yanked.as_deref(), Some("broken"));
+    }
+}

@@ -1,0 +1,64 @@
+//! The install audit of packages on demand: one row per wheel handed to a sandbox.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::StoreError;
+
+/// One wheel the package index handed to a sandbox's pip.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct PackageInstall {
+    /// When (set by the database on insert).
+    pub at: DateTime<Utc>,
+    /// The sandbox's tenant.
+    pub tenant_id: Uuid,
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// The project's normalized name.
+    pub project: String,
+    /// The wheel's version.
+    pub version: String,
+    /// The wheel's file name.
+    pub filename: String,
+    /// Its sha256 (hex), as checked.
+    pub sha256: String,
+}
+
+/// Appends an install (its `at` is set by the database).
+#[tracing::instrument(skip_all, fields(tenant_id = %install.tenant_id, project = %install.project))]
+pub async fn record_install(
+    conn: &mut PgConnection,
+    install: &PackageInstall,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO package_installs (tenant_id, sandbox_id, project, version, filename, sha256)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(install.tenant_id)
+    .bind(&install.sandbox_id)
+    .bind(&install.project)
+    .bind(&install.version)
+    .bind(&install.filename)
+    .bind(&install.sha256)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A tenant's most recent installs, newest first.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn recent_installs(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    limit: i64,
+) -> Result<Vec<PackageInstall>, StoreError> {
+    Ok(sqlx::query_as::<_, PackageInstall>(
+        "SELECT at, tenant_id, sandbox_id, project, version, filename, sha256
+         FROM package_installs WHERE tenant_id = $1 ORDER BY at DESC, id DESC LIMIT $2",
+    )
+    .bind(tenant_id)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?)
+}

@@ -188,6 +188,40 @@ pub async fn audit(
     Ok(sandgate_store::audit::recent(&mut conn, tenant, limit).await?)
 }
 
+/// A tenant's package installs (packages on demand), newest first.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
+pub async fn package_installs(
+    config: &Config,
+    tenant: Uuid,
+    limit: i64,
+) -> Result<Vec<sandgate_store::packages::PackageInstall>, AdminError> {
+    let db = pool(config).await?;
+    let mut conn = db.acquire().await?;
+    if tenants::get(&mut conn, tenant).await?.is_none() {
+        return Err(AdminError::NoSuchTenant(tenant));
+    }
+    Ok(sandgate_store::packages::recent_installs(&mut conn, tenant, limit).await?)
+}
+
+/// Renders package installs as a table, one line each.
+pub fn render_package_installs(installs: &[sandgate_store::packages::PackageInstall]) -> String {
+    let mut out = format!(
+        "{:<24} {:<40} {:<24} {:<16} {}",
+        "AT", "SANDBOX", "PACKAGE", "VERSION", "SHA256"
+    );
+    for i in installs {
+        out.push_str(&format!(
+            "\n{:<24} {:<40} {:<24} {:<16} {}",
+            i.at.format("%Y-%m-%dT%H:%M:%S%.3fZ"),
+            i.sandbox_id,
+            i.project,
+            i.version,
+            i.sha256,
+        ));
+    }
+    out
+}
+
 /// Renders audit events as a table, one line each.
 pub fn render_audit(events: &[AuditEvent]) -> String {
     let mut out = format!(

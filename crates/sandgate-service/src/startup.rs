@@ -80,7 +80,10 @@ impl Services {
             .await
             .map_err(StartError::Keys)?;
         let docker = DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
-        let sandboxes = sandbox_service(config, db.clone(), docker.clone())?;
+        let packages = crate::packages::PackageIndex::new(&config.packages, Some(db.clone()))
+            .map_err(StartError::Packages)?;
+        let sandboxes =
+            sandbox_service(config, db.clone(), docker.clone())?.with_packages(packages.clone());
         let background_stop = CancellationToken::new();
         let background = TaskTracker::new();
         sandboxes
@@ -94,8 +97,6 @@ impl Services {
             &background,
         );
         let transcripts = Transcripts::new(db.clone(), &config.retention);
-        let packages = crate::packages::PackageIndex::new(&config.packages, Some(db.clone()))
-            .map_err(StartError::Packages)?;
         Ok(Self {
             db,
             docker,

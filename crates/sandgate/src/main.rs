@@ -56,6 +56,9 @@ enum Admin {
         /// Most events shown.
         #[arg(long, default_value_t = 100)]
         limit: i64,
+        /// Show the tenant's package installs instead (every wheel handed to a sandbox's pip).
+        #[arg(long)]
+        packages: bool,
     },
     /// List live sandboxes with owner, age and time left.
     Sandboxes {
@@ -330,7 +333,15 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
                 );
             }
         }
-        Admin::Audit { tenant, limit } => {
+        Admin::Audit {
+            tenant,
+            limit,
+            packages: true,
+        } => {
+            let installs = admin::package_installs(&config, tenant, limit).await?;
+            println!("{}", admin::render_package_installs(&installs));
+        }
+        Admin::Audit { tenant, limit, .. } => {
             let events = admin::audit(&config, tenant, limit).await?;
             println!("{}", admin::render_audit(&events));
         }

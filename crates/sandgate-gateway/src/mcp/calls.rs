@@ -43,7 +43,7 @@ fn parse_args<T: DeserializeOwned>(args: Option<JsonObject>) -> Result<T, CallEr
 }
 
 /// The target of a call that named `sandbox_id` and `keep_alive` in its arguments.
-fn target<'a>(
+pub(super) fn target<'a>(
     sandbox_id: &'a Option<String>,
     conversation: Option<&'a str>,
     keep_alive: Option<u32>,
@@ -56,7 +56,7 @@ fn target<'a>(
 }
 
 impl McpServer {
-    fn call_timeout(&self, asked: Option<u32>) -> Result<Duration, CallError> {
+    pub(super) fn call_timeout(&self, asked: Option<u32>) -> Result<Duration, CallError> {
         let limits = &self.inner.limits;
         match asked {
             None => Ok(Duration::from_secs(
@@ -129,6 +129,10 @@ impl McpServer {
                     .await
             }
             ToolName::KillJob => self.kill_job(parse_args(args)?, caller, conversation).await,
+            ToolName::InstallPackages => {
+                self.install_packages(parse_args(args)?, caller, conversation, ctx)
+                    .await
+            }
         }
     }
 
@@ -380,8 +384,9 @@ impl McpServer {
         Fut: Future<Output = Result<T, sandgate_sandbox::SandboxError>>,
     {
         let (events, progress) = progress_forwarder(ctx);
+        let call = self.inner.sandboxes.with_package_index(resolved, start(events));
         let outcome = tokio::select! {
-            outcome = start(events) => outcome,
+            outcome = call => outcome,
             () = ctx.ct.cancelled() => return Err(CallError::Cancelled),
         };
         // All output notifications go out before the result.
@@ -452,7 +457,7 @@ impl McpServer {
         })
     }
 
-    async fn run_command(
+    pub(super) async fn run_command(
         &self,
         resolved: &Resolved,
         command: &str,

@@ -37,6 +37,7 @@ mod calls;
 mod errors;
 mod export;
 mod progress;
+mod packages;
 mod render;
 pub mod resources;
 pub mod tools;

@@ -511,11 +511,13 @@ pub enum ToolName {
     ListJobs,
     /// `kill_job`.
     KillJob,
+    /// `install_packages`.
+    InstallPackages,
 }
 
 impl ToolName {
     /// Every tool.
-    pub const ALL: [ToolName; 10] = [
+    pub const ALL: [ToolName; 11] = [
         ToolName::CreateSandbox,
         ToolName::ExecuteCode,
         ToolName::RunTerminalCommand,
@@ -526,6 +528,7 @@ impl ToolName {
         ToolName::ExportTranscript,
         ToolName::ListJobs,
         ToolName::KillJob,
+        ToolName::InstallPackages,
     ];
 
     /// The wire name.
@@ -541,6 +544,7 @@ impl ToolName {
             ToolName::ExportTranscript => "export_transcript",
             ToolName::ListJobs => "list_jobs",
             ToolName::KillJob => "kill_job",
+            ToolName::InstallPackages => "install_packages",
         }
     }
 
@@ -556,7 +560,8 @@ impl ToolName {
             ToolName::ExecuteCode
             | ToolName::RunTerminalCommand
             | ToolName::ListJobs
-            | ToolName::KillJob => Scope::Execute,
+            | ToolName::KillJob
+            | ToolName::InstallPackages => Scope::Execute,
             ToolName::GetFile | ToolName::ListFiles | ToolName::ExportTranscript => {
                 Scope::FilesRead
             }
@@ -597,7 +602,9 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
             "create_sandbox",
             "Create sandbox",
             "Get an isolated Python sandbox (a Linux container with no network) for this \
-             conversation, in milliseconds. numpy, pandas, matplotlib and openpyxl are installed. \
+             conversation, in milliseconds. pandas, numpy, scipy, scikit-learn, statsmodels, \
+             matplotlib, seaborn, plotly, pyarrow, openpyxl, requests, bs4, lxml, sympy and pillow \
+             are installed; install_packages adds more. \
              Calling it again with the same conversation_id returns the same sandbox (created: \
              false). The sandbox keeps variables and files between calls until close_sandbox, or \
              until it has been idle for idle_timeout_seconds."
@@ -745,6 +752,7 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
                 .idempotent(true)
                 .open_world(false),
         ),
+        super::packages::DEFINITION.clone(),
     ]
 });
 

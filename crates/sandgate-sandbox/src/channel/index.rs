@@ -84,6 +84,30 @@ impl AgentChannel {
         }
     }
 
+    /// Runs `call` (a cell or a command on this channel) with the package index served by
+    /// `handler` beside it, so that pip in that call can install; returns the call's output.
+    /// Serving ends with the call (or earlier, should the relay end; the call goes on).
+    pub async fn with_index<T>(
+        &self,
+        handler: &dyn IndexHandler,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        let serve = self.serve_index(handler);
+        tokio::pin!(call, serve);
+        let mut serving = true;
+        loop {
+            tokio::select! {
+                out = &mut call => return out,
+                ended = &mut serve, if serving => {
+                    serving = false;
+                    if let Err(err) = ended {
+                        tracing::debug!(%err, "package index relay ended");
+                    }
+                }
+            }
+        }
+    }
+
     async fn send_index_answer(
         &self,
         id: u64,

@@ -144,3 +144,30 @@ fn disabled_text() -> String {
      gateway's own pip has no index configured, `packages.index_url`"
         .into()
 }
+
+impl crate::SandboxService {
+    /// This service with packages on demand served by `index`.
+    #[must_use]
+    pub fn with_packages(mut self, index: PackageIndex) -> Self {
+        self.packages = Some(index);
+        self
+    }
+
+    /// Runs `call` (a cell or a command in `resolved`) with the sandbox's package index served
+    /// beside it, so that `pip install` in it reaches the tenant's packages; the call's output.
+    pub async fn with_package_index<T>(
+        &self,
+        resolved: &crate::Resolved,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        let (Some(index), Some(tenant)) = (&self.packages, resolved.row.tenant_id) else {
+            return call.await;
+        };
+        let handler = index.for_call(tenant, &resolved.row.id);
+        resolved
+            .sandbox
+            .channel()
+            .with_index(&handler, call)
+            .await
+    }
+}

@@ -57,6 +57,8 @@ pub struct SandboxService {
     pub(crate) busy: BusyMap,
     /// Cold starts running at once in this process (`pool.max_concurrent_starts`).
     cold_starts: Arc<tokio::sync::Semaphore>,
+    /// Packages on demand, served to pip in cells and commands (none: installs are off).
+    pub(crate) packages: Option<crate::packages::PackageIndex>,
 }
 
 impl SandboxService {
@@ -78,6 +80,7 @@ impl SandboxService {
             live: Arc::default(),
             busy: Arc::default(),
             cold_starts: Arc::new(tokio::sync::Semaphore::new(max_cold_starts.max(1))),
+            packages: None,
         }
     }
 

@@ -218,7 +218,7 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
         )
         .await;
     assert_eq!(
-        cell.structured["result"]["text_plain"], "42",
+        cell.structured["result"]["text/plain"], "42",
         "the next cell imports what pip installed: {}",
         cell.text
     );
@@ -247,7 +247,7 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
         )
         .await;
     assert_eq!(
-        magic.structured["result"]["text_plain"], "'hello from a cell'",
+        magic.structured["result"]["text/plain"], "'hello from a cell'",
         "%pip installs in a cell: {}",
         magic.text
     );
@@ -280,7 +280,7 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
             json!({"sandbox_id": second, "code": "import sgdemo, sgtool\n(sgdemo.ANSWER, sgtool.NAME)"}),
         )
         .await;
-    assert_eq!(cell.structured["result"]["text_plain"], "(42, 'sgtool')", "{}", cell.text);
+    assert_eq!(cell.structured["result"]["text/plain"], "(42, 'sgtool')", "{}", cell.text);
     assert_eq!(
         index.downloads_of("sgdemo-1.0-py3-none-any.whl"),
         1,
@@ -319,7 +319,7 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
     let broken = client
         .ok("execute_code", json!({"sandbox_id": second, "code": "import importlib.util\nimportlib.util.find_spec('sgcorrupt') is None"}))
         .await;
-    assert_eq!(broken.structured["result"]["text_plain"], "True", "nothing of it was installed");
+    assert_eq!(broken.structured["result"]["text/plain"], "True", "nothing of it was installed");
 
     // Bad requirements never reach pip.
     let injected = client
@@ -339,7 +339,7 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
     let fine = client
         .ok("execute_code", json!({"sandbox_id": second, "code": "1 + 1"}))
         .await;
-    assert_eq!(fine.structured["result"]["text_plain"], "2");
+    assert_eq!(fine.structured["result"]["text/plain"], "2");
     let audit = gateway
         .cli(&["admin", "audit", "--packages", "--tenant", &tenant])
         .await;

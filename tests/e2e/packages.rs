@@ -66,6 +66,7 @@ wheel("sgdemo", "1.0", "from sgdemo_dep import VALUE\nANSWER = VALUE + 1\n", ["s
 wheel("sgtool", "2.0", "NAME = 'sgtool'\n")
 wheel("sgcell", "1.0", "GREETING = 'hello from a cell'\n")
 wheel("sgcorrupt", "1.0", "BAD = True\n")
+wheel("sgevil", "1.0", "EVIL = True\n")
 with open(os.path.join(dest, "sgsdist-1.0.tar.gz"), "wb") as f:
     f.write(b"not really a tarball")
 "#;
@@ -288,7 +289,26 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
     );
     assert_eq!(index.downloads_of("sgdemo_dep-1.0-py3-none-any.whl"), 1);
 
-    // Refusals: an sdist-only package and a corrupted wheel fail with reasons that say so.
+    // Refusals: a package the tenant's policy denies, an sdist-only package and a corrupted
+    // wheel fail with reasons that say so.
+    let policy = gateway
+        .cli(&["admin", "tenant", "packages", &tenant, "--deny", "sgevil"])
+        .await;
+    assert!(policy.contains("deny: sgevil"), "{policy}");
+    let denied = client
+        .call(
+            "run_terminal_command",
+            json!({"sandbox_id": second, "command": "pip install sgevil", "timeout_seconds": 120}),
+        )
+        .await
+        .expect("a tool result");
+    assert!(denied.is_error, "pip fails for a denied package");
+    assert!(
+        denied.text.contains("sgevil is refused by your organisation's package policy (deny rule \"sgevil\")"),
+        "the reason names the rule: {}",
+        denied.text
+    );
+    assert_eq!(index.downloads_of("sgevil-1.0-py3-none-any.whl"), 0, "a denied wheel is never fetched");
     let sdist = client
         .call(
             "run_terminal_command",
@@ -360,4 +380,29 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
         );
     }
     assert!(!audit.contains("sgcorrupt"), "a refused wheel is not recorded as installed:\n{audit}");
+}
+
+#[tokio::test]
+async fn with_installs_turned_off_pip_says_so_and_how_an_operator_enables_them() {
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(&database, &[("SANDGATE_PACKAGES__ENABLED", "false")]).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let answer = client
+        .call(
+            "install_packages",
+            json!({"conversation_id": "off", "packages": ["anything"]}),
+        )
+        .await
+        .expect("a tool result");
+    assert!(answer.is_error, "nothing can be installed");
+    assert!(
+        answer.text.contains("package installs are turned off")
+            && answer.text.contains("SANDGATE_PACKAGES__ENABLED=true"),
+        "pip's failure says installs are off and how an operator enables them: {}",
+        answer.text
+    );
 }

@@ -188,6 +188,88 @@ pub async fn audit(
     Ok(sandgate_store::audit::recent(&mut conn, tenant, limit).await?)
 }
 
+/// A change to a tenant's package policy (`sandgate admin tenant packages`).
+#[derive(Debug, Default)]
+pub struct PackagePolicyChange {
+    /// Start from the empty policy (no rules, the configured size limit).
+    pub clear: bool,
+    /// Rules to add to the allow list.
+    pub allow: Vec<String>,
+    /// Rules to add to the deny list.
+    pub deny: Vec<String>,
+    /// Rules to take out of either list (as written when added).
+    pub remove: Vec<String>,
+    /// The tenant's largest wheel, MiB: `Some(None)` goes back to the configured default.
+    pub max_wheel_mb: Option<Option<i32>>,
+}
+
+/// Changes a tenant's package policy; every rule is checked (PEP 440 specifiers) before anything
+/// is stored. Returns the policy in force.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
+pub async fn set_package_policy(
+    config: &Config,
+    tenant: Uuid,
+    change: PackagePolicyChange,
+) -> Result<sandgate_store::packages::PackagePolicy, AdminError> {
+    for rule in change.allow.iter().chain(&change.deny) {
+        crate::packages::Rule::parse(rule).map_err(AdminError::InvalidLimit)?;
+    }
+    if let Some(Some(mb)) = change.max_wheel_mb
+        && mb <= 0
+    {
+        return Err(AdminError::InvalidLimit(format!(
+            "--max-wheel-mb: {mb} must be more than 0"
+        )));
+    }
+    let db = pool(config).await?;
+    let mut conn = db.acquire().await?;
+    if tenants::get(&mut conn, tenant).await?.is_none() {
+        return Err(AdminError::NoSuchTenant(tenant));
+    }
+    let mut policy = if change.clear {
+        sandgate_store::packages::PackagePolicy::default()
+    } else {
+        sandgate_store::packages::policy(&mut conn, tenant).await?
+    };
+    let add = |list: &mut Vec<String>, rules: Vec<String>| {
+        for rule in rules {
+            let rule = rule.trim().to_owned();
+            if !list.contains(&rule) {
+                list.push(rule);
+            }
+        }
+    };
+    add(&mut policy.allow, change.allow);
+    add(&mut policy.deny, change.deny);
+    policy.allow.retain(|r| !change.remove.contains(r));
+    policy.deny.retain(|r| !change.remove.contains(r));
+    if let Some(max) = change.max_wheel_mb {
+        policy.max_wheel_mb = max;
+    }
+    sandgate_store::packages::set_policy(&mut conn, tenant, &policy).await?;
+    Ok(policy)
+}
+
+/// Renders a package policy for the operator.
+pub fn render_package_policy(policy: &sandgate_store::packages::PackagePolicy, config: &Config) -> String {
+    let list = |rules: &[String], empty: &str| {
+        if rules.is_empty() {
+            empty.to_owned()
+        } else {
+            rules.join(", ")
+        }
+    };
+    format!(
+        "allow: {}\ndeny: {}\nmax_wheel_mb: {}",
+        list(&policy.allow, "(any package not denied)"),
+        list(&policy.deny, "(none)"),
+        policy.max_wheel_mb.map_or_else(
+            || format!("{} (default)", config.packages.max_wheel_mb),
+            |m| m.to_string()
+        ),
+    )
+}
+
 /// A tenant's package installs (packages on demand), newest first.
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn package_installs(

@@ -62,3 +62,49 @@ pub async fn recent_installs(
     .fetch_all(conn)
     .await?)
 }
+
+/// A tenant's package policy as stored (rules are requirement strings, checked when set).
+#[derive(Debug, Clone, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct PackagePolicy {
+    /// Only these projects (and versions) may be installed; empty: any not denied.
+    pub allow: Vec<String>,
+    /// These projects (or versions) may not be installed.
+    pub deny: Vec<String>,
+    /// The largest wheel, MiB; `None`: the configured default.
+    pub max_wheel_mb: Option<i32>,
+}
+
+/// A tenant's package policy (the default, empty, when none was set).
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn policy(conn: &mut PgConnection, tenant_id: Uuid) -> Result<PackagePolicy, StoreError> {
+    Ok(sqlx::query_as::<_, PackagePolicy>(
+        "SELECT allow, deny, max_wheel_mb FROM tenant_package_policy WHERE tenant_id = $1",
+    )
+    .bind(tenant_id)
+    .fetch_optional(conn)
+    .await?
+    .unwrap_or_default())
+}
+
+/// Replaces a tenant's package policy.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn set_policy(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    policy: &PackagePolicy,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO tenant_package_policy (tenant_id, allow, deny, max_wheel_mb)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (tenant_id) DO UPDATE
+         SET allow = EXCLUDED.allow, deny = EXCLUDED.deny, max_wheel_mb = EXCLUDED.max_wheel_mb,
+             updated_at = now()",
+    )
+    .bind(tenant_id)
+    .bind(&policy.allow)
+    .bind(&policy.deny)
+    .bind(policy.max_wheel_mb)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

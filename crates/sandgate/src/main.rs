@@ -111,6 +111,28 @@ enum TenantCommand {
         #[arg(long, value_parser = retention)]
         transcripts: Setting<u32>,
     },
+    /// Show or change a tenant's package policy (packages on demand: `pip install` in its
+    /// sandboxes). Rules are a project name with optional version specifiers, e.g. `numpy` or
+    /// `numpy>=1.26`. With an allow rule, only allowed projects install. Prints the policy in force.
+    Packages {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+        /// Start from the empty policy before applying the other options.
+        #[arg(long)]
+        clear: bool,
+        /// Add an allow rule (repeatable).
+        #[arg(long)]
+        allow: Vec<String>,
+        /// Add a deny rule (repeatable).
+        #[arg(long)]
+        deny: Vec<String>,
+        /// Remove a rule, as written, from either list (repeatable).
+        #[arg(long)]
+        remove: Vec<String>,
+        /// Largest wheel a sandbox may download, MiB, or `default`.
+        #[arg(long, value_parser = limit::<i32>)]
+        max_wheel_mb: Option<Setting<i32>>,
+    },
     /// Remove everything of a tenant's content now: close its live sandboxes (their files go
     /// with their containers), delete its transcripts, forget its conversation ids. The tenant,
     /// its users, connections and audit trail stay.
@@ -317,6 +339,24 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
                 "transcripts kept {} after their sandbox ends",
                 humantime::format_duration(std::time::Duration::from_secs(seconds))
             );
+        }
+        Admin::Tenant(TenantCommand::Packages {
+            tenant,
+            clear,
+            allow,
+            deny,
+            remove,
+            max_wheel_mb,
+        }) => {
+            let change = admin::PackagePolicyChange {
+                clear,
+                allow,
+                deny,
+                remove,
+                max_wheel_mb: max_wheel_mb.map(|s| s.0),
+            };
+            let policy = admin::set_package_policy(&config, tenant, change).await?;
+            println!("{}", admin::render_package_policy(&policy, &config));
         }
         Admin::Tenant(TenantCommand::Purge { tenant }) => {
             let purged = retention::purge_tenant(&config, tenant).await?;

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use super::PackageIndex;
 use super::cache::is_sha256;
+use super::policy::{Policy, ProjectVerdict};
 use super::upstream::{self, DownloadError, PageError};
 
 /// PEP 691's JSON project page, which pip prefers.
@@ -32,6 +33,7 @@ pub struct CallIndex {
     tenant: Uuid,
     sandbox_id: String,
     offered: Mutex<HashMap<String, Offered>>,
+    policy: tokio::sync::OnceCell<Policy>,
 }
 
 impl CallIndex {
@@ -41,7 +43,22 @@ impl CallIndex {
             tenant,
             sandbox_id,
             offered: Mutex::new(HashMap::new()),
+            policy: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The tenant's policy, read once per call.
+    async fn policy(&self) -> Result<&Policy, IndexAnswer> {
+        self.policy
+            .get_or_try_init(|| self.index.tenant_policy(self.tenant))
+            .await
+            .map_err(|why| {
+                tracing::warn!(tenant_id = %self.tenant, %why, "package policy unreadable");
+                IndexAnswer::refused(
+                    503,
+                    "the package policy of your organisation could not be read; try again shortly",
+                )
+            })
     }
 
     async fn answer(&self, path: &str) -> IndexAnswer {
@@ -70,6 +87,14 @@ impl CallIndex {
     /// The project's page with its binary wheels only (pointing at `/files/<sha256>/<name>`).
     async fn project_page(&self, base: &url::Url, name: &str) -> IndexAnswer {
         let project = normalize(name);
+        let policy = match self.policy().await {
+            Ok(policy) => policy,
+            Err(answer) => return answer,
+        };
+        // A refused project is never fetched from the index.
+        if let ProjectVerdict::Refused(why) = policy.project(&project) {
+            return IndexAnswer::refused(403, why);
+        }
         let files = match upstream::project_files(&self.index.inner.client, base, &project).await
         {
             Ok(files) => files,
@@ -88,11 +113,18 @@ impl CallIndex {
             }
         };
         let mut listed = Vec::new();
+        let mut refused: Vec<(String, String)> = Vec::new();
         let mut offered = self.offered.lock().unwrap_or_else(|e| e.into_inner());
         for file in &files {
             let Some(version) = wheel_version(&file.filename) else {
                 continue; // an sdist or anything else: never offered
             };
+            if let Some(rule) = policy.refuses_version(&project, &version) {
+                if !refused.iter().any(|(v, _)| *v == version) {
+                    refused.push((version, rule));
+                }
+                continue;
+            }
             // A wheel without a published sha256 cannot be checked, so it is not offered.
             let Some(sha256) = file.sha256.as_deref().filter(|h| is_sha256(h)) else {
                 continue;
@@ -124,6 +156,19 @@ impl CallIndex {
             listed.push(entry);
         }
         drop(offered);
+        let policy_note = (!refused.is_empty()).then(|| {
+            let versions: Vec<&str> = refused.iter().map(|(v, _)| v.as_str()).collect();
+            format!(
+                "{project} {} refused by your organisation's package policy ({}); ask an administrator to change it (sandgate admin tenant packages)",
+                versions.join(", "),
+                refused[0].1
+            )
+        });
+        if listed.is_empty()
+            && let Some(note) = policy_note.clone()
+        {
+            return IndexAnswer::refused(403, note);
+        }
         if listed.is_empty() && !files.is_empty() {
             return IndexAnswer::refused(
                 404,
@@ -132,7 +177,9 @@ impl CallIndex {
                 ),
             );
         }
-        page(json!({"meta": {"api-version": "1.0"}, "name": project, "files": listed}))
+        let mut answer = page(json!({"meta": {"api-version": "1.0"}, "name": project, "files": listed}));
+        answer.note = policy_note;
+        answer
     }
 
     /// A wheel the page offered: from the cache, else downloaded into it (hash checked) first.
@@ -147,14 +194,25 @@ impl CallIndex {
             return IndexAnswer::refused(404, format!("{filename} was not offered to this sandbox"));
         };
         let inner = &self.index.inner;
+        let max_wheel_bytes = match self.policy().await {
+            Ok(policy) => policy
+                .max_wheel_mb
+                .map_or(inner.max_wheel_bytes, |mb| mb.saturating_mul(1 << 20)),
+            Err(answer) => return answer,
+        };
         let cached = inner.cache.path(sha256);
+        if let Ok(meta) = tokio::fs::metadata(&cached).await
+            && meta.len() > max_wheel_bytes
+        {
+            return self.download_refused(&offered, sha256, DownloadError::TooLarge { limit: max_wheel_bytes });
+        }
         if !tokio::fs::try_exists(&cached).await.unwrap_or(false) {
             let partial = inner.cache.temporary(sha256);
             let downloaded = upstream::download(
                 &inner.client,
                 &offered.url,
                 &partial,
-                inner.max_wheel_bytes,
+                max_wheel_bytes,
                 sha256,
             )
             .await;
@@ -192,7 +250,7 @@ impl CallIndex {
                 offered.filename
             ),
             DownloadError::TooLarge { limit } => format!(
-                "{} is larger than the {} MiB a sandbox may download (packages.max_wheel_mb)",
+                "{} is larger than the {} MiB a sandbox may download (packages.max_wheel_mb, or your organisation's limit set with sandgate admin tenant packages --max-wheel-mb)",
                 offered.filename,
                 limit >> 20
             ),

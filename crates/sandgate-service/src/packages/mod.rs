@@ -11,10 +11,12 @@
 mod cache;
 mod config;
 mod index;
+mod policy;
 mod upstream;
 
 pub use config::{PackagesConfig, PackagesConfigError};
 pub use index::CallIndex;
+pub use policy::{Policy, Rule};
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -114,6 +116,18 @@ impl PackageIndex {
         if let Err(err) = written {
             tracing::error!(%err, project, version, "package install not audited");
         }
+    }
+
+    /// A tenant's package policy (the empty default without a database).
+    pub(crate) async fn tenant_policy(&self, tenant_id: Uuid) -> Result<Policy, String> {
+        let Some(db) = &self.inner.db else {
+            return Ok(Policy::default());
+        };
+        let mut conn = db.acquire().await.map_err(|e| e.to_string())?;
+        let stored = sandgate_store::packages::policy(&mut conn, tenant_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        Policy::from_stored(&stored)
     }
 
     /// A tenant's most recent installs, newest first.

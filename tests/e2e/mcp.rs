@@ -42,6 +42,7 @@ async fn support_analyst(era: Era) {
             "execute_code",
             "export_transcript",
             "get_file",
+            "install_packages",
             "kill_job",
             "list_files",
             "list_jobs",

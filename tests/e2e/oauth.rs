@@ -138,6 +138,7 @@ async fn an_mcp_client_connects_once_with_pkce_and_refresh_tokens_rotate() {
             "close_sandbox",
             "create_sandbox",
             "execute_code",
+            "install_packages",
             "kill_job",
             "list_jobs",
             "run_terminal_command"
@@ -786,6 +787,7 @@ async fn the_python_sdk_oauth_provider_connects_and_calls_a_tool() {
             "execute_code",
             "export_transcript",
             "get_file",
+            "install_packages",
             "kill_job",
             "list_files",
             "list_jobs",

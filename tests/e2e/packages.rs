@@ -17,16 +17,16 @@ use crate::mcp_client::{Client, Era};
 use crate::support::{self, Gateway};
 
 /// A directory of its own under the system's temporary directory, removed when dropped.
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(PathBuf);
 
 impl TempDir {
-    fn new(prefix: &str) -> Self {
+    pub(crate) fn new(prefix: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("a temporary directory");
         Self(dir)
     }
 
-    fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }
@@ -73,13 +73,13 @@ with open(os.path.join(dest, "sgsdist-1.0.tar.gz"), "wb") as f:
 
 /// The loopback index: PEP 503 HTML pages of the files in a directory, downloads counted.
 #[derive(Clone)]
-struct TestIndex {
+pub(crate) struct TestIndex {
     dir: PathBuf,
     downloads: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl TestIndex {
-    fn downloads_of(&self, filename: &str) -> usize {
+    pub(crate) fn downloads_of(&self, filename: &str) -> usize {
         self.downloads
             .lock()
             .unwrap()
@@ -135,7 +135,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Builds the wheels into a fresh directory and serves them on 127.0.0.1.
-async fn serve_index() -> (TestIndex, SocketAddr, TempDir) {
+pub(crate) async fn serve_index() -> (TestIndex, SocketAddr, TempDir) {
     let dir = TempDir::new("sandgate-test-index");
     let python = std::env::var("SANDGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
     let status = std::process::Command::new(&python)
@@ -159,7 +159,7 @@ async fn serve_index() -> (TestIndex, SocketAddr, TempDir) {
 }
 
 /// A gateway whose package index is the test's, with a cache of its own.
-async fn gateway_with_index(addr: SocketAddr, cache: &Path) -> (Gateway, String, String) {
+pub(crate) async fn gateway_with_index(addr: SocketAddr, cache: &Path) -> (Gateway, String, String) {
     let database = support::fresh_database().await;
     let index_url = format!("http://{addr}/simple/");
     let cache = cache.display().to_string();

@@ -103,3 +103,39 @@ async fn official_python_sdk_reads_files_and_transcripts_as_resources() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[tokio::test]
+async fn official_python_sdk_installs_packages_from_the_loopback_index() {
+    let python = python();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/e2e/python/packages.py"
+    );
+    let (index, addr, _wheels) = crate::packages::serve_index().await;
+    let cache = crate::packages::TempDir::new("sandgate-test-wheel-cache");
+    let (gateway, _tenant, token) = crate::packages::gateway_with_index(addr, cache.path()).await;
+    let output = Command::new(&python)
+        .arg(script)
+        .args(["--mode", "2026-07-28"])
+        .env("SANDGATE_MCP_URL", gateway.mcp_url())
+        .env("SANDGATE_MCP_TOKEN", &token)
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(300), output)
+        .await
+        .expect("the packages script finished within 5 min")
+        .expect("the script runs");
+    assert!(
+        output.status.success(),
+        "packages.py failed:\n--- stdout\n{}\n--- stderr\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        index.downloads_of("sgtool-2.0-py3-none-any.whl"),
+        1,
+        "the wheel came from the test's index, once"
+    );
+}

@@ -49,6 +49,7 @@ TOOLS = {
     "execute_code",
     "export_transcript",
     "get_file",
+    "install_packages",
     "kill_job",
     "list_files",
     "list_jobs",
@@ -176,10 +177,10 @@ class Analyst:
 
 
 async def list_tools(client: Client) -> dict[str, dict[str, Any]]:
-    """tools/list: the ten tools, each described, with an object input and output schema."""
+    """tools/list: the eleven tools, each described, with an object input and output schema."""
     listed = await client.list_tools()
     names = {tool.name for tool in listed.tools}
-    check(names == TOOLS, f"tools/list names the ten tools; got {sorted(names)}")
+    check(names == TOOLS, f"tools/list names the eleven tools; got {sorted(names)}")
     check(listed.next_cursor is None, "tools/list fits on one page")
     schemas: dict[str, dict[str, Any]] = {}
     for tool in listed.tools:

@@ -93,7 +93,10 @@ fn normalize(name: &str) -> String {
     name.to_ascii_lowercase().replace(['_', '.'], "-")
 }
 
-async fn project_page(State(index): State<TestIndex>, UrlPath(project): UrlPath<String>) -> Response {
+async fn project_page(
+    State(index): State<TestIndex>,
+    UrlPath(project): UrlPath<String>,
+) -> Response {
     let project = normalize(project.trim_end_matches('/'));
     let mut links = String::new();
     for entry in std::fs::read_dir(&index.dir).unwrap() {
@@ -122,7 +125,12 @@ async fn file(State(index): State<TestIndex>, UrlPath(name): UrlPath<String>) ->
     let Ok(mut bytes) = std::fs::read(index.dir.join(&name)) else {
         return StatusCode::NOT_FOUND.into_response();
     };
-    *index.downloads.lock().unwrap().entry(name.clone()).or_default() += 1;
+    *index
+        .downloads
+        .lock()
+        .unwrap()
+        .entry(name.clone())
+        .or_default() += 1;
     if name.starts_with("sgcorrupt") {
         // Corrupted on the way: not the bytes the page's sha256 is of.
         bytes.extend_from_slice(b"tampered");
@@ -159,7 +167,10 @@ pub(crate) async fn serve_index() -> (TestIndex, SocketAddr, TempDir) {
 }
 
 /// A gateway whose package index is the test's, with a cache of its own.
-pub(crate) async fn gateway_with_index(addr: SocketAddr, cache: &Path) -> (Gateway, String, String) {
+pub(crate) async fn gateway_with_index(
+    addr: SocketAddr,
+    cache: &Path,
+) -> (Gateway, String, String) {
     let database = support::fresh_database().await;
     let index_url = format!("http://{addr}/simple/");
     let cache = cache.display().to_string();
@@ -186,7 +197,9 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
         .expect("client connects");
     let tools = client.service.list_all_tools().await.expect("tools/list");
     assert!(
-        tools.iter().any(|t| t.name == "install_packages" && t.output_schema.is_some()),
+        tools
+            .iter()
+            .any(|t| t.name == "install_packages" && t.output_schema.is_some()),
         "install_packages is listed with an output schema"
     );
 
@@ -231,9 +244,7 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
         "packages live outside /home/user: {}",
         cell.text
     );
-    let files = client
-        .ok("list_files", json!({"sandbox_id": first}))
-        .await;
+    let files = client.ok("list_files", json!({"sandbox_id": first})).await;
     assert!(
         !files.text.contains("sgdemo") && !files.text.contains(".local"),
         "installed packages do not clutter the user's files: {}",
@@ -271,7 +282,10 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
         .await;
     assert_eq!(tool.structured["exit_code"], 0, "{}", tool.text);
     assert!(
-        tool.structured["stdout"].as_str().unwrap().contains("sgtool-2.0"),
+        tool.structured["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("sgtool-2.0"),
         "install_packages reports pip's output: {}",
         tool.text
     );
@@ -281,7 +295,11 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
             json!({"sandbox_id": second, "code": "import sgdemo, sgtool\n(sgdemo.ANSWER, sgtool.NAME)"}),
         )
         .await;
-    assert_eq!(cell.structured["result"]["text/plain"], "(42, 'sgtool')", "{}", cell.text);
+    assert_eq!(
+        cell.structured["result"]["text/plain"], "(42, 'sgtool')",
+        "{}",
+        cell.text
+    );
     assert_eq!(
         index.downloads_of("sgdemo-1.0-py3-none-any.whl"),
         1,
@@ -304,11 +322,17 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
         .expect("a tool result");
     assert!(denied.is_error, "pip fails for a denied package");
     assert!(
-        denied.text.contains("sgevil is refused by your organisation's package policy (deny rule \"sgevil\")"),
+        denied.text.contains(
+            "sgevil is refused by your organisation's package policy (deny rule \"sgevil\")"
+        ),
         "the reason names the rule: {}",
         denied.text
     );
-    assert_eq!(index.downloads_of("sgevil-1.0-py3-none-any.whl"), 0, "a denied wheel is never fetched");
+    assert_eq!(
+        index.downloads_of("sgevil-1.0-py3-none-any.whl"),
+        0,
+        "a denied wheel is never fetched"
+    );
     let sdist = client
         .call(
             "run_terminal_command",
@@ -322,7 +346,11 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
         "the reason names the package and says wheels only: {}",
         sdist.text
     );
-    assert_eq!(index.downloads_of("sgsdist-1.0.tar.gz"), 0, "an sdist is never fetched");
+    assert_eq!(
+        index.downloads_of("sgsdist-1.0.tar.gz"),
+        0,
+        "an sdist is never fetched"
+    );
     let corrupt = client
         .call(
             "install_packages",
@@ -339,7 +367,10 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
     let broken = client
         .ok("execute_code", json!({"sandbox_id": second, "code": "import importlib.util\nimportlib.util.find_spec('sgcorrupt') is None"}))
         .await;
-    assert_eq!(broken.structured["result"]["text/plain"], "True", "nothing of it was installed");
+    assert_eq!(
+        broken.structured["result"]["text/plain"], "True",
+        "nothing of it was installed"
+    );
 
     // Bad requirements never reach pip.
     let injected = client
@@ -357,7 +388,10 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
 
     // The sandbox is fine after the refusals, and the audit shows what was installed where.
     let fine = client
-        .ok("execute_code", json!({"sandbox_id": second, "code": "1 + 1"}))
+        .ok(
+            "execute_code",
+            json!({"sandbox_id": second, "code": "1 + 1"}),
+        )
         .await;
     assert_eq!(fine.structured["result"]["text/plain"], "2");
     let audit = gateway
@@ -379,7 +413,10 @@ async fn pip_install_and_install_packages_work_without_network_from_the_shared_c
             "the install audit shows {package} {version} in {sandbox}:\n{audit}"
         );
     }
-    assert!(!audit.contains("sgcorrupt"), "a refused wheel is not recorded as installed:\n{audit}");
+    assert!(
+        !audit.contains("sgcorrupt"),
+        "a refused wheel is not recorded as installed:\n{audit}"
+    );
 }
 
 #[tokio::test]

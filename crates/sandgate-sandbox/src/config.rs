@@ -79,7 +79,9 @@ impl SandboxProfile {
             return Err(format!("nofile: {} is too small; at least 64", self.nofile));
         }
         if self.tmp_size_mb == 0 || self.home_size_mb == 0 || self.packages_size_mb == 0 {
-            return Err("tmp_size_mb, home_size_mb and packages_size_mb: must be more than 0".into());
+            return Err(
+                "tmp_size_mb, home_size_mb and packages_size_mb: must be more than 0".into(),
+            );
         }
         // The container's limit covers memory and both tmpfs mounts; past this, Docker's i64 of
         // bytes (or any real host) cannot hold the promise that a full disk is only ENOSPC.

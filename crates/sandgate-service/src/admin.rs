@@ -251,7 +251,10 @@ pub async fn set_package_policy(
 }
 
 /// Renders a package policy for the operator.
-pub fn render_package_policy(policy: &sandgate_store::packages::PackagePolicy, config: &Config) -> String {
+pub fn render_package_policy(
+    policy: &sandgate_store::packages::PackagePolicy,
+    config: &Config,
+) -> String {
     let list = |rules: &[String], empty: &str| {
         if rules.is_empty() {
             empty.to_owned()

@@ -384,7 +384,10 @@ impl McpServer {
         Fut: Future<Output = Result<T, sandgate_sandbox::SandboxError>>,
     {
         let (events, progress) = progress_forwarder(ctx);
-        let call = self.inner.sandboxes.with_package_index(resolved, start(events));
+        let call = self
+            .inner
+            .sandboxes
+            .with_package_index(resolved, start(events));
         let outcome = tokio::select! {
             outcome = call => outcome,
             () = ctx.ct.cancelled() => return Err(CallError::Cancelled),

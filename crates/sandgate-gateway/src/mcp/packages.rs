@@ -96,9 +96,7 @@ fn pip_command(packages: &[String]) -> Result<String, String> {
     let mut command = String::from("pip install --progress-bar off");
     for req in packages {
         let req = req.trim();
-        let allowed = |c: char| {
-            c.is_ascii_alphanumeric() || "._-[],<>=!~* ".contains(c)
-        };
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "._-[],<>=!~* ".contains(c);
         if req.is_empty()
             || req.len() > MAX_REQUIREMENT
             || !req.starts_with(|c: char| c.is_ascii_alphanumeric())
@@ -128,8 +126,18 @@ mod tests {
             ok,
             "pip install --progress-bar off 'pandas>=2' 'pydantic[email]==2.9'"
         );
-        for bad in ["--index-url=http://x", "x; rm -rf ~", "x'y", "/home/user/a.whl", "", "a$(id)"] {
-            assert!(pip_command(&[bad.into()]).is_err(), "{bad:?} must be refused");
+        for bad in [
+            "--index-url=http://x",
+            "x; rm -rf ~",
+            "x'y",
+            "/home/user/a.whl",
+            "",
+            "a$(id)",
+        ] {
+            assert!(
+                pip_command(&[bad.into()]).is_err(),
+                "{bad:?} must be refused"
+            );
         }
         assert!(pip_command(&[]).is_err());
     }

@@ -126,15 +126,14 @@ impl AgentChannel {
             protocol::request_line(id, "chunk", frame)
         };
         match &answer.body {
-            IndexBody::Bytes(bytes) => {
-                self.send(head(Some(bytes.len() as u64), bytes, true)).await
-            }
+            IndexBody::Bytes(bytes) => self.send(head(Some(bytes.len() as u64), bytes, true)).await,
             IndexBody::File(path) => {
                 let mut file = match tokio::fs::File::open(path).await {
                     Ok(file) => file,
                     Err(err) => {
                         tracing::warn!(path = %path.display(), %err, "cached wheel unreadable");
-                        let text = "the gateway could not read this wheel from its cache; try again";
+                        let text =
+                            "the gateway could not read this wheel from its cache; try again";
                         let refused = IndexAnswer::refused(502, text);
                         return Box::pin(self.send_index_answer(id, rid, refused)).await;
                     }

@@ -52,7 +52,9 @@ async fn a_leased_container_carries_every_item_of_the_hardening_baseline() {
     );
     let packages = &tmpfs["/opt/packages"];
     assert!(
-        packages.contains("size=256m") && packages.contains("uid=1000") && packages.contains("nosuid"),
+        packages.contains("size=256m")
+            && packages.contains("uid=1000")
+            && packages.contains("nosuid"),
         "bounded /opt/packages (pip's user installs) owned by the user: {packages}"
     );
     // The agent is root (with the three capabilities above); user code runs as uid 1000 with

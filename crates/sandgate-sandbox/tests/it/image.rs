@@ -48,9 +48,18 @@ async fn every_package_the_image_lists_imports_in_one_interpreter() {
                   out = subprocess.run([sys.executable, '-m', 'pip', '--version'], capture_output=True, text=True)\n\
                   print('pip', out.returncode, out.stdout.split(' ')[:2], out.stderr)\n";
     let (status, output) = run_in_image(script).await;
-    assert_eq!(status, 0, "every listed package should import; output:\n{output}");
-    assert!(output.contains("imported 26"), "all 26 modules imported:\n{output}");
-    assert!(output.contains("pip 0 ['pip',"), "pip runs in the image:\n{output}");
+    assert_eq!(
+        status, 0,
+        "every listed package should import; output:\n{output}"
+    );
+    assert!(
+        output.contains("imported 26"),
+        "all 26 modules imported:\n{output}"
+    );
+    assert!(
+        output.contains("pip 0 ['pip',"),
+        "pip runs in the image:\n{output}"
+    );
 }
 
 /// Runs `python3 -c script` in the image the way a sandbox does (uid 1000, read-only root, no

@@ -31,12 +31,16 @@ impl WheelCache {
 
     /// A fresh temporary path for a download into the cache (same file system: rename is atomic).
     pub(super) fn temporary(&self, sha256: &str) -> PathBuf {
-        self.dir
-            .join(format!(".{sha256}.{}.partial", uuid::Uuid::new_v4().simple()))
+        self.dir.join(format!(
+            ".{sha256}.{}.partial",
+            uuid::Uuid::new_v4().simple()
+        ))
     }
 }
 
 /// Whether `s` is a sha256 in lower-case hex.
 pub(super) fn is_sha256(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }

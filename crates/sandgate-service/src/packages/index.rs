@@ -95,8 +95,7 @@ impl CallIndex {
         if let ProjectVerdict::Refused(why) = policy.project(&project) {
             return IndexAnswer::refused(403, why);
         }
-        let files = match upstream::project_files(&self.index.inner.client, base, &project).await
-        {
+        let files = match upstream::project_files(&self.index.inner.client, base, &project).await {
             Ok(files) => files,
             Err(PageError::NotFound) => {
                 return IndexAnswer::refused(
@@ -108,7 +107,9 @@ impl CallIndex {
                 tracing::warn!(%project, %why, "package index unreachable");
                 return IndexAnswer::refused(
                     502,
-                    format!("the package index could not be reached for {project:?} ({why}); try again later"),
+                    format!(
+                        "the package index could not be reached for {project:?} ({why}); try again later"
+                    ),
                 );
             }
         };
@@ -177,7 +178,8 @@ impl CallIndex {
                 ),
             );
         }
-        let mut answer = page(json!({"meta": {"api-version": "1.0"}, "name": project, "files": listed}));
+        let mut answer =
+            page(json!({"meta": {"api-version": "1.0"}, "name": project, "files": listed}));
         answer.note = policy_note;
         answer
     }
@@ -191,7 +193,10 @@ impl CallIndex {
             .get(sha256)
             .cloned();
         let Some(offered) = offered.filter(|o| o.filename == filename) else {
-            return IndexAnswer::refused(404, format!("{filename} was not offered to this sandbox"));
+            return IndexAnswer::refused(
+                404,
+                format!("{filename} was not offered to this sandbox"),
+            );
         };
         let inner = &self.index.inner;
         let max_wheel_bytes = match self.policy().await {
@@ -204,7 +209,13 @@ impl CallIndex {
         if let Ok(meta) = tokio::fs::metadata(&cached).await
             && meta.len() > max_wheel_bytes
         {
-            return self.download_refused(&offered, sha256, DownloadError::TooLarge { limit: max_wheel_bytes });
+            return self.download_refused(
+                &offered,
+                sha256,
+                DownloadError::TooLarge {
+                    limit: max_wheel_bytes,
+                },
+            );
         }
         if !tokio::fs::try_exists(&cached).await.unwrap_or(false) {
             let partial = inner.cache.temporary(sha256);
@@ -222,7 +233,10 @@ impl CallIndex {
             if let Err(err) = tokio::fs::rename(&partial, &cached).await {
                 let _ = tokio::fs::remove_file(&partial).await;
                 tracing::warn!(%err, "wheel cache write failed");
-                return IndexAnswer::refused(502, "the gateway could not store this wheel; try again");
+                return IndexAnswer::refused(
+                    502,
+                    "the gateway could not store this wheel; try again",
+                );
             }
         }
         tracing::info!(
@@ -233,7 +247,14 @@ impl CallIndex {
             "package wheel handed to a sandbox"
         );
         self.index
-            .audit_install(self.tenant, &self.sandbox_id, &offered.project, &offered.version, &offered.filename, sha256)
+            .audit_install(
+                self.tenant,
+                &self.sandbox_id,
+                &offered.project,
+                &offered.version,
+                &offered.filename,
+                sha256,
+            )
             .await;
         IndexAnswer {
             status: 200,
@@ -256,7 +277,10 @@ impl CallIndex {
             ),
             DownloadError::Failed(why) => {
                 tracing::warn!(%why, file = %offered.filename, "wheel download failed");
-                format!("{} could not be downloaded from the package index ({why}); try again later", offered.filename)
+                format!(
+                    "{} could not be downloaded from the package index ({why}); try again later",
+                    offered.filename
+                )
             }
         };
         IndexAnswer::refused(502, text)
@@ -317,7 +341,10 @@ mod tests {
 
     #[test]
     fn only_wheels_have_a_version_here() {
-        assert_eq!(wheel_version("demo-1.0-py3-none-any.whl").as_deref(), Some("1.0"));
+        assert_eq!(
+            wheel_version("demo-1.0-py3-none-any.whl").as_deref(),
+            Some("1.0")
+        );
         assert_eq!(
             wheel_version("demo-1.0-1b-cp311-cp311-manylinux_2_28_x86_64.whl").as_deref(),
             Some("1.0")

@@ -53,14 +53,15 @@ impl PackageIndex {
         };
         let client = upstream::client(config)?;
         let cache_dir = config.cache_dir();
-        let cache = cache::WheelCache::open(&cache_dir).map_err(|source| {
-            PackagesConfigError::Cache {
+        let cache =
+            cache::WheelCache::open(&cache_dir).map_err(|source| PackagesConfigError::Cache {
                 dir: cache_dir.clone(),
                 source,
-            }
-        })?;
+            })?;
         match &upstream {
-            Ok(url) => tracing::info!(index = %url, cache = %cache_dir.display(), "packages on demand"),
+            Ok(url) => {
+                tracing::info!(index = %url, cache = %cache_dir.display(), "packages on demand")
+            }
             Err(why) => tracing::info!(%why, "packages on demand are off"),
         }
         Ok(Self {
@@ -178,10 +179,6 @@ impl crate::SandboxService {
             return call.await;
         };
         let handler = index.for_call(tenant, &resolved.row.id);
-        resolved
-            .sandbox
-            .channel()
-            .with_index(&handler, call)
-            .await
+        resolved.sandbox.channel().with_index(&handler, call).await
     }
 }

@@ -84,8 +84,16 @@ impl Policy {
     /// Parses a stored policy; a rule that no longer parses is an error naming it.
     pub fn from_stored(stored: &PackagePolicy) -> Result<Self, String> {
         Ok(Self {
-            allow: stored.allow.iter().map(|r| Rule::parse(r)).collect::<Result<_, _>>()?,
-            deny: stored.deny.iter().map(|r| Rule::parse(r)).collect::<Result<_, _>>()?,
+            allow: stored
+                .allow
+                .iter()
+                .map(|r| Rule::parse(r))
+                .collect::<Result<_, _>>()?,
+            deny: stored
+                .deny
+                .iter()
+                .map(|r| Rule::parse(r))
+                .collect::<Result<_, _>>()?,
             max_wheel_mb: stored.max_wheel_mb.and_then(|m| u64::try_from(m).ok()),
         })
     }
@@ -105,7 +113,11 @@ impl Policy {
         if !self.allow.is_empty() && !self.allow.iter().any(|r| r.names(project)) {
             return ProjectVerdict::Refused(format!(
                 "{project} is not on your organisation's list of allowed packages ({}); ask an administrator to allow it (sandgate admin tenant packages --allow)",
-                self.allow.iter().map(Rule::text).collect::<Vec<_>>().join(", ")
+                self.allow
+                    .iter()
+                    .map(Rule::text)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
         ProjectVerdict::Versions
@@ -127,7 +139,11 @@ impl Policy {
         if !allowing.is_empty() && !allowing.iter().any(|r| r.covers(&version)) {
             return Some(format!(
                 "allow rule {}",
-                allowing.iter().map(|r| format!("{:?}", r.text())).collect::<Vec<_>>().join(", ")
+                allowing
+                    .iter()
+                    .map(|r| format!("{:?}", r.text()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
         None
@@ -155,7 +171,10 @@ mod tests {
         };
         assert!(why.contains("deny rule \"Evil_Pkg\""), "{why}");
         assert!(matches!(p.project("numpy"), ProjectVerdict::Versions));
-        assert_eq!(p.refuses_version("numpy", "1.26.4").as_deref(), Some("deny rule \"numpy<2\""));
+        assert_eq!(
+            p.refuses_version("numpy", "1.26.4").as_deref(),
+            Some("deny rule \"numpy<2\"")
+        );
         assert_eq!(p.refuses_version("numpy", "2.1.0"), None);
     }
 

@@ -29,7 +29,8 @@ pub(super) fn client(config: &PackagesConfig) -> Result<reqwest::Client, Package
             message,
         };
         let pem = std::fs::read(bundle).map_err(|e| refuse(e.to_string()))?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| refuse(e.to_string()))?;
+        let certs =
+            reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| refuse(e.to_string()))?;
         if certs.is_empty() {
             return Err(refuse("no PEM certificate in it".into()));
         }
@@ -106,7 +107,9 @@ async fn read_bounded(mut response: reqwest::Response, max: usize) -> Result<Vec
         .map_err(|e| PageError::Upstream(describe(&e)))?
     {
         if body.len() + chunk.len() > max {
-            return Err(PageError::Upstream(format!("project page larger than {max} bytes")));
+            return Err(PageError::Upstream(format!(
+                "project page larger than {max} bytes"
+            )));
         }
         body.extend_from_slice(&chunk);
     }
@@ -285,7 +288,9 @@ async fn download_inner(
     if response.content_length().is_some_and(|n| n > max_bytes) {
         return Err(DownloadError::TooLarge { limit: max_bytes });
     }
-    let mut file = tokio::fs::File::create(dest).await.map_err(|e| failed(&e))?;
+    let mut file = tokio::fs::File::create(dest)
+        .await
+        .map_err(|e| failed(&e))?;
     let mut hasher = Sha256::new();
     let mut size = 0u64;
     while let Some(chunk) = response
@@ -355,7 +360,10 @@ mod tests {
         let body = br#"{"meta":{"api-version":"1.0"},"name":"demo","files":[
             {"filename":"demo-1.0-py3-none-any.whl","url":"/f/demo-1.0-py3-none-any.whl","hashes":{"sha256":"AB"},"yanked":"broken"}]}"#;
         let files = parse_json(&page, body).unwrap();
-        assert_eq!(files[0].url.as_str(), "http://127.0.0.1:1/f/demo-1.0-py3-none-any.whl");
+        assert_eq!(
+            files[0].url.as_str(),
+            "http://127.0.0.1:1/f/demo-1.0-py3-none-any.whl"
+        );
         assert_eq!(files[0].sha256.as_deref(), Some("ab"));
         assert_eq!(files[0].yanked.as_deref(), Some("broken"));
     }

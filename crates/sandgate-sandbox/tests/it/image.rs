@@ -42,8 +42,7 @@ async fn every_package_the_image_lists_imports_in_one_interpreter() {
                            'seaborn', 'plotly.express', 'pyarrow', 'pyarrow.parquet', 'openpyxl', 'xlrd',\n\
                            'requests', 'bs4', 'lxml.etree', 'sympy', 'PIL.Image', 'tabulate', 'dateutil',\n\
                            'pytz', 'IPython', 'jinja2', 'html5lib', 'numexpr', 'bottleneck', 'pip']\n\
-                  for name in names:\n\
-                      importlib.import_module(name)\n\
+                  modules = [importlib.import_module(name) for name in names]\n\
                   print('imported', len(names))\n\
                   out = subprocess.run([sys.executable, '-m', 'pip', '--version'], capture_output=True, text=True)\n\
                   print('pip', out.returncode, out.stdout.split(' ')[:2], out.stderr)\n";

@@ -1255,6 +1255,9 @@ class IndexHandler(BaseHTTPRequestHandler):
     server_version = "sandgate-index"
     # HTTP/1.0: the answer's end is the connection's end, so a streamed body needs no length.
     protocol_version = "HTTP/1.0"
+    # A client that connects and says nothing (or reads nothing) does not keep a thread of the
+    # agent for ever.
+    timeout = 60
 
     def log_message(self, format, *args):  # noqa: A002  (BaseHTTPRequestHandler's signature)
         pass  # pip's requests are not the container log's business

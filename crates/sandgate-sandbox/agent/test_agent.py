@@ -74,6 +74,8 @@ class AgentProcess:
         # One matplotlib cache for the whole session: building its font cache takes seconds.
         env["MPLCONFIGDIR"] = str(workdir / "mplconfig")
         env.pop("PYTHONPATH", None)
+        # Each agent's package index relay on a port of its own (tests run agents side by side).
+        env["SANDGATE_AGENT_INDEX_PORT"] = "0"
         if hide_ipython:
             stub = workdir / "no-ipython"
             (stub / "IPython").mkdir(parents=True, exist_ok=True)
@@ -857,3 +859,66 @@ def test_frames_a_cell_forges_for_other_requests_are_not_relayed(agent):
     assert result["result"]["text/plain"] == "'done'", result
     agent.ok("ping")
     assert agent.poll_final(4242) is None, "a forged frame reached the gateway"
+
+
+# --------------------------------------------------------------------------------------------------
+# The package index relay (PROTOCOL.md, index_serve)
+
+
+def relay_get(agent, path, timeout=30):
+    """GET on the agent's loopback index; (status, reason, body)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", agent.ready["index_port"], timeout=timeout)
+    try:
+        conn.request("GET", path)
+        answer = conn.getresponse()
+        return answer.status, answer.reason, answer.read()
+    finally:
+        conn.close()
+
+
+def test_the_index_relay_forwards_pip_requests_to_the_open_serve_call(agent):
+    assert isinstance(agent.ready["index_port"], int), agent.ready
+    serve = agent.start("index_serve")
+    got = {}
+
+    def fetch():
+        got["answer"] = relay_get(agent, "/simple/sgdemo/")
+
+    client = threading.Thread(target=fetch)
+    client.start()
+    q = agent._queue(serve)
+    request = q.get(timeout=30)
+    assert request["event"] == "index_request" and request["path"] == "/simple/sgdemo/", request
+    body = b'{"files": []}'
+    half = len(body) // 2
+    for data, last, first in ((body[:half], False, True), (body[half:], True, False)):
+        frame = {"id": serve, "op": "chunk", "rid": request["rid"], "last": last}
+        frame["data"] = base64.b64encode(data).decode()
+        if first:
+            frame.update(status=200, content_type="application/vnd.pypi.simple.v1+json", length=len(body))
+        agent.send(frame)
+    client.join(30)
+    assert got["answer"] == (200, "OK", body)
+
+    # Closing the serve call (the gateway's interrupt) answers it; pip then hears 503.
+    _, interrupted = agent.ok("interrupt", target=serve)
+    assert interrupted == {"interrupted": True}
+    _, final = agent.wait(serve)
+    assert final["ok"] and final["result"]["served"] is True, final
+    status, reason, text = relay_get(agent, "/simple/sgdemo/")
+    assert status == 503 and b"only inside a call" in text, (status, reason, text)
+    # The refusal is kept as a note for the pip wrapper.
+    _, _, notes = relay_get(agent, "/_sandgate/notes?after=0")
+    assert any("only inside a call" in n for n in json.loads(notes)["notes"]), notes
+
+
+def test_the_index_relay_forwards_nothing_but_index_paths(agent):
+    serve = agent.start("index_serve")
+    for path in ("/etc/passwd", "/simple/../../x/", "/files/abc/x.whl", "/simple/a%20b/", "/" + "a" * 3000):
+        status, _, _ = relay_get(agent, path)
+        assert status == 404, path
+    # Nothing reached the gateway.
+    assert agent._queue(serve).empty()
+    agent.ok("interrupt", target=serve)

@@ -742,8 +742,8 @@ async fn a_person_connects_an_app_in_a_real_browser() {
     let tools = client.service.list_all_tools().await.expect("tools/list");
     assert_eq!(
         tools.len(),
-        9,
-        "sandbox, execute and files:read open nine tools: {tools:?}"
+        10,
+        "sandbox, execute and files:read open ten tools: {tools:?}"
     );
 }
 

@@ -180,7 +180,9 @@ impl ServerHandler for McpServer {
                  run_terminal_command, upload_file, get_file and list_files. Files live in \
                  /home/user. A process that must keep running between calls is started with \
                  run_terminal_command and background: true, then list_jobs and kill_job reach \
-                 it. Close the sandbox with close_sandbox when the conversation ends. \
+                 it. A package the sandbox lacks: install_packages (or pip install in a \
+                 command); the sandbox stays without network. \
+                 Close the sandbox with close_sandbox when the conversation ends. \
                  To hand the conversation to a person, call export_transcript. A sandbox's \
                  files and transcript are also resources (sandbox://{sandbox_id}/files/{path}, \
                  sandbox://{sandbox_id}/transcript.ipynb).",

@@ -500,7 +500,8 @@ async fn tenant_limits_refuse_clearly_and_closing_a_sandbox_frees_a_place() {
     assert_eq!(live, 2, "nothing half-created is left behind");
 
     // The tenant's memory limit, not the profile's, is the container's (plus the default tmpfs
-    // sizes, /tmp 64 MiB and /home/user 512 MiB, whose pages the cgroup counts).
+    // sizes, /tmp 64 MiB, /home/user 512 MiB and /opt/packages 256 MiB, whose pages the cgroup
+    // counts).
     let memory = client
         .ok(
             "run_terminal_command",
@@ -512,7 +513,7 @@ async fn tenant_limits_refuse_clearly_and_closing_a_sandbox_frees_a_place() {
             .as_str()
             .unwrap_or_default()
             .trim(),
-        ((256u64 + 64 + 512) << 20).to_string(),
+        ((256u64 + 64 + 512 + 256) << 20).to_string(),
         "the sandbox runs with the tenant's 256 MiB (+ its tmpfs sizes)"
     );
 

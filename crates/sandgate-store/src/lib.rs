@@ -14,6 +14,8 @@ pub mod clients;
 pub mod grants;
 pub mod hygiene;
 pub mod keys;
+pub mod mcp_sessions;
+pub mod quotas;
 pub mod sandboxes;
 pub mod tenants;
 pub mod transcripts;

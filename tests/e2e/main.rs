@@ -11,5 +11,6 @@ mod mcp;
 mod mcp_client;
 mod oauth;
 mod python_sdk;
+mod quotas;
 mod support;
 mod webdriver;

@@ -19,6 +19,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use sandgate_auth::AccessClaims;
 use sandgate_service::sessions::{Ownership, Principal, SessionError};
 use sandgate_store::audit::{AuditEvent, ErrorKind, Outcome};
@@ -29,7 +30,11 @@ use crate::AppState;
 const SESSION_ID: &str = "mcp-session-id";
 
 /// The axum middleware; see the module documentation.
-pub async fn bind_sessions(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn bind_sessions(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
     // The bearer check runs first and puts the claims here; without them there is nothing to
     // bind (the request was refused already).
     let Some(claims) = request.extensions().get::<AccessClaims>().cloned() else {

@@ -73,7 +73,8 @@ pub struct TenantLimits {
     pub max_calls_in_flight: Option<i32>,
 }
 
-const LIMIT_COLUMNS: &str = "max_sandboxes, max_idle_seconds, max_lifetime_seconds, memory_mb, cpus,
+const LIMIT_COLUMNS: &str =
+    "max_sandboxes, max_idle_seconds, max_lifetime_seconds, memory_mb, cpus,
      max_calls_per_minute, max_sessions, max_calls_in_flight";
 
 /// A tenant's limits; `None` when the tenant does not exist.

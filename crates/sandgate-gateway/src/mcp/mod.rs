@@ -114,8 +114,7 @@ pub fn service(
 /// The legacy era's sessions of this process; one unused for `mcp.session_idle_seconds` ends.
 pub fn session_manager(config: &Config) -> Arc<LocalSessionManager> {
     let mut sessions = LocalSessionManager::default();
-    sessions.session_config.keep_alive =
-        Some(Duration::from_secs(config.mcp.session_idle_seconds));
+    sessions.session_config.keep_alive = Some(Duration::from_secs(config.mcp.session_idle_seconds));
     Arc::new(sessions)
 }
 

@@ -39,11 +39,7 @@ pub struct Config {
     pub sandbox: SandboxProfile,
     /// The warm pool.
     pub pool: PoolConfig,
-    /// Processes one call in a sandbox may need at once (an agent thread, a shell, the command):
-/// `limits.max_calls_per_sandbox` times this must fit in `sandbox.pids_limit`.
-pub const PIDS_PER_CALL: i64 = 4;
-
-/// Default tenant limits and per-call bounds.
+    /// Default tenant limits and per-call bounds.
     pub limits: LimitsConfig,
     /// Reaper and reconciliation timing.
     pub lifecycle: LifecycleConfig,
@@ -88,6 +84,10 @@ pub struct PoolConfig {
     /// Most containers started at once.
     pub max_concurrent_starts: usize,
 }
+
+/// Processes one call in a sandbox may need at once (an agent thread, a shell, the command):
+/// `limits.max_calls_per_sandbox` times this must fit in `sandbox.pids_limit`.
+pub const PIDS_PER_CALL: i64 = 4;
 
 /// Default tenant limits and per-call bounds.
 #[derive(Debug, Clone, Deserialize)]

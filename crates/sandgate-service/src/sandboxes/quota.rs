@@ -90,7 +90,9 @@ async fn renew_until_dropped(db: PgPool, tenant: Uuid, slot: String, ttl: u32) {
             // It expired (Postgres was away for longer than its life): the call finishes, and
             // the tenant briefly gets one call more than its limit.
             Ok(false) => return,
-            Err(err) => tracing::warn!(error = %err, tenant_id = %tenant, "renewing a call's in-flight slot failed"),
+            Err(err) => {
+                tracing::warn!(error = %err, tenant_id = %tenant, "renewing a call's in-flight slot failed")
+            }
         }
     }
 }

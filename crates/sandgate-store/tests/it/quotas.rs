@@ -15,7 +15,12 @@ fn slot() -> String {
 }
 
 /// Starts `n` calls at once, each on its own connection; returns (slot, admission) of each.
-async fn burst(pool: &PgPool, tenant: Uuid, n: usize, limits: CallLimits) -> Vec<(String, Admission)> {
+async fn burst(
+    pool: &PgPool,
+    tenant: Uuid,
+    n: usize,
+    limits: CallLimits,
+) -> Vec<(String, Admission)> {
     join_all((0..n).map(|_| async move {
         let mut conn = pool.acquire().await.expect("a connection");
         let slot = slot();
@@ -85,11 +90,15 @@ async fn slots_expire_unless_renewed() {
     };
     let (a, b) = (slot(), slot());
     assert_eq!(
-        quotas::admit(&mut conn, tenant.id, &a, limits).await.unwrap(),
+        quotas::admit(&mut conn, tenant.id, &a, limits)
+            .await
+            .unwrap(),
         Admission::Admitted
     );
     assert_eq!(
-        quotas::admit(&mut conn, tenant.id, &b, limits).await.unwrap(),
+        quotas::admit(&mut conn, tenant.id, &b, limits)
+            .await
+            .unwrap(),
         Admission::OverInFlight
     );
     assert!(quotas::renew(&mut conn, tenant.id, &a, 60).await.unwrap());
@@ -104,11 +113,15 @@ async fn slots_expire_unless_renewed() {
     .unwrap();
     assert_eq!(quotas::in_flight(&mut conn, tenant.id).await.unwrap(), 0);
     assert!(
-        !quotas::renew(&mut conn, tenant.id, "gone", 60).await.unwrap(),
+        !quotas::renew(&mut conn, tenant.id, "gone", 60)
+            .await
+            .unwrap(),
         "an unknown slot is not renewed"
     );
     assert_eq!(
-        quotas::admit(&mut conn, tenant.id, &b, limits).await.unwrap(),
+        quotas::admit(&mut conn, tenant.id, &b, limits)
+            .await
+            .unwrap(),
         Admission::Admitted,
         "the expired slot is free"
     );
@@ -191,14 +204,27 @@ async fn sessions_are_capped_per_tenant_and_closed_or_expired_ones_free_their_sl
     .into_iter()
     .flatten()
     .collect::<Vec<_>>();
-    assert_eq!(bound.len(), 3, "concurrent opens respect the cap: {bound:?}");
+    assert_eq!(
+        bound.len(),
+        3,
+        "concurrent opens respect the cap: {bound:?}"
+    );
     let mut conn = db.pool.acquire().await.unwrap();
     assert_eq!(
-        mcp_sessions::owner(&mut conn, &[bound[0]; 32]).await.unwrap(),
+        mcp_sessions::owner(&mut conn, &[bound[0]; 32])
+            .await
+            .unwrap(),
         Some(owner.clone())
     );
-    mcp_sessions::delete(&mut conn, &[bound[0]; 32]).await.unwrap();
-    assert_eq!(mcp_sessions::owner(&mut conn, &[bound[0]; 32]).await.unwrap(), None);
+    mcp_sessions::delete(&mut conn, &[bound[0]; 32])
+        .await
+        .unwrap();
+    assert_eq!(
+        mcp_sessions::owner(&mut conn, &[bound[0]; 32])
+            .await
+            .unwrap(),
+        None
+    );
     let mut tx = db.pool.begin().await.unwrap();
     assert!(
         mcp_sessions::bind_under_cap(&mut tx, &[100; 32], &owner, 3, later)
@@ -218,7 +244,12 @@ async fn sessions_are_capped_per_tenant_and_closed_or_expired_ones_free_their_sl
         .execute(&mut *conn)
         .await
         .unwrap();
-    assert_eq!(mcp_sessions::open_count(&mut conn, tenant.id).await.unwrap(), 2);
+    assert_eq!(
+        mcp_sessions::open_count(&mut conn, tenant.id)
+            .await
+            .unwrap(),
+        2
+    );
     let mut tx = db.pool.begin().await.unwrap();
     assert!(
         mcp_sessions::bind_under_cap(&mut tx, &[101; 32], &owner, 3, later)

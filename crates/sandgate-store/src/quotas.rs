@@ -7,9 +7,9 @@
 //! The calls-per-minute limit is GCRA (the generic cell rate algorithm, as `governor` uses):
 //! with a limit of N, a burst of N calls is admitted at once, and then one per 60/N seconds; a
 //! refused call does not count. Both limits are checked and taken in the same `INSERT … ON
-//! CONFLICT DO UPDATE … WHERE`: the row lock serialises a tenant's call starts, and Postgres
-//! re-evaluates the condition on the newest row version, so concurrent starts on any number of
-//! replicas never admit more than the limits.
+//! CONFLICT DO UPDATE`: the row lock serialises a tenant's call starts, and Postgres evaluates
+//! the update on the newest row version, so concurrent starts on any number of replicas never
+//! admit more than the limits.
 
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -62,44 +62,45 @@ pub async fn admit(
     // GCRA: the emission interval, and the burst tolerance that admits `per_minute` at once.
     let interval = 60.0 / per_minute;
     let tolerance = 60.0 - interval;
-    let sql = format!(
-        "WITH attempt AS (
-             INSERT INTO call_quotas AS q (tenant_id, rate_tat, in_flight)
-             VALUES ($1, now() + make_interval(secs => $2),
-                     jsonb_build_object($5::text, extract(epoch FROM now()) + $6))
-             ON CONFLICT (tenant_id) DO UPDATE SET
-                 rate_tat = greatest(q.rate_tat, now()) + make_interval(secs => $2),
-                 in_flight = {LIVE_SLOTS} || EXCLUDED.in_flight
-             WHERE greatest(q.rate_tat, now()) <= now() + make_interval(secs => $3)
-               AND {LIVE_COUNT} < $4
-             RETURNING 1
-         )
-         SELECT EXISTS (SELECT 1 FROM attempt),
-                extract(epoch FROM (q.rate_tat - now()))::float8 - $3,
-                {LIVE_COUNT}
-         FROM (SELECT 1) AS one LEFT JOIN call_quotas AS q ON q.tenant_id = $1"
+    // Both arms of each CASE see the same (newest, locked) row `q`; a refused start writes the
+    // row back unchanged, so RETURNING can say why from the very row that decided.
+    let admit = format!(
+        "(greatest(q.rate_tat, now()) <= now() + make_interval(secs => $3) AND {LIVE_COUNT} < $4)"
     );
-    let (admitted, rate_wait, running): (bool, Option<f64>, Option<i64>) =
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(tenant)
-            .bind(interval)
-            .bind(tolerance)
-            .bind(i64::from(limits.in_flight))
-            .bind(slot)
-            .bind(f64::from(limits.slot_ttl_seconds))
-            .fetch_one(conn)
-            .await?;
+    let sql = format!(
+        "INSERT INTO call_quotas AS q (tenant_id, rate_tat, in_flight)
+         VALUES ($1, now() + make_interval(secs => $2),
+                 jsonb_build_object($5::text, extract(epoch FROM now()) + $6))
+         ON CONFLICT (tenant_id) DO UPDATE SET
+             rate_tat = CASE WHEN {admit}
+                 THEN greatest(q.rate_tat, now()) + make_interval(secs => $2)
+                 ELSE q.rate_tat END,
+             in_flight = CASE WHEN {admit}
+                 THEN {LIVE_SLOTS} || EXCLUDED.in_flight
+                 ELSE q.in_flight END
+         RETURNING q.in_flight ? $5::text,
+                   extract(epoch FROM (q.rate_tat - now()))::float8 - $3"
+    );
+    let (admitted, rate_wait): (bool, f64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(tenant)
+        .bind(interval)
+        .bind(tolerance)
+        .bind(i64::from(limits.in_flight))
+        .bind(slot)
+        .bind(f64::from(limits.slot_ttl_seconds))
+        .fetch_one(conn)
+        .await?;
     if admitted {
         return Ok(Admission::Admitted);
     }
-    // The reading above is the statement's snapshot; the refusal may have been decided on a
-    // newer version of the row. When the snapshot shows the tenant under its rate, it was the
-    // calls in flight (or both moved at once: either answer is right to retry on).
-    Ok(match (rate_wait, running) {
-        (Some(wait), _) if wait > 0.0 => Admission::OverRate {
-            retry_after_seconds: (wait.ceil() as u32).max(1),
-        },
-        _ => Admission::OverInFlight,
+    // Over the rate when the (unchanged) row says the next call fits only later; else it was
+    // the calls in flight.
+    Ok(if rate_wait > 0.0 {
+        Admission::OverRate {
+            retry_after_seconds: (rate_wait.ceil() as u32).max(1),
+        }
+    } else {
+        Admission::OverInFlight
     })
 }
 

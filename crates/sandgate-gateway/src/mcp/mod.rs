@@ -63,6 +63,7 @@ struct Inner {
 }
 
 /// Builds the Streamable HTTP service for `/mcp`.
+#[allow(clippy::too_many_arguments)] // each is one part of `AppState` the MCP server uses
 pub fn service(
     config: &Config,
     sandboxes: SandboxService,

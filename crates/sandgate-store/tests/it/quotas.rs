@@ -43,10 +43,10 @@ fn admitted(results: &[(String, Admission)]) -> Vec<String> {
 #[tokio::test]
 async fn a_burst_is_admitted_up_to_the_in_flight_cap_and_freed_slots_are_free_again() {
     let db = TestDb::new().await;
-    let tenant = tenants::create(&mut *db.pool.acquire().await.unwrap(), "acme")
+    let tenant = tenants::create(&mut db.pool.acquire().await.unwrap(), "acme")
         .await
         .unwrap();
-    let other = tenants::create(&mut *db.pool.acquire().await.unwrap(), "other")
+    let other = tenants::create(&mut db.pool.acquire().await.unwrap(), "other")
         .await
         .unwrap();
     let limits = CallLimits {
@@ -132,7 +132,7 @@ async fn slots_expire_unless_renewed() {
 #[tokio::test]
 async fn calls_per_minute_count_at_start_and_refusals_do_not_count() {
     let db = TestDb::new().await;
-    let tenant = tenants::create(&mut *db.pool.acquire().await.unwrap(), "acme")
+    let tenant = tenants::create(&mut db.pool.acquire().await.unwrap(), "acme")
         .await
         .unwrap();
     let limits = CallLimits {

@@ -662,6 +662,20 @@ mod tests {
     }
 
     #[test]
+    fn calls_per_sandbox_must_fit_in_its_pids_limit() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_SANDBOX__PIDS_LIMIT", "64");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("limits.max_calls_per_sandbox"), "{err}");
+            assert!(err.contains("at most 16"), "{err}");
+            jail.set_env("SANDGATE_LIMITS__MAX_CALLS_PER_SANDBOX", "16");
+            assert!(load_in(jail).is_ok());
+            Ok(())
+        });
+    }
+
+    #[test]
     fn files_cannot_outlive_their_sandbox_and_the_error_says_why() {
         Jail::expect_with(|jail| {
             jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");

@@ -99,20 +99,11 @@ async fn all_answers(calls: tokio::task::JoinSet<ToolResult>) -> Vec<ToolResult>
 
 /// The value of `sandgate_quota_refusals_total{limit="<limit>"}`, 0 when absent.
 async fn quota_refusals(stack: &Stack, limit: &str) -> u64 {
-    let text = stack
-        .http
-        .get(stack.url("/metrics"))
-        .send()
+    stack
+        .metric(&format!(
+            "sandgate_quota_refusals_total{{limit=\"{limit}\"}}"
+        ))
         .await
-        .expect("/metrics answers")
-        .text()
-        .await
-        .expect("a body");
-    let prefix = format!("sandgate_quota_refusals_total{{limit=\"{limit}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Refused calls of the stack's database by error kind.
@@ -136,6 +127,16 @@ async fn set_limits(gateway: &Gateway, tenant: &str, limits: &[(&str, &str)]) {
         args.push(value);
     }
     gateway.cli(&args).await;
+}
+
+/// A stateless client of the stack's tenant (shareable by concurrent calls) and a sandbox.
+async fn client_with_sandbox(stack: &Stack) -> (std::sync::Arc<Client>, String) {
+    let token = stack.gateway.token(&stack.tenant).await;
+    let client = Client::connect(&stack.gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("connects");
+    let sandbox = new_sandbox(&client).await;
+    (std::sync::Arc::new(client), sandbox)
 }
 
 async fn new_sandbox(client: &Client) -> String {
@@ -219,6 +220,18 @@ async fn raw(
     }
 }
 
+/// A POST in `session` with `token`.
+async fn post(stack: &Stack, token: &str, session: &str, body: Value) -> Raw {
+    raw(
+        stack,
+        reqwest::Method::POST,
+        token,
+        Some(session),
+        Some(body),
+    )
+    .await
+}
+
 /// `initialize` (+ `notifications/initialized`) with `token`: the raw answer to initialize.
 async fn open_session(stack: &Stack, token: &str) -> Raw {
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -259,12 +272,11 @@ async fn another_principals_session_looks_missing_and_the_owner_keeps_it() {
     assert_eq!(opened.status, StatusCode::OK, "{opened:?}");
     let session = opened.session.clone().expect("a session id");
     // The owner's session works, and its calls use the session as their conversation.
-    let created = raw(
+    let created = post(
         &stack,
-        reqwest::Method::POST,
         &owner,
-        Some(&session),
-        Some(tools_call("create_sandbox", json!({}))),
+        &session,
+        tools_call("create_sandbox", json!({})),
     )
     .await;
     assert_eq!(created.status, StatusCode::OK, "{created:?}");
@@ -312,25 +324,17 @@ async fn another_principals_session_looks_missing_and_the_owner_keeps_it() {
 
     // The owner's session is unharmed: listing, calling (its conversation's sandbox is still
     // there) and its SSE stream.
-    let listed = raw(
-        &stack,
-        reqwest::Method::POST,
-        &owner,
-        Some(&session),
-        Some(tools_list()),
-    )
-    .await;
+    let listed = post(&stack, &owner, &session, tools_list()).await;
     assert_eq!(listed.status, StatusCode::OK, "{listed:?}");
     assert!(listed.body.contains("execute_code"), "{listed:?}");
-    let again = raw(
+    let again = post(
         &stack,
-        reqwest::Method::POST,
         &owner,
-        Some(&session),
-        Some(tools_call(
+        &session,
+        tools_call(
             "run_terminal_command",
             json!({"command": "echo still mine"}),
-        )),
+        ),
     )
     .await;
     let result = &again.message()["result"];
@@ -404,14 +408,7 @@ async fn another_principals_session_looks_missing_and_the_owner_keeps_it() {
     )
     .await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT, "{deleted:?}");
-    let after = raw(
-        &stack,
-        reqwest::Method::POST,
-        &owner,
-        Some(&session),
-        Some(tools_list()),
-    )
-    .await;
+    let after = post(&stack, &owner, &session, tools_list()).await;
     assert_eq!(after.status, StatusCode::NOT_FOUND, "{after:?}");
     let bound: i64 = sqlx::query_scalar("SELECT count(*) FROM mcp_sessions")
         .fetch_one(&mut conn)
@@ -473,13 +470,7 @@ async fn a_burst_of_long_calls_is_refused_at_the_in_flight_cap_while_another_ten
         &[("--max-calls-in-flight", "3")],
     )
     .await;
-    let token = stack.gateway.token(&stack.tenant).await;
-    let client = std::sync::Arc::new(
-        Client::connect(&stack.gateway.mcp_url(), &token, Era::Stateless)
-            .await
-            .expect("connects"),
-    );
-    let sandbox = new_sandbox(&client).await;
+    let (client, sandbox) = client_with_sandbox(&stack).await;
     let other = stack.gateway.create_tenant().await;
     let theirs = Client::connect(
         &stack.gateway.mcp_url(),
@@ -662,13 +653,7 @@ async fn many_concurrent_commands_into_one_sandbox_get_clear_refusals_not_thread
         ],
     )
     .await;
-    let token = stack.gateway.token(&stack.tenant).await;
-    let client = std::sync::Arc::new(
-        Client::connect(&stack.gateway.mcp_url(), &token, Era::Stateless)
-            .await
-            .expect("connects"),
-    );
-    let sandbox = new_sandbox(&client).await;
+    let (client, sandbox) = client_with_sandbox(&stack).await;
     // The default cap is 32 per sandbox (pids_limit 256 / 4).
     let mut calls = gated_calls(&client, &sandbox, 100);
     let refused = first_answers(&mut calls, 100 - 32).await;
@@ -709,13 +694,7 @@ async fn many_concurrent_commands_into_one_sandbox_get_clear_refusals_not_thread
 #[tokio::test]
 async fn calls_per_minute_count_when_calls_start_and_refusals_do_not_count() {
     let stack = Stack::start(&[("SANDGATE_POOL__MIN_READY", "1")]).await;
-    let token = stack.gateway.token(&stack.tenant).await;
-    let client = std::sync::Arc::new(
-        Client::connect(&stack.gateway.mcp_url(), &token, Era::Stateless)
-            .await
-            .expect("connects"),
-    );
-    let sandbox = new_sandbox(&client).await;
+    let (client, sandbox) = client_with_sandbox(&stack).await;
     // Then 10 per minute: a burst of 10, then one every 6 s.
     set_limits(
         &stack.gateway,

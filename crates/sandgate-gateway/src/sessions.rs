@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use sandgate_auth::AccessClaims;
 use sandgate_service::sessions::{Ownership, Principal, SessionError};
-use sandgate_store::audit::{AuditEvent, ErrorKind, Outcome};
+use sandgate_store::audit::ErrorKind;
 
 use crate::AppState;
 
@@ -113,7 +113,7 @@ async fn opened_session(
         close(state, &id).await;
         if let SessionError::OverCap { .. } = err {
             state.metrics.record_quota_refusal("max_sessions");
-            audit_over_cap(state, claims).await;
+            crate::mcp::auth::audit_refusal(state, claims, None, ErrorKind::SessionLimit).await;
         } else {
             tracing::warn!(error = %err, "recording an MCP session's owner failed");
         }
@@ -183,20 +183,4 @@ fn refusal(err: Option<&SessionError>) -> Response {
         axum::Json(body),
     )
         .into_response()
-}
-
-async fn audit_over_cap(state: &AppState, claims: &AccessClaims) {
-    let event = AuditEvent {
-        at: chrono::Utc::now(),
-        tenant_id: claims.tenant,
-        token_id: Some(claims.jti.clone()),
-        subject: Some(claims.sub.clone()),
-        conversation_id: None,
-        sandbox_id: None,
-        tool: "mcp".to_owned(),
-        outcome: Outcome::Refused,
-        error_kind: Some(ErrorKind::SessionLimit),
-        duration_ms: 0,
-    };
-    state.audit.record(event, false).await;
 }

@@ -110,20 +110,11 @@ fn nobody() -> String {
 
 /// The value of `sandgate_http_refusals_total{reason="<reason>"}`, 0 when absent.
 async fn refusals(stack: &Stack, reason: &str) -> u64 {
-    let text = stack
-        .http
-        .get(stack.url("/metrics"))
-        .send()
+    stack
+        .metric(&format!(
+            "sandgate_http_refusals_total{{reason=\"{reason}\"}}"
+        ))
         .await
-        .expect("/metrics answers")
-        .text()
-        .await
-        .expect("metrics text");
-    let prefix = format!("sandgate_http_refusals_total{{reason=\"{reason}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test]

@@ -544,7 +544,7 @@ async fn tenant_limits_refuse_clearly_and_closing_a_sandbox_frees_a_place() {
         .call("list_files", json!({"conversation_id": "c"}))
         .await;
     assert!(
-        refused.is_error && refused.text.contains("max calls per minute (3)"),
+        refused.is_error && refused.text.contains("max_calls_per_minute (3)"),
         "the fourth call in a minute is refused naming the limit: {}",
         refused.text
     );

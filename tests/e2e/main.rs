@@ -12,5 +12,6 @@ mod mcp_client;
 mod oauth;
 mod packages;
 mod python_sdk;
+mod quotas;
 mod support;
 mod webdriver;

@@ -122,7 +122,10 @@ impl Client {
     /// Connects to `url` with `token` in `era`.
     pub async fn connect(url: &str, token: &str, era: Era) -> Result<Client, String> {
         let transport = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(url).auth_header(token.to_owned()),
+            StreamableHttpClientTransportConfig::with_uri(url)
+                .auth_header(token.to_owned())
+                // rmcp holds back POSTs beyond 16 at once; the burst tests need more in flight.
+                .max_concurrent_requests(1024),
         );
         let (tx, rx) = mpsc::unbounded_channel();
         let mut config = ClientConfig::new(

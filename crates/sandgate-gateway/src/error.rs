@@ -114,7 +114,7 @@ impl DownloadError {
                 ServiceError::Unavailable(_) | ServiceError::DatabaseAway => {
                     (StatusCode::SERVICE_UNAVAILABLE, AWAY)
                 }
-                ServiceError::Limit { .. } | ServiceError::RateLimited { .. } => {
+                ServiceError::Limit { .. } | ServiceError::Quota { .. } => {
                     (StatusCode::TOO_MANY_REQUESTS, AWAY)
                 }
                 // The agent refused: the file was moved, removed or grew past the limit.

@@ -8,6 +8,7 @@
 //! - [`limits`]: length limits on attacker-chosen strings in tool arguments.
 //! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
 //! - [`metrics`]: Prometheus metrics at `/metrics`.
+//! - [`sessions`]: MCP sessions bound to their principal (the middleware in front of rmcp).
 //! - [`files`]: expiring download links for files in sandboxes (and transcripts).
 //! - [`handoff`]: transcript downloads and the logged-in users' transcripts page.
 //! - [`error`]: the mapping of errors to HTTP answers.
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{HeaderName, Request};
 use axum::routing::get;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use sandgate_sandbox::DockerBackend;
 use sandgate_store::PgPool;
 use tokio::net::TcpListener;
@@ -38,6 +40,7 @@ pub mod health;
 pub mod limits;
 pub mod mcp;
 pub mod metrics;
+pub mod sessions;
 pub mod telemetry;
 
 // The service layer lives in its own crate; its modules stay reachable under the old paths so
@@ -73,6 +76,10 @@ pub struct AppState {
     pub links: files::DownloadLinks,
     /// Transcripts of what ran in sandboxes.
     pub transcripts: transcripts::Transcripts,
+    /// Who owns each MCP session (Postgres, keyed hashes of the ids).
+    pub sessions: sandgate_service::sessions::SessionBindings,
+    /// rmcp's sessions of this process (2025-11-25 era).
+    pub mcp_sessions: Arc<LocalSessionManager>,
     /// Cancelled at shutdown: ends open MCP streams so shutdown is not held up by them.
     pub shutdown: CancellationToken,
     /// Cancelled after the server stopped: ends the background work (reaper, reconciliation).
@@ -113,6 +120,12 @@ impl AppState {
         let services = sandgate_service::Services::start(&config).await?;
         let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
         let links = files::DownloadLinks::new(oauth.cookie_key(), &config.public_url());
+        let sessions = sandgate_service::sessions::SessionBindings::new(
+            services.db.clone(),
+            oauth.cookie_key(),
+            std::time::Duration::from_secs(config.mcp.session_idle_seconds),
+        );
+        let mcp_sessions = mcp::session_manager(&config);
         let (stop, background) = (&services.background_stop, &services.background);
         oauth::purge::start(
             services.db.clone(),
@@ -136,6 +149,8 @@ impl AppState {
             metrics: metrics::Metrics::new(),
             links,
             transcripts: services.transcripts,
+            sessions,
+            mcp_sessions,
             shutdown: CancellationToken::new(),
             background_stop: services.background_stop,
             background: services.background,
@@ -165,11 +180,17 @@ pub fn router(state: AppState) -> Router {
         state.metrics.clone(),
         state.links.clone(),
         state.transcripts.clone(),
+        state.mcp_sessions.clone(),
         state.shutdown.child_token(),
     );
     let body_timeout = std::time::Duration::from_secs(state.config.http.body_read_timeout_seconds);
     let mcp_routes = Router::new()
         .nest_service("/mcp", mcp_service)
+        // After the bearer check (it needs the caller), before rmcp sees a session id.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            sessions::bind_sessions,
+        ))
         .layer(axum::middleware::from_fn(
             mcp::session_deleted_is_no_content,
         ))

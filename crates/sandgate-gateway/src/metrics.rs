@@ -105,6 +105,13 @@ struct RefusalLabels {
     reason: RefusalReason,
 }
 
+/// Labels of a call or session refused by a quota: the limit's name (`max_calls_per_minute`,
+/// `max_calls_in_flight`, `max_calls_per_sandbox`, `max_sessions`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuotaLabels {
+    limit: &'static str,
+}
+
 /// The gateway's metrics. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -118,6 +125,7 @@ struct Inner {
     durations: Family<ToolLabels, Histogram>,
     pool_ready: Gauge,
     refusals: Family<RefusalLabels, Counter>,
+    quota_refusals: Family<QuotaLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -169,6 +177,13 @@ impl Metrics {
              timeout, too_large, rate_limited, overloaded)",
             refusals.clone(),
         );
+        let quota_refusals = Family::<QuotaLabels, Counter>::default();
+        registry.register(
+            "quota_refusals",
+            "Tool calls and MCP sessions refused by a tenant quota, by limit (max_calls_per_minute, \
+             max_calls_in_flight, max_calls_per_sandbox, max_sessions)",
+            quota_refusals.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry,
@@ -176,6 +191,7 @@ impl Metrics {
                 durations,
                 pool_ready,
                 refusals,
+                quota_refusals,
             }),
         }
     }
@@ -200,6 +216,14 @@ impl Metrics {
         self.inner
             .refusals
             .get_or_create(&RefusalLabels { reason })
+            .inc();
+    }
+
+    /// Counts one call or session refused by the quota named `limit`.
+    pub fn record_quota_refusal(&self, limit: &'static str) {
+        self.inner
+            .quota_refusals
+            .get_or_create(&QuotaLabels { limit })
             .inc();
     }
 

@@ -75,6 +75,10 @@ pub struct LimitChanges {
     pub cpus: Option<Option<f32>>,
     /// Most calls per minute.
     pub max_calls_per_minute: Option<Option<i32>>,
+    /// Most open MCP sessions.
+    pub max_sessions: Option<Option<i32>>,
+    /// Most calls running at once.
+    pub max_calls_in_flight: Option<Option<i32>>,
 }
 
 /// Applies `changes` to a tenant's limits (all of them back to the defaults first when `reset`)
@@ -106,11 +110,15 @@ pub async fn set_tenant_limits(
     apply(&mut own.memory_mb, changes.memory_mb);
     apply(&mut own.cpus, changes.cpus);
     apply(&mut own.max_calls_per_minute, changes.max_calls_per_minute);
+    apply(&mut own.max_sessions, changes.max_sessions);
+    apply(&mut own.max_calls_in_flight, changes.max_calls_in_flight);
     for (name, value) in [
         ("max-sandboxes", own.max_sandboxes),
         ("max-idle-seconds", own.max_idle_seconds),
         ("max-lifetime-seconds", own.max_lifetime_seconds),
         ("max-calls-per-minute", own.max_calls_per_minute),
+        ("max-sessions", own.max_sessions),
+        ("max-calls-in-flight", own.max_calls_in_flight),
     ] {
         if value.is_some_and(|v| v < 1) {
             return Err(AdminError::InvalidLimit(format!(
@@ -165,6 +173,16 @@ pub fn render_limits(own: &TenantLimits, effective: &Limits) -> String {
             "max_calls_per_minute",
             effective.max_calls_per_minute.to_string(),
             own.max_calls_per_minute.is_some(),
+        ),
+        (
+            "max_sessions",
+            effective.max_sessions.to_string(),
+            own.max_sessions.is_some(),
+        ),
+        (
+            "max_calls_in_flight",
+            effective.max_calls_in_flight.to_string(),
+            own.max_calls_in_flight.is_some(),
         ),
     ]
     .into_iter()

@@ -9,6 +9,7 @@
 //! - [`keys`]: the signing-key ring (access tokens).
 //! - [`links`]: expiring download links (signed; opened by the gateway's `/files/` route).
 //! - [`packages`]: packages on demand (the host side of `pip install` in a sandbox).
+//! - [`sessions`]: MCP sessions bound to the principal that opened them; the session cap.
 //! - [`startup`]: [`Services::start`]: the pool, keys, sandbox manager and background work.
 //! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`transcripts`]: what ran in each sandbox, kept for the person who takes over.
@@ -25,11 +26,14 @@ pub mod packages;
 pub mod resource_uri;
 pub mod retention;
 pub mod sandboxes;
+pub mod sessions;
 pub mod startup;
 pub mod transcripts;
 
 pub use sandboxes::lifecycle;
 
 pub use config::Config;
-pub use sandboxes::{Caller, Limits, Resolved, SandboxService, ServiceError, Target};
+pub use sandboxes::{
+    CallPermit, Caller, Limits, Quota, Resolved, SandboxService, ServiceError, Target,
+};
 pub use startup::Services;

@@ -84,8 +84,14 @@ pub enum ErrorKind {
     Lost,
     /// A tenant limit refused the call.
     Limit,
-    /// Too many calls in the last minute.
+    /// Over the tenant's calls per minute.
     RateLimited,
+    /// Over the tenant's calls in flight.
+    CallsInFlight,
+    /// Over the sandbox's concurrent calls.
+    SandboxBusy,
+    /// Over the tenant's open MCP sessions (refused at `initialize`).
+    SessionLimit,
     /// Postgres was unavailable.
     Unavailable,
     /// Another database failure.
@@ -111,6 +117,9 @@ impl ErrorKind {
             ErrorKind::Lost => "lost",
             ErrorKind::Limit => "limit",
             ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::CallsInFlight => "calls_in_flight",
+            ErrorKind::SandboxBusy => "sandbox_busy",
+            ErrorKind::SessionLimit => "session_limit",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Internal => "internal",
             ErrorKind::SandboxRefused => "sandbox_refused",
@@ -164,22 +173,5 @@ pub async fn recent(
     .bind(tenant_id)
     .bind(limit)
     .fetch_all(conn)
-    .await?)
-}
-
-/// How many calls a tenant made in the last minute, not counting those refused for making too
-/// many (a client that keeps knocking must not lock itself out for ever).
-#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
-pub async fn calls_last_minute(
-    conn: &mut PgConnection,
-    tenant_id: Uuid,
-) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM audit_events
-         WHERE tenant_id = $1 AND at > now() - interval '1 minute'
-           AND error_kind IS DISTINCT FROM 'rate_limited'",
-    )
-    .bind(tenant_id)
-    .fetch_one(conn)
     .await?)
 }

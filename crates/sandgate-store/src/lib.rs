@@ -15,6 +15,8 @@ pub mod grants;
 pub mod hygiene;
 pub mod keys;
 pub mod packages;
+pub mod mcp_sessions;
+pub mod quotas;
 pub mod sandboxes;
 pub mod tenants;
 pub mod transcripts;

@@ -67,10 +67,15 @@ pub struct TenantLimits {
     pub cpus: Option<f32>,
     /// Most tool calls per minute.
     pub max_calls_per_minute: Option<i32>,
+    /// Most open MCP sessions (2025-11-25 era) at once.
+    pub max_sessions: Option<i32>,
+    /// Most tool calls running at once.
+    pub max_calls_in_flight: Option<i32>,
 }
 
 const LIMIT_COLUMNS: &str =
-    "max_sandboxes, max_idle_seconds, max_lifetime_seconds, memory_mb, cpus, max_calls_per_minute";
+    "max_sandboxes, max_idle_seconds, max_lifetime_seconds, memory_mb, cpus,
+     max_calls_per_minute, max_sessions, max_calls_in_flight";
 
 /// A tenant's limits; `None` when the tenant does not exist.
 #[tracing::instrument(skip_all)]
@@ -96,7 +101,8 @@ pub async fn set_limits(
     Ok(
         sqlx::query_as::<_, TenantLimits>(sqlx::AssertSqlSafe(format!(
         "UPDATE tenants SET max_sandboxes = $2, max_idle_seconds = $3, max_lifetime_seconds = $4,
-                memory_mb = $5, cpus = $6, max_calls_per_minute = $7
+                memory_mb = $5, cpus = $6, max_calls_per_minute = $7, max_sessions = $8,
+                max_calls_in_flight = $9
          WHERE id = $1 RETURNING {LIMIT_COLUMNS}"
     )))
         .bind(id)
@@ -106,6 +112,8 @@ pub async fn set_limits(
         .bind(limits.memory_mb)
         .bind(limits.cpus)
         .bind(limits.max_calls_per_minute)
+        .bind(limits.max_sessions)
+        .bind(limits.max_calls_in_flight)
         .fetch_optional(conn)
         .await?,
     )

@@ -98,9 +98,15 @@ enum TenantCommand {
         /// CPU quota per sandbox, cores.
         #[arg(long, value_parser = limit::<f32>)]
         cpus: Option<Setting<f32>>,
-        /// Most tool calls per minute.
+        /// Most tool calls started per minute (a burst of this many, then one every 60/N s).
         #[arg(long, value_parser = limit::<i32>)]
         max_calls_per_minute: Option<Setting<i32>>,
+        /// Most open MCP sessions (2025-11-25 protocol era) at once.
+        #[arg(long, value_parser = limit::<i32>)]
+        max_sessions: Option<Setting<i32>>,
+        /// Most tool calls running at once (across replicas).
+        #[arg(long, value_parser = limit::<i32>)]
+        max_calls_in_flight: Option<Setting<i32>>,
     },
     /// Set how long the tenant's transcripts are kept after their sandbox ended (e.g. `7d`,
     /// `12h`, `0s`), or `default` for the configured default. Prints the retention in force.
@@ -317,6 +323,8 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
             memory_mb,
             cpus,
             max_calls_per_minute,
+            max_sessions,
+            max_calls_in_flight,
         }) => {
             let changes = admin::LimitChanges {
                 max_sandboxes: max_sandboxes.map(|s| s.0),
@@ -325,6 +333,8 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
                 memory_mb: memory_mb.map(|s| s.0),
                 cpus: cpus.map(|s| s.0),
                 max_calls_per_minute: max_calls_per_minute.map(|s| s.0),
+                max_sessions: max_sessions.map(|s| s.0),
+                max_calls_in_flight: max_calls_in_flight.map(|s| s.0),
             };
             let (own, effective) =
                 admin::set_tenant_limits(&config, tenant, reset, &changes).await?;

@@ -120,6 +120,25 @@ impl Stack {
         )
     }
 
+    /// The value of the `/metrics` series `series` (name and labels, e.g.
+    /// `sandgate_http_refusals_total{reason="timeout"}`), 0 when absent.
+    pub async fn metric(&self, series: &str) -> u64 {
+        let text = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("/metrics answers")
+            .text()
+            .await
+            .expect("metrics text");
+        let prefix = format!("{series} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// A raw MCP request with a token: the status, the challenge header and the body.
     pub async fn mcp_status(&self, token: &str) -> (StatusCode, String, Value) {
         let response = self

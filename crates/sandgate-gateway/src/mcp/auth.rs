@@ -139,7 +139,7 @@ async fn check_grant(state: &AppState, claims: &AccessClaims) -> Result<bool, Re
 
 /// Audits a request refused after its token was verified (the caller is known): outcome
 /// `refused`, the tool when one was named (else `mcp`), and why.
-async fn audit_refusal(
+pub async fn audit_refusal(
     state: &AppState,
     claims: &AccessClaims,
     tool: Option<ToolName>,

@@ -8,7 +8,7 @@
 use rmcp::ErrorData;
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock};
 use sandgate_sandbox::{ChannelError, SandboxError};
-use sandgate_service::ServiceError;
+use sandgate_service::{Quota, ServiceError};
 use sandgate_store::audit::{ErrorKind, Outcome};
 
 use super::calls::Answer;
@@ -107,7 +107,7 @@ fn service_failure(err: &ServiceError, tool: &str) -> Failure {
         E::Ended { .. } => refused(ErrorKind::Ended, None),
         E::Lost { sandbox_id, .. } => refused(ErrorKind::Lost, Some(sandbox_id)),
         E::Limit { .. } => refused(ErrorKind::Limit, None),
-        E::RateLimited { .. } => refused(ErrorKind::RateLimited, None),
+        E::Quota { quota, .. } => refused(quota_kind(*quota), None),
         E::Unavailable(_) | E::DatabaseAway => (Outcome::Failed, ErrorKind::Unavailable, None),
         E::Store(_) => (Outcome::Failed, ErrorKind::Internal, None),
         E::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => {
@@ -118,13 +118,46 @@ fn service_failure(err: &ServiceError, tool: &str) -> Failure {
     if outcome == Outcome::Failed {
         tracing::error!(error = ?err, tool, "tool call failed");
     }
-    let result = CallToolResult::error(vec![ContentBlock::text(public_message(err))]);
+    let mut result = CallToolResult::error(vec![ContentBlock::text(public_message(err))]);
+    if let E::Quota {
+        quota,
+        limit,
+        retry_after_seconds,
+    } = err
+    {
+        // Retryable: say which limit and when, machine-readably too.
+        result.structured_content = Some(serde_json::json!({
+            "error": "quota_exceeded",
+            "limit": quota.as_str(),
+            "value": limit,
+            "retry_after_seconds": retry_after_seconds,
+        }));
+    }
     Failure {
         response: Ok(result.into()),
         outcome,
         kind,
         sandbox_id,
     }
+}
+
+/// The audit trail's error kind of a quota refusal.
+fn quota_kind(quota: Quota) -> ErrorKind {
+    match quota {
+        Quota::CallsPerMinute => ErrorKind::RateLimited,
+        Quota::CallsInFlight => ErrorKind::CallsInFlight,
+        Quota::CallsPerSandbox => ErrorKind::SandboxBusy,
+    }
+}
+
+/// The quota a refusal's error kind names, as metrics label it.
+pub(crate) fn quota_limit(kind: ErrorKind) -> Option<&'static str> {
+    Some(match kind {
+        ErrorKind::RateLimited => Quota::CallsPerMinute.as_str(),
+        ErrorKind::CallsInFlight => Quota::CallsInFlight.as_str(),
+        ErrorKind::SandboxBusy => Quota::CallsPerSandbox.as_str(),
+        _ => return None,
+    })
 }
 
 /// The text the model sees for a failed call: specific, with what to do next; never internals.
@@ -152,7 +185,7 @@ pub(super) fn public_message(err: &ServiceError) -> String {
         | ServiceError::Ended { .. }
         | ServiceError::Lost { .. }
         | ServiceError::Limit { .. }
-        | ServiceError::RateLimited { .. }
+        | ServiceError::Quota { .. }
         | ServiceError::Unavailable(_)
         | ServiceError::DatabaseAway => err.to_string(),
     }

@@ -24,6 +24,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use sandgate_auth::AccessClaims;
+use sandgate_service::sessions::SessionHash;
 use sandgate_store::audit::{AuditEvent, ErrorKind};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -63,6 +64,7 @@ struct Inner {
 }
 
 /// Builds the Streamable HTTP service for `/mcp`.
+#[allow(clippy::too_many_arguments)] // each is one part of `AppState` the MCP server uses
 pub fn service(
     config: &Config,
     sandboxes: SandboxService,
@@ -70,6 +72,7 @@ pub fn service(
     metrics: crate::metrics::Metrics,
     links: crate::files::DownloadLinks,
     transcripts: crate::transcripts::Transcripts,
+    sessions: Arc<LocalSessionManager>,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {
     let server = McpServer {
@@ -107,9 +110,14 @@ pub fn service(
         .with_allowed_origins(origins)
         .with_max_request_body_bytes(config.mcp.max_request_bytes)
         .with_cancellation_token(shutdown);
+    StreamableHttpService::new(move || Ok(server.clone()), sessions, http_config)
+}
+
+/// The legacy era's sessions of this process; one unused for `mcp.session_idle_seconds` ends.
+pub fn session_manager(config: &Config) -> Arc<LocalSessionManager> {
     let mut sessions = LocalSessionManager::default();
-    sessions.session_config.keep_alive = Some(Duration::from_secs(3600));
-    StreamableHttpService::new(move || Ok(server.clone()), Arc::new(sessions), http_config)
+    sessions.session_config.keep_alive = Some(Duration::from_secs(config.mcp.session_idle_seconds));
+    Arc::new(sessions)
 }
 
 /// Answers a successful session-ending `DELETE /mcp` with 204 No Content instead of rmcp's 202
@@ -140,17 +148,17 @@ fn claims_of(ctx: &RequestContext<RoleServer>) -> Option<AccessClaims> {
         .cloned()
 }
 
-/// The legacy era's MCP session, used as the conversation key when none is given.
+/// The legacy era's MCP session, used as the conversation key when none is given: its keyed
+/// hash (put there by the session-binding middleware), never the id itself.
 fn session_conversation(ctx: &RequestContext<RoleServer>) -> Option<String> {
     ctx.extensions
         .get::<axum::http::request::Parts>()
-        .and_then(|parts| parts.headers.get("mcp-session-id"))
-        .and_then(|v| v.to_str().ok())
-        .map(|id| format!("mcp-session:{id}"))
+        .and_then(|parts| parts.extensions.get::<SessionHash>())
+        .map(SessionHash::conversation_key)
 }
 
 impl McpServer {
-    /// Who is calling, with the tenant's limits; refuses a tenant over its call rate.
+    /// Who is calling, with the tenant's limits.
     async fn caller(&self, claims: &AccessClaims) -> Result<Caller, ServiceError> {
         let service = &self.inner.sandboxes;
         let caller = Caller {
@@ -160,7 +168,6 @@ impl McpServer {
             grant: claims.grant,
             limits: service.limits(claims.tenant).await?,
         };
-        service.check_rate(&caller).await?;
         Ok(caller)
     }
 }
@@ -266,14 +273,19 @@ impl ServerHandler for McpServer {
                 return Err(CallError::Service(ServiceError::DatabaseAway));
             }
             let caller = self.caller(&claims).await?;
-            self.dispatch(
-                tool,
-                request.arguments,
-                &caller,
-                conversation.as_deref(),
-                &ctx,
-            )
-            .await
+            // The tenant's calls per minute and in flight: one statement now, one at the end.
+            let permit = self.inner.sandboxes.admit(&caller).await?;
+            let answer = self
+                .dispatch(
+                    tool,
+                    request.arguments,
+                    &caller,
+                    conversation.as_deref(),
+                    &ctx,
+                )
+                .await;
+            permit.release().await;
+            answer
         }
         .instrument(span)
         .await;
@@ -282,6 +294,9 @@ impl ServerHandler for McpServer {
         self.inner
             .metrics
             .record_call(tool, settled.outcome, elapsed);
+        if let Some(limit) = settled.kind.and_then(errors::quota_limit) {
+            self.inner.metrics.record_quota_refusal(limit);
+        }
         let event = AuditEvent {
             at: Utc::now(),
             tenant_id: claims.tenant,

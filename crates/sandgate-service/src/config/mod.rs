@@ -87,6 +87,10 @@ pub struct PoolConfig {
     pub max_concurrent_starts: usize,
 }
 
+/// Processes one call in a sandbox may need at once (an agent thread, a shell, the command):
+/// `limits.max_calls_per_sandbox` times this must fit in `sandbox.pids_limit`.
+pub const PIDS_PER_CALL: i64 = 4;
+
 /// Default tenant limits and per-call bounds.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -111,6 +115,15 @@ pub struct LimitsConfig {
     pub max_file_bytes: u64,
     /// Largest file get_file returns inline; bigger ones come as a resource link, bytes.
     pub inline_file_bytes: u64,
+    /// Most open MCP sessions (2025-11-25 era) per tenant.
+    pub max_sessions: u32,
+    /// Most tool calls per tenant running at once, across replicas.
+    pub max_calls_in_flight: u32,
+    /// Most tool calls running at once in one sandbox (below what its pids limit carries).
+    pub max_calls_per_sandbox: u32,
+    /// How long a call's in-flight slot outlives a replica that died mid-call, seconds (a live
+    /// call renews its slot every third of this).
+    pub call_slot_ttl_seconds: u32,
 }
 
 /// Reaper and reconciliation timing.
@@ -135,6 +148,8 @@ pub struct McpConfig {
     pub sse_keep_alive_seconds: u64,
     /// Extra allowed Origins.
     pub allowed_origins: Vec<String>,
+    /// A 2025-11-25 session unused this long ends (and frees its tenant's session slot), seconds.
+    pub session_idle_seconds: u64,
 }
 
 /// OAuth authorization-server settings.
@@ -336,6 +351,9 @@ impl Config {
             ),
             ("limits.max_lifetime_seconds", l.max_lifetime_seconds),
             ("limits.max_calls_per_minute", l.max_calls_per_minute),
+            ("limits.max_sessions", l.max_sessions),
+            ("limits.max_calls_in_flight", l.max_calls_in_flight),
+            ("limits.max_calls_per_sandbox", l.max_calls_per_sandbox),
             (
                 "limits.max_call_timeout_seconds",
                 l.max_call_timeout_seconds,
@@ -373,6 +391,25 @@ impl Config {
                 "must be at least 1024".into(),
             ));
         }
+        // A call in a sandbox can take a thread of the agent, a shell and the command's own
+        // process: leave the pids limit room for them all, plus the kernel and background jobs.
+        let carried = self.sandbox.pids_limit / PIDS_PER_CALL;
+        if i64::from(l.max_calls_per_sandbox) > carried {
+            return Err(invalid(
+                "limits.max_calls_per_sandbox",
+                format!(
+                    "{} is more than sandbox.pids_limit ({}) can carry; at most {carried} \
+                     ({PIDS_PER_CALL} processes per call)",
+                    l.max_calls_per_sandbox, self.sandbox.pids_limit
+                ),
+            ));
+        }
+        if l.call_slot_ttl_seconds < 3 {
+            return Err(invalid(
+                "limits.call_slot_ttl_seconds",
+                "must be at least 3".into(),
+            ));
+        }
         Ok(())
     }
 
@@ -382,6 +419,12 @@ impl Config {
             key: key.to_owned(),
             message,
         };
+        if self.mcp.session_idle_seconds == 0 {
+            return Err(invalid(
+                "mcp.session_idle_seconds",
+                "must be at least 1".into(),
+            ));
+        }
         for origin in &self.mcp.allowed_origins {
             let ok = Url::parse(origin).is_ok_and(|u| {
                 u.host().is_some()
@@ -619,6 +662,20 @@ mod tests {
                 err.contains("sandbox.memory_mb"),
                 "error should name the key: {err}"
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn calls_per_sandbox_must_fit_in_its_pids_limit() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_SANDBOX__PIDS_LIMIT", "64");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("limits.max_calls_per_sandbox"), "{err}");
+            assert!(err.contains("at most 16"), "{err}");
+            jail.set_env("SANDGATE_LIMITS__MAX_CALLS_PER_SANDBOX", "16");
+            assert!(load_in(jail).is_ok());
             Ok(())
         });
     }

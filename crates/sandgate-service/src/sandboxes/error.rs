@@ -46,13 +46,15 @@ pub enum ServiceError {
         /// What to do.
         hint: &'static str,
     },
-    /// The tenant made too many calls in the last minute.
-    #[error(
-        "limit reached: max calls per minute ({per_minute}); wait a little and retry (the limit counts the last 60 s)"
-    )]
-    RateLimited {
-        /// The limit.
-        per_minute: u32,
+    /// A call quota refused the call; retrying after `retry_after_seconds` may work.
+    #[error("{}", quota_message(*quota, *limit, *retry_after_seconds))]
+    Quota {
+        /// Which quota.
+        quota: Quota,
+        /// Its value.
+        limit: u32,
+        /// When a retry may fit, seconds.
+        retry_after_seconds: u32,
     },
     /// Postgres is unavailable: retrying shortly may work.
     #[error("sandgate's database is temporarily unavailable; retry in a few seconds")]
@@ -83,6 +85,55 @@ impl From<sqlx::Error> for ServiceError {
     fn from(err: sqlx::Error) -> Self {
         StoreError::from(err).into()
     }
+}
+
+/// A quota on tool calls: each refuses a call that would exceed it with a retryable error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Quota {
+    /// Calls a tenant starts per minute (across replicas).
+    CallsPerMinute,
+    /// Calls of a tenant running at once (across replicas).
+    CallsInFlight,
+    /// Calls running at once in one sandbox.
+    CallsPerSandbox,
+}
+
+impl Quota {
+    /// The quota's name, as tool results, the audit trail and metrics spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Quota::CallsPerMinute => "max_calls_per_minute",
+            Quota::CallsInFlight => "max_calls_in_flight",
+            Quota::CallsPerSandbox => "max_calls_per_sandbox",
+        }
+    }
+}
+
+impl std::fmt::Display for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+fn quota_message(quota: Quota, limit: u32, retry_after: u32) -> String {
+    let what = match quota {
+        Quota::CallsPerMinute => format!(
+            "this tenant may start {limit} tool calls per minute (a burst of {limit}, then one \
+             every {:.1} s)",
+            60.0 / f64::from(limit.max(1))
+        ),
+        Quota::CallsInFlight => format!(
+            "this tenant may have {limit} tool calls running at once; wait for a running call \
+             to finish"
+        ),
+        Quota::CallsPerSandbox => format!(
+            "one sandbox may run {limit} tool calls at once; wait for one of its calls to finish"
+        ),
+    };
+    format!(
+        "limit reached: {quota} ({limit}): {what}, then retry in {retry_after} s \
+         (retry_after_seconds)"
+    )
 }
 
 pub(super) fn over_limit(limits: &Limits) -> ServiceError {

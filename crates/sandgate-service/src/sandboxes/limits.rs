@@ -36,8 +36,12 @@ pub struct Limits {
     pub memory_mb: u64,
     /// CPU quota per sandbox, cores.
     pub cpus: f64,
-    /// Most tool calls per minute.
+    /// Most tool calls started per minute.
     pub max_calls_per_minute: u32,
+    /// Most open MCP sessions.
+    pub max_sessions: u32,
+    /// Most tool calls running at once.
+    pub max_calls_in_flight: u32,
 }
 
 impl Limits {
@@ -62,6 +66,8 @@ impl Limits {
                 .unwrap_or(profile.memory_mb),
             cpus: own.cpus.map_or(profile.cpus, f64::from),
             max_calls_per_minute: pick(own.max_calls_per_minute, defaults.max_calls_per_minute),
+            max_sessions: pick(own.max_sessions, defaults.max_sessions),
+            max_calls_in_flight: pick(own.max_calls_in_flight, defaults.max_calls_in_flight),
         }
     }
 

@@ -19,14 +19,16 @@ mod lease;
 pub mod lifecycle;
 mod limits;
 mod ops;
+mod quota;
 mod warm;
 
 pub use busy::BusyGuard;
 use busy::BusyMap;
 pub(crate) use error::ended_error;
-pub use error::{ServiceError, describe_fate};
+pub use error::{Quota, ServiceError, describe_fate};
 pub use limits::{Caller, Limits};
 pub use ops::Target;
+pub use quota::CallPermit;
 
 /// A sandbox resolved for a call: the live handle and its row.
 #[derive(Debug, Clone)]
@@ -49,7 +51,7 @@ pub struct SandboxService {
     pub(crate) manager: SandboxManager,
     pub(crate) profile: SandboxProfile,
     pub(crate) node: String,
-    limits: LimitsConfig,
+    pub(crate) limits: LimitsConfig,
     /// Live handles of this process, by sandbox id. A leased sandbox missing here (after a
     /// restart, or leased by another replica) is adopted on first use.
     pub(crate) live: Arc<Mutex<HashMap<String, Sandbox>>>,
@@ -97,19 +99,6 @@ impl SandboxService {
             .await?
             .unwrap_or_default();
         Ok(Limits::effective(&own, &self.limits, &self.profile))
-    }
-
-    /// Refuses the call when the tenant made `max_calls_per_minute` calls in the last minute.
-    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant))]
-    pub async fn check_rate(&self, caller: &Caller) -> Result<(), ServiceError> {
-        let mut conn = self.db.acquire().await?;
-        let calls = sandgate_store::audit::calls_last_minute(&mut conn, caller.tenant).await?;
-        if calls >= i64::from(caller.limits.max_calls_per_minute) {
-            return Err(ServiceError::RateLimited {
-                per_minute: caller.limits.max_calls_per_minute,
-            });
-        }
-        Ok(())
     }
 
     /// Whether a call on the sandbox is in flight in this process.
@@ -206,7 +195,12 @@ impl SandboxService {
             let ended = self.end(&row, reason).await?.unwrap_or(row);
             return Err(ended_error(&ended));
         }
-        let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
+        let busy = BusyGuard::try_new(
+            &row.id,
+            &self.busy,
+            &self.db,
+            self.limits.max_calls_per_sandbox,
+        )?;
         let mut conn = self.db.acquire().await?;
         let touched = sandboxes::touch(&mut conn, caller.tenant, &row.id, new_idle).await?;
         let row = match touched {

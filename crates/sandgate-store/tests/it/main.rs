@@ -1,5 +1,6 @@
 //! The store against the real Postgres: each test gets a database of its own, migrated.
 
 mod audit;
+mod quotas;
 mod sandboxes;
 mod support;

@@ -39,6 +39,10 @@ impl Gateway {
                 "SANDGATE_LIMITS__MAX_CALLS_PER_MINUTE".into(),
                 "1000000".into(),
             ),
+            (
+                "SANDGATE_LIMITS__MAX_CALLS_IN_FLIGHT".into(),
+                "100000".into(),
+            ),
             ("SANDGATE_DATABASE__MAX_CONNECTIONS".into(), "32".into()),
         ];
         let mut child = Command::new(BIN)

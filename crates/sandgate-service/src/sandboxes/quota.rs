@@ -1,0 +1,134 @@
+//! A tenant's call quotas at a call's start and end: calls per minute and calls in flight,
+//! shared by every replica through Postgres (`sandgate_store::quotas`). One statement admits a
+//! call (both limits), one frees its slot when it ends; a call running longer than a third of
+//! the slot's time to live renews it, so a replica that dies mid-call frees its slots by
+//! themselves within `limits.call_slot_ttl_seconds`.
+
+use std::time::Duration;
+
+use sandgate_store::PgPool;
+use sandgate_store::quotas::{self, Admission, CallLimits};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+use super::error::Quota;
+use super::{Caller, SandboxService, ServiceError};
+
+/// Suggested wait after a refusal for calls in flight: a slot frees when any call ends, which
+/// nobody can predict; a second is short enough not to idle and long enough not to hammer.
+const IN_FLIGHT_RETRY_SECONDS: u32 = 1;
+
+/// A call's admission: holds its in-flight slot until [`CallPermit::release`] (or drop).
+#[derive(Debug)]
+pub struct CallPermit {
+    tenant: Uuid,
+    slot: String,
+    db: PgPool,
+    renewer: Option<JoinHandle<()>>,
+}
+
+impl SandboxService {
+    /// Admits a call of `caller` under its calls-per-minute and calls-in-flight limits, in one
+    /// statement; a refusal is a [`ServiceError::Quota`] naming the limit and when to retry.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant))]
+    pub async fn admit(&self, caller: &Caller) -> Result<CallPermit, ServiceError> {
+        let slot = Uuid::new_v4().simple().to_string();
+        let ttl = self.limits.call_slot_ttl_seconds;
+        let limits = CallLimits {
+            per_minute: caller.limits.max_calls_per_minute,
+            in_flight: caller.limits.max_calls_in_flight,
+            slot_ttl_seconds: ttl,
+        };
+        let mut conn = self.db.acquire().await?;
+        match quotas::admit(&mut conn, caller.tenant, &slot, limits).await? {
+            Admission::Admitted => {}
+            Admission::OverRate {
+                retry_after_seconds,
+            } => {
+                return Err(ServiceError::Quota {
+                    quota: Quota::CallsPerMinute,
+                    limit: limits.per_minute,
+                    retry_after_seconds,
+                });
+            }
+            Admission::OverInFlight => {
+                return Err(ServiceError::Quota {
+                    quota: Quota::CallsInFlight,
+                    limit: limits.in_flight,
+                    retry_after_seconds: IN_FLIGHT_RETRY_SECONDS,
+                });
+            }
+        }
+        drop(conn);
+        let renewer = tokio::spawn(renew_until_dropped(
+            self.db.clone(),
+            caller.tenant,
+            slot.clone(),
+            ttl,
+        ));
+        Ok(CallPermit {
+            tenant: caller.tenant,
+            slot,
+            db: self.db.clone(),
+            renewer: Some(renewer),
+        })
+    }
+}
+
+/// Renews a running call's slot every third of its time to live.
+async fn renew_until_dropped(db: PgPool, tenant: Uuid, slot: String, ttl: u32) {
+    let every = Duration::from_secs(u64::from(ttl)) / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        let renewed = async {
+            let mut conn = db.acquire().await?;
+            quotas::renew(&mut conn, tenant, &slot, ttl).await
+        }
+        .await;
+        match renewed {
+            Ok(true) => {}
+            // It expired (Postgres was away for longer than its life): the call finishes, and
+            // the tenant briefly gets one call more than its limit.
+            Ok(false) => return,
+            Err(err) => {
+                tracing::warn!(error = %err, tenant_id = %tenant, "renewing a call's in-flight slot failed")
+            }
+        }
+    }
+}
+
+impl CallPermit {
+    /// Frees the slot now (one statement). A failure is logged: the slot then expires by itself.
+    pub async fn release(mut self) {
+        if let Some(renewer) = self.renewer.take() {
+            renewer.abort();
+        }
+        release(&self.db, self.tenant, &self.slot).await;
+    }
+}
+
+async fn release(db: &PgPool, tenant: Uuid, slot: &str) {
+    let released = async {
+        let mut conn = db.acquire().await?;
+        quotas::release(&mut conn, tenant, slot).await
+    }
+    .await;
+    if let Err(err) = released {
+        tracing::warn!(error = %err, tenant_id = %tenant, "freeing a call's in-flight slot failed; it expires by itself");
+    }
+}
+
+impl Drop for CallPermit {
+    /// A call dropped without [`CallPermit::release`] (cancelled): free its slot in the
+    /// background.
+    fn drop(&mut self) {
+        let Some(renewer) = self.renewer.take() else {
+            return;
+        };
+        renewer.abort();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (db, tenant, slot) = (self.db.clone(), self.tenant, std::mem::take(&mut self.slot));
+            runtime.spawn(async move { release(&db, tenant, &slot).await });
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! The MCP endpoint: rmcp's Streamable HTTP service at `/mcp`, serving both protocol eras
 //! (2025-11-25 with sessions, 2026-07-28 stateless), behind bearer-token authentication.
 //!
+//! - [`routes`]: `/mcp` behind its bearer guard, and the protected-resource metadata.
+//! - [`AppState`]: what the endpoint needs from the gateway's state.
 //! - [`tools`]: the tools' arguments, outputs and descriptions.
 //! - [`auth`]: the bearer-token middleware and the protected-resource metadata (RFC 9728).
 //! - `calls`: what each tool does, as MCP (arguments in, service call, answer out).
@@ -9,6 +11,9 @@
 //! - `progress`: output of running cells and commands as progress notifications.
 //! - [`resources`]: the sandboxes' files and transcripts as MCP resources.
 //! - `export`: the `export_transcript` tool.
+//! - [`limits`]: length limits on attacker-chosen strings in tool arguments.
+//! - [`refusal`]: HTTP refusals of `/mcp` requests (RFC 6750 bodies and challenges).
+//! - [`metrics`]: tool calls by tool and outcome, and their durations.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,14 +36,23 @@ use tracing::Instrument;
 use crate::audit::AuditLog;
 use crate::config::{Config, LimitsConfig};
 use crate::sandboxes::{Caller, SandboxService, ServiceError};
+// The service layer's modules under `crate::`, as the endpoint's modules name them.
+use sandgate_service::{audit, config, resource_uri, sandboxes, transcripts};
+
+pub use crate::state::AppState;
 
 pub mod auth;
 mod calls;
 mod errors;
 mod export;
+pub mod limits;
+pub mod metrics;
 mod progress;
+pub mod refusal;
 mod render;
 pub mod resources;
+pub mod routes;
+mod state;
 pub mod tools;
 
 use errors::CallError;
@@ -55,8 +69,8 @@ pub struct McpServer {
 struct Inner {
     sandboxes: SandboxService,
     audit: AuditLog,
-    metrics: crate::metrics::Metrics,
-    links: crate::files::DownloadLinks,
+    metrics: crate::metrics::ToolMetrics,
+    links: sandgate_service::links::DownloadLinks,
     transcripts: crate::transcripts::Transcripts,
     limits: LimitsConfig,
 }
@@ -66,8 +80,8 @@ pub fn service(
     config: &Config,
     sandboxes: SandboxService,
     audit: AuditLog,
-    metrics: crate::metrics::Metrics,
-    links: crate::files::DownloadLinks,
+    metrics: crate::metrics::ToolMetrics,
+    links: sandgate_service::links::DownloadLinks,
     transcripts: crate::transcripts::Transcripts,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {

@@ -16,8 +16,8 @@ pub struct SandboxProfile {
     pub name: String,
     /// Image to run (any image with `python3`; the agent is injected at creation).
     pub image: String,
-    /// OCI runtime: `runc` (default) or `runsc` (gVisor).
-    pub runtime: String,
+    /// The OCI runtime its containers run under.
+    pub runtime: OciRuntime,
     /// Memory limit in MiB; swap is not allowed on top of it.
     pub memory_mb: u64,
     /// CPU quota in cores (e.g. 1.0).
@@ -46,12 +46,6 @@ impl SandboxProfile {
     pub fn validate(&self) -> Result<(), String> {
         if self.image.trim().is_empty() {
             return Err("image: must name a Docker image".into());
-        }
-        if !matches!(self.runtime.as_str(), "runc" | "runsc") {
-            return Err(format!(
-                "runtime: must be \"runc\" or \"runsc\", not {:?}",
-                self.runtime
-            ));
         }
         if self.memory_mb < 64 {
             return Err(format!(
@@ -87,6 +81,52 @@ impl SandboxProfile {
             ));
         }
         Ok(())
+    }
+}
+
+/// The OCI runtime a profile's containers run under (`runtime`: `"runc"` or `"runsc"`). Any
+/// other name is refused when the configuration is read, naming the accepted ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OciRuntime {
+    /// runc, Docker's default: namespaces, cgroups and seccomp on the host's kernel.
+    #[default]
+    Runc,
+    /// runsc (gVisor): a user-space kernel between the sandbox and the host's; stronger
+    /// isolation, slower start. Must be registered with the Docker engine.
+    Runsc,
+}
+
+impl OciRuntime {
+    /// The name the Docker engine knows the runtime by.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OciRuntime::Runc => "runc",
+            OciRuntime::Runsc => "runsc",
+        }
+    }
+}
+
+impl std::fmt::Display for OciRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A runtime name that is not one of [`OciRuntime`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown OCI runtime {0:?}: expected \"runc\" or \"runsc\"")]
+pub struct UnknownRuntime(pub String);
+
+impl std::str::FromStr for OciRuntime {
+    type Err = UnknownRuntime;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "runc" => Ok(OciRuntime::Runc),
+            "runsc" => Ok(OciRuntime::Runsc),
+            other => Err(UnknownRuntime(other.to_owned())),
+        }
     }
 }
 
@@ -167,7 +207,7 @@ mod tests {
         SandboxProfile {
             name: "default".into(),
             image: "sandgate-sandbox:latest".into(),
-            runtime: "runc".into(),
+            runtime: OciRuntime::Runc,
             memory_mb: 512,
             cpus: 1.0,
             pids_limit: 256,

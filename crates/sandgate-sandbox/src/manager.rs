@@ -787,7 +787,7 @@ mod tests {
         SandboxProfile {
             name: "default".into(),
             image: "fake".into(),
-            runtime: "runc".into(),
+            runtime: crate::OciRuntime::Runc,
             memory_mb: 512,
             cpus: 1.0,
             pids_limit: 256,

@@ -619,6 +619,22 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_runtime_names_the_key_and_the_accepted_ones() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_SANDBOX__RUNTIME", "kata");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("sandbox.runtime"), "{err}");
+            assert!(err.contains("kata"), "{err}");
+            assert!(err.contains("runc") && err.contains("runsc"), "{err}");
+            jail.set_env("SANDGATE_SANDBOX__RUNTIME", "runsc");
+            let config = load_in(jail).expect("runsc is accepted");
+            assert_eq!(config.sandbox.runtime, sandgate_sandbox::OciRuntime::Runsc);
+            Ok(())
+        });
+    }
+
+    #[test]
     fn files_cannot_outlive_their_sandbox_and_the_error_says_why() {
         Jail::expect_with(|jail| {
             jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");

@@ -42,45 +42,82 @@ impl SandboxProfile {
             .saturating_add(self.home_size_mb)
     }
 
-    /// Checks the values against what Docker and the kernel accept; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the values against what Docker and the kernel accept.
+    pub fn validate(&self) -> Result<(), ProfileError> {
         if self.image.trim().is_empty() {
-            return Err("image: must name a Docker image".into());
+            return Err(ProfileError::NoImage);
         }
         if self.memory_mb < 64 {
-            return Err(format!(
-                "memory_mb: {} is too small; at least 64 MiB",
-                self.memory_mb
-            ));
+            return Err(ProfileError::MemoryTooSmall(self.memory_mb));
         }
         if !(self.cpus > 0.0 && self.cpus <= 64.0) {
-            return Err(format!(
-                "cpus: {} must be more than 0 and at most 64",
-                self.cpus
-            ));
+            return Err(ProfileError::Cpus(self.cpus));
         }
         if self.pids_limit < 16 {
-            return Err(format!(
-                "pids_limit: {} is too small; at least 16",
-                self.pids_limit
-            ));
+            return Err(ProfileError::PidsTooSmall(self.pids_limit));
         }
         if self.nofile < 64 {
-            return Err(format!("nofile: {} is too small; at least 64", self.nofile));
+            return Err(ProfileError::NofileTooSmall(self.nofile));
         }
-        if self.tmp_size_mb == 0 || self.home_size_mb == 0 {
-            return Err("tmp_size_mb and home_size_mb: must be more than 0".into());
+        if self.tmp_size_mb == 0 {
+            return Err(ProfileError::NoSize("tmp_size_mb"));
+        }
+        if self.home_size_mb == 0 {
+            return Err(ProfileError::NoSize("home_size_mb"));
         }
         // The container's limit covers memory and both tmpfs mounts; past this, Docker's i64 of
         // bytes (or any real host) cannot hold the promise that a full disk is only ENOSPC.
         if self.container_memory_mb() > MAX_CONTAINER_MEMORY_MB {
-            return Err(format!(
-                "home_size_mb: memory_mb + tmp_size_mb + home_size_mb is {} MiB, more than the {} MiB a sandbox's memory limit may be (files on the tmpfs mounts count as memory)",
+            return Err(ProfileError::ContainerMemoryTooLarge(
                 self.container_memory_mb(),
-                MAX_CONTAINER_MEMORY_MB
             ));
         }
         Ok(())
+    }
+}
+
+/// A profile value Docker or the kernel would not accept. [`ProfileError::field`] names the
+/// field; the message says what is accepted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProfileError {
+    /// `image` is empty.
+    #[error("must name a Docker image")]
+    NoImage,
+    /// `memory_mb` is below 64.
+    #[error("{0} is too small; at least 64 MiB")]
+    MemoryTooSmall(u64),
+    /// `cpus` is not in (0, 64].
+    #[error("{0} must be more than 0 and at most 64")]
+    Cpus(f64),
+    /// `pids_limit` is below 16.
+    #[error("{0} is too small; at least 16")]
+    PidsTooSmall(i64),
+    /// `nofile` is below 64.
+    #[error("{0} is too small; at least 64")]
+    NofileTooSmall(u64),
+    /// A tmpfs size (the field named) is 0.
+    #[error("must be more than 0")]
+    NoSize(&'static str),
+    /// Memory and both tmpfs sizes add up to more than [`MAX_CONTAINER_MEMORY_MB`].
+    #[error(
+        "memory_mb + tmp_size_mb + home_size_mb is {0} MiB, more than the {MAX_CONTAINER_MEMORY_MB} MiB a sandbox's memory limit may be (files on the tmpfs mounts count as memory)"
+    )]
+    ContainerMemoryTooLarge(u64),
+}
+
+impl ProfileError {
+    /// The profile field whose value is refused.
+    pub fn field(&self) -> &'static str {
+        match self {
+            ProfileError::NoImage => "image",
+            ProfileError::MemoryTooSmall(_) => "memory_mb",
+            ProfileError::Cpus(_) => "cpus",
+            ProfileError::PidsTooSmall(_) => "pids_limit",
+            ProfileError::NofileTooSmall(_) => "nofile",
+            ProfileError::NoSize(field) => field,
+            // The last of the three to be set is the likeliest culprit.
+            ProfileError::ContainerMemoryTooLarge(_) => "home_size_mb",
+        }
     }
 }
 
@@ -230,6 +267,7 @@ mod tests {
             ..profile()
         };
         let err = huge.validate().unwrap_err();
-        assert!(err.starts_with("home_size_mb:"), "{err}");
+        assert_eq!(err.field(), "home_size_mb");
+        assert!(err.to_string().contains("count as memory"), "{err}");
     }
 }

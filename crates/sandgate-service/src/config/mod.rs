@@ -476,10 +476,9 @@ impl Config {
             .validate(self.mcp.sse_keep_alive_seconds)
             .and_then(|()| self.oauth.limits.validate())
             .map_err(|(key, message)| invalid(&key, message))?;
-        self.sandbox.validate().map_err(|message| {
-            let (field, rest) = message.split_once(": ").unwrap_or(("", &message));
-            invalid(&format!("sandbox.{field}"), rest.to_owned())
-        })?;
+        self.sandbox
+            .validate()
+            .map_err(|err| invalid(&format!("sandbox.{}", err.field()), err.to_string()))?;
         self.retention.validate()?;
         Ok(())
     }

@@ -1,23 +1,26 @@
-//! A small W3C WebDriver client over reqwest, driving Debian's headless Chromium through
-//! `chromedriver` (install both with `scripts/ensure-chromium.sh`).
+//! A headless Chromium for the tests, driven through `chromedriver` (install both with
+//! `scripts/ensure-chromium.sh`) with the `fantoccini` WebDriver client.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use base64::Engine;
-use serde_json::{Value, json};
+use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::json;
 use tokio::process::{Child, Command};
 
 use crate::support::eventually;
 
-const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+/// How long an element may take to appear.
+const FIND_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A headless Chromium session. Dropping it ends chromedriver (which ends the browser).
+/// A headless Chromium session. Dropping it ends the session and chromedriver (which ends the
+/// browser).
 pub struct Browser {
-    http: reqwest::Client,
-    session: String,
-    base: String,
+    client: Client,
+    /// `DELETE` this to end the session; `None` once it was ended.
+    session_url: Option<String>,
     _driver: Child,
     _profile: TempDir,
 }
@@ -30,13 +33,6 @@ impl Drop for TempDir {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
-
 impl Browser {
     /// Starts chromedriver and a fresh headless Chromium with a phone-sized window.
     pub async fn start() -> Browser {
@@ -45,31 +41,21 @@ impl Browser {
         });
         let chromium =
             which("chromium").expect("chromium is installed (scripts/ensure-chromium.sh)");
-        let port = free_port();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let address = listener.local_addr().expect("a bound address");
+        drop(listener);
         let child = Command::new(driver)
-            .arg(format!("--port={port}"))
+            .arg(format!("--port={}", address.port()))
             .arg("--allowed-ips=127.0.0.1")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .expect("chromedriver starts");
-        let base = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
         eventually(
             Duration::from_secs(20),
-            "chromedriver to be ready",
-            || async {
-                let status: Value = http
-                    .get(format!("{base}/status"))
-                    .send()
-                    .await
-                    .ok()?
-                    .json()
-                    .await
-                    .ok()?;
-                (status["value"]["ready"] == true).then_some(())
-            },
+            "chromedriver to listen",
+            || async { tokio::net::TcpStream::connect(address).await.ok() },
         )
         .await;
         let profile = std::env::temp_dir().join(format!(
@@ -90,161 +76,106 @@ impl Browser {
             "--window-size=412,915",
             &format!("--user-data-dir={}", profile.display()),
         ];
-        let created: Value = http
-            .post(format!("{base}/session"))
-            .json(&json!({"capabilities": {"alwaysMatch": {
-                "browserName": "chrome",
-                "goog:chromeOptions": {"binary": chromium, "args": args},
-            }}}))
-            .send()
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert("browserName".into(), json!("chrome"));
+        capabilities.insert(
+            "goog:chromeOptions".into(),
+            json!({"binary": chromium, "args": args}),
+        );
+        // Only loopback is reached (chromedriver, the gateway): plain HTTP, no TLS stack.
+        let client = ClientBuilder::new(HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&format!("http://{address}"))
             .await
-            .expect("chromedriver answers")
-            .json()
-            .await
-            .expect("JSON");
-        let session = created["value"]["sessionId"]
-            .as_str()
-            .unwrap_or_else(|| panic!("a browser session starts: {created}"))
-            .to_owned();
+            .unwrap_or_else(|err| panic!("a browser session starts: {err}"));
+        let session = client.session_id().await.ok().flatten();
         Browser {
-            http,
-            session,
-            base,
+            client,
+            session_url: session.map(|id| format!("http://{address}/session/{id}")),
             _driver: child,
             _profile: TempDir(profile),
         }
     }
 
-    async fn command(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        let url = format!("{}/session/{}{path}", self.base, self.session);
-        let mut request = self.http.request(method, &url);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let answer: Value = request
-            .send()
-            .await
-            .expect("chromedriver answers")
-            .json()
-            .await
-            .expect("JSON");
-        if answer["value"].get("error").is_some() {
-            panic!("WebDriver {path} failed: {answer}");
-        }
-        answer["value"].clone()
-    }
-
     /// Navigates to `url` and waits for the page to load.
     pub async fn goto(&self, url: &str) {
-        self.command(reqwest::Method::POST, "/url", Some(json!({"url": url})))
-            .await;
+        self.client
+            .goto(url)
+            .await
+            .unwrap_or_else(|err| panic!("navigating to {url}: {err}"));
     }
 
     /// The current URL.
     pub async fn url(&self) -> String {
-        self.command(reqwest::Method::GET, "/url", None)
+        self.client
+            .current_url()
             .await
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+            .expect("the current URL")
+            .to_string()
     }
 
     /// The current document's title.
     pub async fn title(&self) -> String {
-        self.command(reqwest::Method::GET, "/title", None)
-            .await
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        self.client.title().await.expect("the page's title")
     }
 
-    /// The element matching a CSS selector, waiting up to 10 s for it to appear.
-    pub async fn find(&self, css: &str) -> String {
-        let url = format!("{}/session/{}/element", self.base, self.session);
-        eventually(
-            Duration::from_secs(10),
-            &format!("element {css}"),
-            || async {
-                let answer: Value = self
-                    .http
-                    .post(&url)
-                    .json(&json!({"using": "css selector", "value": css}))
-                    .send()
-                    .await
-                    .ok()?
-                    .json()
-                    .await
-                    .ok()?;
-                answer["value"][ELEMENT].as_str().map(str::to_owned)
-            },
-        )
-        .await
+    /// The element matching a CSS selector, waiting for it to appear.
+    pub async fn find(&self, css: &str) -> fantoccini::elements::Element {
+        self.client
+            .wait()
+            .at_most(FIND_TIMEOUT)
+            .for_element(Locator::Css(css))
+            .await
+            .unwrap_or_else(|err| panic!("element {css} within {FIND_TIMEOUT:?}: {err}"))
     }
 
     /// Types into an element.
     pub async fn type_into(&self, css: &str, text: &str) {
-        let element = self.find(css).await;
-        self.command(
-            reqwest::Method::POST,
-            &format!("/element/{element}/value"),
-            Some(json!({"text": text})),
-        )
-        .await;
+        self.find(css)
+            .await
+            .send_keys(text)
+            .await
+            .unwrap_or_else(|err| panic!("typing into {css}: {err}"));
     }
 
     /// Clicks an element.
     pub async fn click(&self, css: &str) {
-        let element = self.find(css).await;
-        self.command(
-            reqwest::Method::POST,
-            &format!("/element/{element}/click"),
-            Some(json!({})),
-        )
-        .await;
+        self.find(css)
+            .await
+            .click()
+            .await
+            .unwrap_or_else(|err| panic!("clicking {css}: {err}"));
     }
 
     /// The visible text of an element.
     pub async fn text(&self, css: &str) -> String {
-        let element = self.find(css).await;
-        self.command(
-            reqwest::Method::GET,
-            &format!("/element/{element}/text"),
-            None,
-        )
-        .await
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
+        self.find(css)
+            .await
+            .text()
+            .await
+            .unwrap_or_else(|err| panic!("the text of {css}: {err}"))
     }
 
     /// A PNG screenshot of the viewport.
     pub async fn screenshot(&self) -> Vec<u8> {
-        let b64 = self
-            .command(reqwest::Method::GET, "/screenshot", None)
-            .await;
-        base64::engine::general_purpose::STANDARD
-            .decode(b64.as_str().unwrap_or_default())
-            .expect("a base64 PNG")
+        self.client.screenshot().await.expect("a screenshot")
     }
-}
 
-impl Browser {
     /// Ends the browser session (the browser process exits).
     pub async fn quit(mut self) {
-        let url = format!("{}/session/{}", self.base, self.session);
-        let _ = self.http.delete(&url).send().await;
-        self.session.clear();
+        self.session_url = None;
+        let _ = self.client.clone().close().await;
     }
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        // A test that panicked did not quit: ask chromedriver to close the browser (best effort)
-        // so no orphaned Chromium outlives the test; the driver is killed on drop anyway.
-        if self.session.is_empty() {
+        // A test that panicked did not quit, and the runtime that would run fantoccini's own
+        // close on drop is going away with it: end the session synchronously (best effort) so
+        // no orphaned Chromium outlives the test; the driver is killed on drop anyway.
+        let Some(url) = self.session_url.take() else {
             return;
-        }
-        let url = format!("{}/session/{}", self.base, self.session);
+        };
         let _ = std::thread::spawn(move || {
             let _ = std::process::Command::new("curl")
                 .args(["-s", "-m", "5", "-X", "DELETE", &url])

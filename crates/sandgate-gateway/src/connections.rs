@@ -25,6 +25,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
+use sandgate_mcp::refusal::{OversizedBody, too_large};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -295,10 +296,6 @@ pub struct BodyLimits {
     pub defer_too_large: bool,
 }
 
-/// Marks a request whose body exceeded [`BodyLimits::max_bytes`] (the body was dropped).
-#[derive(Debug, Clone, Copy)]
-pub struct OversizedBody(pub usize);
-
 /// Middleware: the whole request body must arrive within the deadline (a client dripping its
 /// body a byte at a time cannot hold a handler) and within the size bound. Answers 408 or 413.
 /// The body is read here, so handlers behind it see it at once.
@@ -329,15 +326,6 @@ pub async fn body_deadline(
     };
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
-}
-
-/// The 413 answer for a body over `max_bytes`.
-pub fn too_large(max_bytes: usize) -> Response {
-    refusal(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "request_too_large",
-        &format!("the request body exceeds {max_bytes} bytes"),
-    )
 }
 
 fn refusal(status: StatusCode, code: &str, description: &str) -> Response {

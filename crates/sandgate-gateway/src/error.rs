@@ -1,68 +1,10 @@
-//! The one mapping from failures to HTTP answers outside MCP's tool results: bearer-token
-//! refusals on `/mcp` (RFC 6750 JSON bodies with a `WWW-Authenticate` challenge) and download
-//! links (plain text for a person). Internal detail is logged, never sent.
+//! The mapping from failures of download links to HTTP answers (plain text for a person).
+//! Internal detail is logged, never sent. Refusals on `/mcp` are `sandgate_mcp::refusal`'s.
 
-use axum::Json;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sandgate_sandbox::{ChannelError, SandboxError};
 use sandgate_service::ServiceError;
-use serde::Serialize;
-
-/// An RFC 6750 §3 error: `{"error", "error_description"[, "scope"]}` with an optional
-/// `WWW-Authenticate` challenge.
-#[derive(Debug, Serialize)]
-pub struct BearerError {
-    #[serde(skip)]
-    status: StatusCode,
-    error: &'static str,
-    error_description: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    scope: Option<String>,
-    #[serde(skip)]
-    challenge: Option<String>,
-}
-
-impl BearerError {
-    /// A refusal with `status`, the machine-readable `error` and a description saying what to do.
-    pub fn new(status: StatusCode, error: &'static str, description: impl Into<String>) -> Self {
-        Self {
-            status,
-            error,
-            error_description: description.into(),
-            scope: None,
-            challenge: None,
-        }
-    }
-
-    /// Adds the scopes that would do (`insufficient_scope`).
-    pub fn with_scope(mut self, scope: String) -> Self {
-        self.scope = Some(scope);
-        self
-    }
-
-    /// Adds the `WWW-Authenticate` challenge.
-    pub fn with_challenge(mut self, challenge: String) -> Self {
-        self.challenge = Some(challenge);
-        self
-    }
-}
-
-impl IntoResponse for BearerError {
-    fn into_response(self) -> Response {
-        let challenge = self
-            .challenge
-            .as_deref()
-            .and_then(|c| HeaderValue::from_str(c).ok());
-        let mut response = (self.status, Json(&self)).into_response();
-        if let Some(value) = challenge {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, value);
-        }
-        response
-    }
-}
 
 /// Why a download link gives no file.
 #[derive(Debug, thiserror::Error)]

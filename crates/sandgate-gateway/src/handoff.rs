@@ -30,14 +30,6 @@ fn format_of(kind: LinkKind) -> Format {
     }
 }
 
-/// The link kind that serves `format`.
-pub fn link_kind(format: Format) -> LinkKind {
-    match format {
-        Format::Notebook => LinkKind::Notebook,
-        Format::Html => LinkKind::Html,
-    }
-}
-
 /// Serves a tenant's transcript in the link's format.
 pub async fn download(
     state: &AppState,
@@ -121,7 +113,12 @@ pub async fn page(
                     let link = |format| {
                         state
                             .links
-                            .mint_transcript(session.tenant_id, None, &subject, link_kind(format))
+                            .mint_transcript(
+                                session.tenant_id,
+                                None,
+                                &subject,
+                                LinkKind::from(format),
+                            )
                             .0
                     };
                     Some(Ok((t, link(Format::Html), link(Format::Notebook))))

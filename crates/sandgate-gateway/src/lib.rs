@@ -5,10 +5,8 @@
 //! - [`connections`]: the accept loop: connection cap, header/body/idle timeouts.
 //! - [`telemetry`]: logging set-up.
 //! - [`health`]: `/healthz` and `/readyz`.
-//! - [`limits`]: length limits on attacker-chosen strings in tool arguments.
-//! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard.
+//! - [`mcp`]: the MCP endpoint at `/mcp` and its bearer-token guard (the `sandgate-mcp` crate).
 //! - [`metrics`]: Prometheus metrics at `/metrics`.
-//! - [`sessions`]: MCP sessions bound to their principal (the middleware in front of rmcp).
 //! - [`files`]: expiring download links for files in sandboxes (and transcripts).
 //! - [`handoff`]: transcript downloads and the logged-in users' transcripts page.
 //! - [`error`]: the mapping of errors to HTTP answers.
@@ -23,7 +21,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::{HeaderName, Request};
 use axum::routing::get;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use sandgate_mcp::LocalSessionManager;
 use sandgate_sandbox::DockerBackend;
 use sandgate_store::PgPool;
 use tokio::net::TcpListener;
@@ -37,14 +35,12 @@ pub mod error;
 pub mod files;
 pub mod handoff;
 pub mod health;
-pub mod limits;
-pub mod mcp;
 pub mod metrics;
-pub mod sessions;
 pub mod telemetry;
 
 // The service layer lives in its own crate; its modules stay reachable under the old paths so
 // the binary and the tests read the same.
+pub use sandgate_mcp as mcp;
 pub use sandgate_oauth as oauth;
 pub use sandgate_service::{
     Config, admin, audit, config, keys, lifecycle, resource_uri, retention, sandboxes, transcripts,
@@ -169,35 +165,29 @@ impl AppState {
             oauth: self.oauth.clone(),
         }
     }
+
+    /// The part of the state the MCP endpoint uses.
+    fn mcp_app(&self) -> mcp::AppState {
+        mcp::AppState {
+            config: self.config.clone(),
+            db: self.db.clone(),
+            keys: self.keys.clone(),
+            sandboxes: self.sandboxes.clone(),
+            audit: self.audit.clone(),
+            metrics: self.metrics.tools().clone(),
+            links: self.links.clone(),
+            transcripts: self.transcripts.clone(),
+            sessions: self.sessions.clone(),
+            mcp_sessions: self.mcp_sessions.clone(),
+        }
+    }
 }
 
 /// The router with every route and the cross-cutting layers (request ids, tracing).
 pub fn router(state: AppState) -> Router {
-    let mcp_service = mcp::service(
-        &state.config,
-        state.sandboxes.clone(),
-        state.audit.clone(),
-        state.metrics.clone(),
-        state.links.clone(),
-        state.transcripts.clone(),
-        state.mcp_sessions.clone(),
-        state.shutdown.child_token(),
-    );
+    let mcp = state.mcp_app();
     let body_timeout = std::time::Duration::from_secs(state.config.http.body_read_timeout_seconds);
-    let mcp_routes = Router::new()
-        .nest_service("/mcp", mcp_service)
-        // After the bearer check (it needs the caller), before rmcp sees a session id.
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            sessions::bind_sessions,
-        ))
-        .layer(axum::middleware::from_fn(
-            mcp::session_deleted_is_no_content,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            mcp::auth::require_bearer,
-        ))
+    let mcp_routes = mcp::routes::endpoint(mcp.clone(), state.shutdown.child_token())
         // Outside the bearer check: a body over the limit is answered (and audited) by it once
         // it knows who sent it.
         .layer(axum::middleware::from_fn_with_state(
@@ -214,14 +204,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/files/{token}", get(files::download))
         .route(handoff::PAGE, get(handoff::page))
-        .route(
-            "/.well-known/oauth-protected-resource",
-            get(mcp::auth::resource_metadata),
-        )
-        .route(
-            mcp::auth::RESOURCE_METADATA_PATH,
-            get(mcp::auth::resource_metadata),
-        )
+        .merge(mcp::routes::metadata().with_state(mcp))
         .merge(oauth::routes().with_state(state.oauth_app()))
         .layer(axum::middleware::from_fn_with_state(
             connections::BodyLimits {

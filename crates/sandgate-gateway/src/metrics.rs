@@ -1,9 +1,9 @@
-//! Prometheus metrics at `/metrics` (OpenMetrics text): tool calls by tool and outcome, their
-//! durations, the warm pool, and refused HTTP requests by reason. Labels are small enums (tool
+//! Prometheus metrics at `/metrics` (OpenMetrics text): tool calls by tool and outcome and their
+//! durations (registered by the MCP endpoint, `sandgate_mcp::metrics`), the warm pool, the
+//! sandboxes' output budgets, and refused HTTP requests by reason. Labels are small enums (tool
 //! names, outcomes, refusal reasons), never ids.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::Request;
 use axum::extract::State;
@@ -11,46 +11,14 @@ use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use sandgate_store::audit::Outcome;
-
 use crate::AppState;
-use crate::mcp::tools::ToolName;
-
-/// Labels of a tool call.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CallLabels {
-    tool: ToolName,
-    outcome: OutcomeLabel,
-}
-
-/// Labels of a tool's duration.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ToolLabels {
-    tool: ToolName,
-}
-
-/// A call's outcome as a label value (the audit trail's names).
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-struct OutcomeLabel(Outcome);
-
-impl EncodeLabelValue for OutcomeLabel {
-    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
-        std::fmt::Write::write_str(encoder, self.0.as_str())
-    }
-}
-
-impl EncodeLabelValue for ToolName {
-    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> std::fmt::Result {
-        std::fmt::Write::write_str(encoder, self.as_str())
-    }
-}
+use crate::mcp::metrics::ToolMetrics;
 
 /// Why a request was refused before (or instead of) being served.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -105,13 +73,6 @@ struct RefusalLabels {
     reason: RefusalReason,
 }
 
-/// Labels of a call or session refused by a quota: the limit's name (`max_calls_per_minute`,
-/// `max_calls_in_flight`, `max_calls_per_sandbox`, `max_sessions`).
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct QuotaLabels {
-    limit: &'static str,
-}
-
 /// The gateway's metrics. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -121,11 +82,9 @@ pub struct Metrics {
 #[derive(Debug)]
 struct Inner {
     registry: Registry,
-    calls: Family<CallLabels, Counter>,
-    durations: Family<ToolLabels, Histogram>,
+    tools: ToolMetrics,
     pool_ready: Gauge,
     refusals: Family<RefusalLabels, Counter>,
-    quota_refusals: Family<QuotaLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -138,21 +97,7 @@ impl Metrics {
     /// A fresh registry with every metric registered.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("sandgate");
-        let calls = Family::<CallLabels, Counter>::default();
-        registry.register(
-            "tool_calls",
-            "MCP tool calls by tool and outcome (ok, user_error, refused, failed, cancelled)",
-            calls.clone(),
-        );
-        let durations = Family::<ToolLabels, Histogram>::new_with_constructor(|| {
-            // 1 ms .. ~65 s
-            Histogram::new(exponential_buckets(0.001, 2.0, 17))
-        });
-        registry.register(
-            "tool_call_duration_seconds",
-            "Wall time of MCP tool calls",
-            durations.clone(),
-        );
+        let tools = ToolMetrics::register(&mut registry);
         let pool_ready = Gauge::default();
         registry.register(
             "pool_ready_sandboxes",
@@ -177,38 +122,19 @@ impl Metrics {
              timeout, too_large, rate_limited, overloaded)",
             refusals.clone(),
         );
-        let quota_refusals = Family::<QuotaLabels, Counter>::default();
-        registry.register(
-            "quota_refusals",
-            "Tool calls and MCP sessions refused by a tenant quota, by limit (max_calls_per_minute, \
-             max_calls_in_flight, max_calls_per_sandbox, max_sessions)",
-            quota_refusals.clone(),
-        );
         Self {
             inner: Arc::new(Inner {
                 registry,
-                calls,
-                durations,
+                tools,
                 pool_ready,
                 refusals,
-                quota_refusals,
             }),
         }
     }
 
-    /// Counts one tool call.
-    pub fn record_call(&self, tool: ToolName, outcome: Outcome, elapsed: Duration) {
-        self.inner
-            .calls
-            .get_or_create(&CallLabels {
-                tool,
-                outcome: OutcomeLabel(outcome),
-            })
-            .inc();
-        self.inner
-            .durations
-            .get_or_create(&ToolLabels { tool })
-            .observe(elapsed.as_secs_f64());
+    /// The tool-call metrics, for the MCP endpoint.
+    pub fn tools(&self) -> &ToolMetrics {
+        &self.inner.tools
     }
 
     /// Counts one refused request.
@@ -216,14 +142,6 @@ impl Metrics {
         self.inner
             .refusals
             .get_or_create(&RefusalLabels { reason })
-            .inc();
-    }
-
-    /// Counts one call or session refused by the quota named `limit`.
-    pub fn record_quota_refusal(&self, limit: &'static str) {
-        self.inner
-            .quota_refusals
-            .get_or_create(&QuotaLabels { limit })
             .inc();
     }
 
@@ -275,23 +193,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn calls_are_counted_by_tool_and_outcome() {
+    fn tool_calls_and_the_pool_are_exported() {
         let metrics = Metrics::new();
-        let exec = ToolName::ExecuteCode;
-        metrics.record_call(exec, Outcome::Ok, Duration::from_millis(3));
-        metrics.record_call(exec, Outcome::Ok, Duration::from_millis(5));
-        metrics.record_call(exec, Outcome::UserError, Duration::from_millis(5));
+        let exec = crate::mcp::tools::ToolName::ExecuteCode;
+        let ok = sandgate_store::audit::Outcome::Ok;
+        metrics
+            .tools()
+            .record_call(exec, ok, std::time::Duration::from_millis(3));
         let text = metrics.render(2).unwrap();
         assert!(
-            text.contains(r#"sandgate_tool_calls_total{tool="execute_code",outcome="ok"} 2"#),
+            text.contains(r#"sandgate_tool_calls_total{tool="execute_code",outcome="ok"} 1"#),
             "{text}"
         );
-        assert!(text.contains(r#"outcome="user_error"} 1"#), "{text}");
         assert!(text.contains("sandgate_pool_ready_sandboxes 2"), "{text}");
-        assert!(
-            text.contains("sandgate_tool_call_duration_seconds_count{tool=\"execute_code\"} 3"),
-            "{text}"
-        );
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub async fn lookup(
     address: ClientAddress,
 ) -> Result<Client, ClientLookupError> {
     let meta = &state.config.oauth.client_metadata;
-    let mut conn = state.db.acquire().await.map_err(StoreError::from)?;
+    let mut conn = sandgate_store::acquire(&state.db).await?;
     let existing = store::get(&mut conn, client_id).await?;
     drop(conn);
     match existing {
@@ -81,7 +81,7 @@ pub async fn lookup(
         }
         Err(err) => return Err(err),
     };
-    let mut conn = state.db.acquire().await.map_err(StoreError::from)?;
+    let mut conn = sandgate_store::acquire(&state.db).await?;
     make_room(state, &mut conn).await?;
     Ok(store::upsert(&mut conn, &new_client(client_id, "cimd", &valid, None)).await?)
 }

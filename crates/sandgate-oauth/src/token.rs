@@ -275,7 +275,7 @@ async fn authorization_code(
     form: &TokenForm,
 ) -> Result<serde_json::Value, TokenEndpointError> {
     let code = required(form.code.as_deref(), "code")?;
-    let mut tx = state.db.begin().await.map_err(StoreError::from)?;
+    let mut tx = sandgate_store::begin(&state.db).await?;
     let row = grants::lock_code(&mut tx, &secret::hash(code))
         .await?
         .ok_or_else(|| {
@@ -284,7 +284,7 @@ async fn authorization_code(
     if row.used_at.is_some() {
         // OAuth 2.1 §4.1.3: a code used twice means it leaked; what it issued is revoked.
         grants::revoke(&mut tx, row.grant_id, None, "authorization code replayed").await?;
-        tx.commit().await.map_err(StoreError::from)?;
+        sandgate_store::commit(tx).await?;
         tracing::warn!(grant_id = %row.grant_id, client_id = %client.id, "authorization code replayed; grant revoked");
         return Err(TokenEndpointError::InvalidGrant(
             "the authorization code was already used; the tokens issued with it are revoked".into(),
@@ -310,7 +310,7 @@ async fn authorization_code(
     if let Some(refusal) = refusal {
         // A failed redemption burns the code: it cannot be retried, by anyone.
         grants::delete_code(&mut tx, &secret::hash(code)).await?;
-        tx.commit().await.map_err(StoreError::from)?;
+        sandgate_store::commit(tx).await?;
         return Err(refusal);
     }
     grants::mark_code_used(&mut tx, &secret::hash(code)).await?;
@@ -331,7 +331,7 @@ async fn authorization_code(
         refresh,
     )
     .await?;
-    tx.commit().await.map_err(StoreError::from)?;
+    sandgate_store::commit(tx).await?;
     Ok(body)
 }
 
@@ -402,7 +402,7 @@ async fn refresh(
 ) -> Result<serde_json::Value, TokenEndpointError> {
     let presented = required(form.refresh_token.as_deref(), "refresh_token")?;
     let hash = secret::hash(presented);
-    let mut tx = state.db.begin().await.map_err(StoreError::from)?;
+    let mut tx = sandgate_store::begin(&state.db).await?;
     let row = grants::take_refresh(&mut tx, &hash)
         .await?
         .ok_or_else(|| TokenEndpointError::InvalidGrant("the refresh token is invalid".into()))?;
@@ -420,7 +420,7 @@ async fn refresh(
         // OAuth 2.1 §4.3.1 / BCP for refresh rotation: reuse means one copy was stolen; neither
         // party can be told apart, so the whole family ends.
         let revoked = grants::revoke_family(&mut tx, row.family_id).await?;
-        tx.commit().await.map_err(StoreError::from)?;
+        sandgate_store::commit(tx).await?;
         tracing::warn!(family_id = %row.family_id, revoked, client_id = %client.id, "refresh token reused; family revoked");
         return Err(TokenEndpointError::InvalidGrant(
             "the refresh token was already used; every refresh token of this sign-in is revoked"
@@ -448,7 +448,7 @@ async fn refresh(
         Some(row.family_id),
     )
     .await?;
-    tx.commit().await.map_err(StoreError::from)?;
+    sandgate_store::commit(tx).await?;
     Ok(body)
 }
 
@@ -465,7 +465,7 @@ async fn client_credentials(
     };
     let resource = state.config.mcp_url();
     check_resource(form.resource.as_deref(), &resource)?;
-    let mut tx = state.db.begin().await.map_err(StoreError::from)?;
+    let mut tx = sandgate_store::begin(&state.db).await?;
     let grant = grants::live_for(&mut tx, tenant, None, &client.id)
         .await?
         .ok_or_else(|| {
@@ -477,7 +477,7 @@ async fn client_credentials(
     })?;
     // RFC 6749 §4.4.3: no refresh token for client credentials.
     let body = issue(state, &mut tx, client, &grant, &scopes, &resource, None).await?;
-    tx.commit().await.map_err(StoreError::from)?;
+    sandgate_store::commit(tx).await?;
     Ok(body)
 }
 
@@ -492,7 +492,7 @@ pub async fn revoke(
     let result = async {
         let client = authenticate(&state, address, &headers, &form).await?;
         let token = required(form.token.as_deref(), "token")?;
-        let mut conn = state.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = sandgate_store::acquire(&state.db).await?;
         // Only the client a token was issued to may revoke it; anything else is ignored.
         if secret::is_kind(token, SecretKind::RefreshToken) {
             let row = grants::refresh_by_hash(&mut conn, &secret::hash(token)).await?;

@@ -16,8 +16,8 @@ pub struct SandboxProfile {
     pub name: String,
     /// Image to run (any image with `python3`; the agent is injected at creation).
     pub image: String,
-    /// OCI runtime: `runc` (default) or `runsc` (gVisor).
-    pub runtime: String,
+    /// The OCI runtime its containers run under.
+    pub runtime: OciRuntime,
     /// Memory limit in MiB; swap is not allowed on top of it.
     pub memory_mb: u64,
     /// CPU quota in cores (e.g. 1.0).
@@ -46,53 +46,131 @@ impl SandboxProfile {
             .saturating_add(self.packages_size_mb)
     }
 
-    /// Checks the values against what Docker and the kernel accept; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the values against what Docker and the kernel accept.
+    pub fn validate(&self) -> Result<(), ProfileError> {
         if self.image.trim().is_empty() {
-            return Err("image: must name a Docker image".into());
-        }
-        if !matches!(self.runtime.as_str(), "runc" | "runsc") {
-            return Err(format!(
-                "runtime: must be \"runc\" or \"runsc\", not {:?}",
-                self.runtime
-            ));
+            return Err(ProfileError::NoImage);
         }
         if self.memory_mb < 64 {
-            return Err(format!(
-                "memory_mb: {} is too small; at least 64 MiB",
-                self.memory_mb
-            ));
+            return Err(ProfileError::MemoryTooSmall(self.memory_mb));
         }
         if !(self.cpus > 0.0 && self.cpus <= 64.0) {
-            return Err(format!(
-                "cpus: {} must be more than 0 and at most 64",
-                self.cpus
-            ));
+            return Err(ProfileError::Cpus(self.cpus));
         }
         if self.pids_limit < 16 {
-            return Err(format!(
-                "pids_limit: {} is too small; at least 16",
-                self.pids_limit
-            ));
+            return Err(ProfileError::PidsTooSmall(self.pids_limit));
         }
         if self.nofile < 64 {
-            return Err(format!("nofile: {} is too small; at least 64", self.nofile));
+            return Err(ProfileError::NofileTooSmall(self.nofile));
         }
-        if self.tmp_size_mb == 0 || self.home_size_mb == 0 || self.packages_size_mb == 0 {
-            return Err(
-                "tmp_size_mb, home_size_mb and packages_size_mb: must be more than 0".into(),
-            );
+        if self.tmp_size_mb == 0 {
+            return Err(ProfileError::NoSize("tmp_size_mb"));
+        }
+        if self.home_size_mb == 0 {
+            return Err(ProfileError::NoSize("home_size_mb"));
+        }
+        if self.packages_size_mb == 0 {
+            return Err(ProfileError::NoSize("packages_size_mb"));
         }
         // The container's limit covers memory and both tmpfs mounts; past this, Docker's i64 of
         // bytes (or any real host) cannot hold the promise that a full disk is only ENOSPC.
         if self.container_memory_mb() > MAX_CONTAINER_MEMORY_MB {
-            return Err(format!(
-                "home_size_mb: memory_mb + tmp_size_mb + home_size_mb + packages_size_mb is {} MiB, more than the {} MiB a sandbox's memory limit may be (files on the tmpfs mounts count as memory)",
+            return Err(ProfileError::ContainerMemoryTooLarge(
                 self.container_memory_mb(),
-                MAX_CONTAINER_MEMORY_MB
             ));
         }
         Ok(())
+    }
+}
+
+/// A profile value Docker or the kernel would not accept. [`ProfileError::field`] names the
+/// field; the message says what is accepted.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProfileError {
+    /// `image` is empty.
+    #[error("must name a Docker image")]
+    NoImage,
+    /// `memory_mb` is below 64.
+    #[error("{0} is too small; at least 64 MiB")]
+    MemoryTooSmall(u64),
+    /// `cpus` is not in (0, 64].
+    #[error("{0} must be more than 0 and at most 64")]
+    Cpus(f64),
+    /// `pids_limit` is below 16.
+    #[error("{0} is too small; at least 16")]
+    PidsTooSmall(i64),
+    /// `nofile` is below 64.
+    #[error("{0} is too small; at least 64")]
+    NofileTooSmall(u64),
+    /// A tmpfs size (the field named) is 0.
+    #[error("must be more than 0")]
+    NoSize(&'static str),
+    /// Memory and the tmpfs sizes add up to more than [`MAX_CONTAINER_MEMORY_MB`].
+    #[error(
+        "memory_mb + tmp_size_mb + home_size_mb + packages_size_mb is {0} MiB, more than the {MAX_CONTAINER_MEMORY_MB} MiB a sandbox's memory limit may be (files on the tmpfs mounts count as memory)"
+    )]
+    ContainerMemoryTooLarge(u64),
+}
+
+impl ProfileError {
+    /// The profile field whose value is refused.
+    pub fn field(&self) -> &'static str {
+        match self {
+            ProfileError::NoImage => "image",
+            ProfileError::MemoryTooSmall(_) => "memory_mb",
+            ProfileError::Cpus(_) => "cpus",
+            ProfileError::PidsTooSmall(_) => "pids_limit",
+            ProfileError::NofileTooSmall(_) => "nofile",
+            ProfileError::NoSize(field) => field,
+            // The last of the three to be set is the likeliest culprit.
+            ProfileError::ContainerMemoryTooLarge(_) => "home_size_mb",
+        }
+    }
+}
+
+/// The OCI runtime a profile's containers run under (`runtime`: `"runc"` or `"runsc"`). Any
+/// other name is refused when the configuration is read, naming the accepted ones.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OciRuntime {
+    /// runc, Docker's default: namespaces, cgroups and seccomp on the host's kernel.
+    #[default]
+    Runc,
+    /// runsc (gVisor): a user-space kernel between the sandbox and the host's; stronger
+    /// isolation, slower start. Must be registered with the Docker engine.
+    Runsc,
+}
+
+impl OciRuntime {
+    /// The name the Docker engine knows the runtime by.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OciRuntime::Runc => "runc",
+            OciRuntime::Runsc => "runsc",
+        }
+    }
+}
+
+impl std::fmt::Display for OciRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A runtime name that is not one of [`OciRuntime`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown OCI runtime {0:?}: expected \"runc\" or \"runsc\"")]
+pub struct UnknownRuntime(pub String);
+
+impl std::str::FromStr for OciRuntime {
+    type Err = UnknownRuntime;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "runc" => Ok(OciRuntime::Runc),
+            "runsc" => Ok(OciRuntime::Runsc),
+            other => Err(UnknownRuntime(other.to_owned())),
+        }
     }
 }
 
@@ -173,7 +251,7 @@ mod tests {
         SandboxProfile {
             name: "default".into(),
             image: "sandgate-sandbox:latest".into(),
-            runtime: "runc".into(),
+            runtime: OciRuntime::Runc,
             memory_mb: 512,
             cpus: 1.0,
             pids_limit: 256,
@@ -197,6 +275,7 @@ mod tests {
             ..profile()
         };
         let err = huge.validate().unwrap_err();
-        assert!(err.starts_with("home_size_mb:"), "{err}");
+        assert_eq!(err.field(), "home_size_mb");
+        assert!(err.to_string().contains("count as memory"), "{err}");
     }
 }

@@ -177,7 +177,7 @@ pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
             typ: Some("none".into()),
             config: Some(HashMap::new()),
         }),
-        runtime: Some(profile.runtime.clone()),
+        runtime: Some(profile.runtime.as_str().to_owned()),
         auto_remove: Some(false),
         ..HostConfig::default()
     };

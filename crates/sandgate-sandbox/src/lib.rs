@@ -29,6 +29,8 @@ pub use channel::{
     Display, EntryKind, ExecOptions, ExecOutcome, FileInfo, IndexAnswer, IndexBody, IndexHandler,
     Job, Listing, OutputEvent, PingInfo, Space,
 };
-pub use config::{ChannelConfig, ManagerConfig, PoolConfig, SandboxProfile};
+pub use config::{
+    ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,
+};
 pub use docker::{DockerBackend, DockerError};
 pub use manager::{Sandbox, SandboxError, SandboxManager};

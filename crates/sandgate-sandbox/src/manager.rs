@@ -24,7 +24,7 @@ use crate::channel::{
     AgentChannel, ChannelError, CommandOptions, CommandOutcome, DirEntry, ExecOptions, ExecOutcome,
     FileInfo, Job, Listing, OutputEvent, PingInfo,
 };
-use crate::config::{ChannelConfig, ManagerConfig, SandboxProfile};
+use crate::config::{ChannelConfig, ManagerConfig, ProfileError, SandboxProfile};
 
 /// How long the manager waits, after a sandbox's stream ended, for the engine to report the
 /// container as stopped (the stream closes a moment before the engine updates its state).
@@ -63,12 +63,12 @@ pub enum SandboxError {
     #[error("no sandbox profile is named {0:?}")]
     UnknownProfile(String),
     /// A profile failed validation.
-    #[error("sandbox profile {name:?} is invalid: {reason}")]
+    #[error("sandbox profile {name:?} is invalid: {}: {reason}", .reason.field())]
     InvalidProfile {
         /// The profile.
         name: String,
-        /// What is wrong, naming the field.
-        reason: String,
+        /// What is wrong, and in which field.
+        reason: ProfileError,
     },
     /// `adopt` was given a container that this gateway instance does not own.
     #[error("container {container_id} is not a sandbox of this gateway")]
@@ -454,6 +454,16 @@ impl std::fmt::Debug for SandboxManager {
     }
 }
 
+/// Checks a profile, naming it in the error.
+fn validated(profile: &SandboxProfile) -> Result<(), SandboxError> {
+    profile
+        .validate()
+        .map_err(|reason| SandboxError::InvalidProfile {
+            name: profile.name.clone(),
+            reason,
+        })
+}
+
 impl SandboxManager {
     /// Validates the profiles and starts filling each pool up to `min_ready` in the background.
     /// Must be called inside a Tokio runtime.
@@ -464,12 +474,7 @@ impl SandboxManager {
     ) -> Result<Self, SandboxError> {
         let mut pools = HashMap::new();
         for profile in profiles {
-            profile
-                .validate()
-                .map_err(|reason| SandboxError::InvalidProfile {
-                    name: profile.name.clone(),
-                    reason,
-                })?;
+            validated(&profile)?;
             pools.insert(
                 profile.name.clone(),
                 Pool {
@@ -606,12 +611,7 @@ impl SandboxManager {
     /// like the pool's.
     pub async fn launch_with(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
         self.pool(&profile.name)?;
-        profile
-            .validate()
-            .map_err(|reason| SandboxError::InvalidProfile {
-                name: profile.name.clone(),
-                reason,
-            })?;
+        validated(profile)?;
         self.inner.launcher.launch(profile).await
     }
 
@@ -787,7 +787,7 @@ mod tests {
         SandboxProfile {
             name: "default".into(),
             image: "fake".into(),
-            runtime: "runc".into(),
+            runtime: crate::OciRuntime::Runc,
             memory_mb: 512,
             cpus: 1.0,
             pids_limit: 256,

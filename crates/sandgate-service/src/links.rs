@@ -37,6 +37,17 @@ impl LinkKind {
     }
 }
 
+/// The link kind that serves a transcript in `format`.
+impl From<crate::transcripts::Format> for LinkKind {
+    fn from(format: crate::transcripts::Format) -> Self {
+        use crate::transcripts::Format;
+        match format {
+            Format::Notebook => LinkKind::Notebook,
+            Format::Html => LinkKind::Html,
+        }
+    }
+}
+
 /// What a link names (short field names keep links short).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Claims {

@@ -116,7 +116,7 @@ pub struct Purged {
 /// content) stay.
 pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, AdminError> {
     let db = crate::admin::pool(config).await?;
-    let mut tx = db.begin().await.map_err(StoreError::from)?;
+    let mut tx = sandgate_store::begin(&db).await?;
     if sandgate_store::tenants::get(&mut tx, tenant)
         .await?
         .is_none()
@@ -125,7 +125,7 @@ pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, Admin
     }
     let ended = sandboxes::end_all_of_tenant(&mut tx, tenant, "purged").await?;
     let deleted = transcripts::purge_tenant(&mut tx, tenant).await?;
-    tx.commit().await.map_err(StoreError::from)?;
+    sandgate_store::commit(tx).await?;
     let mut left = Vec::new();
     let docker = DockerBackend::connect(&config.docker.host).ok();
     for row in &ended {
@@ -152,7 +152,7 @@ pub async fn set_tenant_retention(
     seconds: Option<u32>,
 ) -> Result<u64, AdminError> {
     let db = crate::admin::pool(config).await?;
-    let mut conn = db.acquire().await.map_err(StoreError::from)?;
+    let mut conn = sandgate_store::acquire(&db).await?;
     let value = seconds
         .map(|s| {
             i32::try_from(s).map_err(|_| {

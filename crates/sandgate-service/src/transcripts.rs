@@ -202,7 +202,7 @@ impl Transcripts {
         tenant: Uuid,
         subject: &Subject,
     ) -> Result<Transcript, TranscriptError> {
-        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        let mut conn = sandgate_store::acquire(&self.db).await?;
         let (summaries, conversation_id) = match subject {
             Subject::Sandbox(id) => {
                 let found = store::of_sandbox(&mut conn, tenant, id).await?;

@@ -56,6 +56,30 @@ pub async fn active(conn: &mut PgConnection) -> Result<Option<SigningKeyRow>, St
     .await?)
 }
 
+/// Serialises concurrent rotations and first-key creations across gateways (until the
+/// transaction ends).
+async fn lock(conn: &mut PgConnection) -> Result<(), StoreError> {
+    sqlx::query("LOCK TABLE signing_keys IN SHARE ROW EXCLUSIVE MODE")
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+async fn insert(
+    conn: &mut PgConnection,
+    kid: &str,
+    seed: &[u8],
+    public_key: &[u8],
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO signing_keys (kid, seed, public_key) VALUES ($1, $2, $3)")
+        .bind(kid)
+        .bind(seed)
+        .bind(public_key)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Stores a new key and retires every other active one (rotation). Run it in a transaction.
 #[tracing::instrument(skip_all)]
 pub async fn insert_and_retire_others(
@@ -64,20 +88,11 @@ pub async fn insert_and_retire_others(
     seed: &[u8],
     public_key: &[u8],
 ) -> Result<(), StoreError> {
-    // Serialise concurrent rotations/first-key creations across gateways.
-    sqlx::query("LOCK TABLE signing_keys IN SHARE ROW EXCLUSIVE MODE")
-        .execute(&mut *conn)
-        .await?;
+    lock(conn).await?;
     sqlx::query("UPDATE signing_keys SET retired_at = now() WHERE retired_at IS NULL")
         .execute(&mut *conn)
         .await?;
-    sqlx::query("INSERT INTO signing_keys (kid, seed, public_key) VALUES ($1, $2, $3)")
-        .bind(kid)
-        .bind(seed)
-        .bind(public_key)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+    insert(conn, kid, seed, public_key).await
 }
 
 /// Stores `kid` as the first key unless an active key exists already; returns the active key.
@@ -89,18 +104,11 @@ pub async fn ensure_active(
     seed: &[u8],
     public_key: &[u8],
 ) -> Result<SigningKeyRow, StoreError> {
-    sqlx::query("LOCK TABLE signing_keys IN SHARE ROW EXCLUSIVE MODE")
-        .execute(&mut *conn)
-        .await?;
+    lock(conn).await?;
     if let Some(existing) = active(conn).await? {
         return Ok(existing);
     }
-    sqlx::query("INSERT INTO signing_keys (kid, seed, public_key) VALUES ($1, $2, $3)")
-        .bind(kid)
-        .bind(seed)
-        .bind(public_key)
-        .execute(&mut *conn)
-        .await?;
+    insert(conn, kid, seed, public_key).await?;
     active(conn)
         .await?
         .ok_or(StoreError::NotFound("signing key"))

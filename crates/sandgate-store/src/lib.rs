@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+pub use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
@@ -14,8 +15,8 @@ pub mod clients;
 pub mod grants;
 pub mod hygiene;
 pub mod keys;
-pub mod packages;
 pub mod mcp_sessions;
+pub mod packages;
 pub mod quotas;
 pub mod sandboxes;
 pub mod tenants;
@@ -82,6 +83,21 @@ pub fn connect_lazy(url: &str, settings: &PoolSettings) -> Result<PgPool, StoreE
         // A connection that died while Postgres was away must not be handed out again.
         .test_before_acquire(true)
         .connect_lazy_with(options))
+}
+
+/// A connection from the pool; failing to get one is a [`StoreError`] like any query's.
+pub async fn acquire(pool: &PgPool) -> Result<PoolConnection<Postgres>, StoreError> {
+    Ok(pool.acquire().await?)
+}
+
+/// Begins a transaction on a connection from the pool.
+pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, StoreError> {
+    Ok(pool.begin().await?)
+}
+
+/// Commits `tx`.
+pub async fn commit(tx: Transaction<'_, Postgres>) -> Result<(), StoreError> {
+    Ok(tx.commit().await?)
 }
 
 /// Applies the migrations in the repository's `migrations/` folder (embedded at build time).

@@ -417,12 +417,7 @@ pub async fn by_ids(
     conn: &mut PgConnection,
     ids: &[String],
 ) -> Result<Vec<SandboxRow>, StoreError> {
-    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM sandboxes WHERE id = ANY($1)"
-    )))
-    .bind(ids)
-    .fetch_all(conn)
-    .await?)
+    where_any(conn, "id", ids).await
 }
 
 /// The rows of the given container ids, in any state (for reconciliation).
@@ -431,10 +426,19 @@ pub async fn by_containers(
     conn: &mut PgConnection,
     container_ids: &[String],
 ) -> Result<Vec<SandboxRow>, StoreError> {
+    where_any(conn, "container_id", container_ids).await
+}
+
+/// The rows, in any state, whose `column` (one of ours, never input) is one of `values`.
+async fn where_any(
+    conn: &mut PgConnection,
+    column: &'static str,
+    values: &[String],
+) -> Result<Vec<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
-        "SELECT {COLUMNS} FROM sandboxes WHERE container_id = ANY($1)"
+        "SELECT {COLUMNS} FROM sandboxes WHERE {column} = ANY($1)"
     )))
-    .bind(container_ids)
+    .bind(values)
     .fetch_all(conn)
     .await?)
 }

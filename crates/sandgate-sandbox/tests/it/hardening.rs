@@ -1,7 +1,7 @@
 //! The hardening baseline of DESIGN §3, as the engine reports it and as seen from inside.
 
 use bollard::query_parameters::InspectContainerOptions;
-use sandgate_sandbox::{CommandOptions, ExecOptions};
+use sandgate_sandbox::{CommandOptions, ExecOptions, OciRuntime};
 
 use crate::support::{self, TestEnv};
 
@@ -131,7 +131,7 @@ async fn a_leased_container_carries_every_item_of_the_hardening_baseline() {
         .unwrap_or_else(|| panic!("the probe cell returned a value: {inside:?}"))["text/plain"]
         .clone();
     // gVisor's /proc has no NoNewPrivs line; the engine-side check above covers it there.
-    let nnp = if support::runtime() == "runsc" && seen.contains("'absent'") {
+    let nnp = if support::runtime() == OciRuntime::Runsc && seen.contains("'absent'") {
         "absent"
     } else {
         "1"

@@ -524,10 +524,9 @@ impl Config {
             .validate(self.mcp.sse_keep_alive_seconds)
             .and_then(|()| self.oauth.limits.validate())
             .map_err(|(key, message)| invalid(&key, message))?;
-        self.sandbox.validate().map_err(|message| {
-            let (field, rest) = message.split_once(": ").unwrap_or(("", &message));
-            invalid(&format!("sandbox.{field}"), rest.to_owned())
-        })?;
+        self.sandbox
+            .validate()
+            .map_err(|err| invalid(&format!("sandbox.{}", err.field()), err.to_string()))?;
         self.retention.validate()?;
         Ok(())
     }
@@ -676,6 +675,22 @@ mod tests {
             assert!(err.contains("at most 16"), "{err}");
             jail.set_env("SANDGATE_LIMITS__MAX_CALLS_PER_SANDBOX", "16");
             assert!(load_in(jail).is_ok());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn an_unknown_runtime_names_the_key_and_the_accepted_ones() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_SANDBOX__RUNTIME", "kata");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("sandbox.runtime"), "{err}");
+            assert!(err.contains("kata"), "{err}");
+            assert!(err.contains("runc") && err.contains("runsc"), "{err}");
+            jail.set_env("SANDGATE_SANDBOX__RUNTIME", "runsc");
+            let config = load_in(jail).expect("runsc is accepted");
+            assert_eq!(config.sandbox.runtime, sandgate_sandbox::OciRuntime::Runsc);
             Ok(())
         });
     }

@@ -4,7 +4,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandgate_sandbox::{DockerBackend, ManagerConfig, Sandbox, SandboxManager, SandboxProfile};
+use sandgate_sandbox::{
+    DockerBackend, ManagerConfig, OciRuntime, Sandbox, SandboxManager, SandboxProfile,
+};
 
 /// The sandbox image under test. Tests fail (never skip) without it: CI always builds it.
 /// `scripts/stack.sh` writes `SANDGATE_SANDBOX_IMAGE`; the configuration's own variable
@@ -35,8 +37,11 @@ pub fn init_tracing() {
 
 /// The OCI runtime the tests run under: `SANDGATE_TEST_RUNTIME` (`runc` by default, `runsc` for
 /// gVisor; scripts/test.sh runs the suite under both when runsc is registered).
-pub fn runtime() -> String {
-    std::env::var("SANDGATE_TEST_RUNTIME").unwrap_or_else(|_| "runc".into())
+pub fn runtime() -> OciRuntime {
+    match std::env::var("SANDGATE_TEST_RUNTIME") {
+        Ok(name) => name.parse().expect("SANDGATE_TEST_RUNTIME names a runtime"),
+        Err(_) => OciRuntime::Runc,
+    }
 }
 
 /// The profile the tests run: the defaults of `config/default.toml`.

@@ -1,6 +1,8 @@
 //! The MCP endpoint: rmcp's Streamable HTTP service at `/mcp`, serving both protocol eras
 //! (2025-11-25 with sessions, 2026-07-28 stateless), behind bearer-token authentication.
 //!
+//! - [`routes`]: `/mcp` behind its bearer guard, and the protected-resource metadata.
+//! - [`AppState`]: what the endpoint needs from the gateway's state.
 //! - [`tools`]: the tools' arguments, outputs and descriptions.
 //! - [`auth`]: the bearer-token middleware and the protected-resource metadata (RFC 9728).
 //! - `calls`: what each tool does, as MCP (arguments in, service call, answer out).
@@ -9,6 +11,10 @@
 //! - `progress`: output of running cells and commands as progress notifications.
 //! - [`resources`]: the sandboxes' files and transcripts as MCP resources.
 //! - `export`: the `export_transcript` tool.
+//! - [`limits`]: length limits on attacker-chosen strings in tool arguments.
+//! - [`refusal`]: HTTP refusals of `/mcp` requests (RFC 6750 bodies and challenges).
+//! - [`metrics`]: tool calls by tool and outcome, and their durations.
+//! - [`sessions`]: MCP sessions bound to their principal (the middleware in front of rmcp).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +26,7 @@ use rmcp::model::{
     ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+pub use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use sandgate_auth::AccessClaims;
@@ -32,15 +38,25 @@ use tracing::Instrument;
 use crate::audit::AuditLog;
 use crate::config::{Config, LimitsConfig};
 use crate::sandboxes::{Caller, SandboxService, ServiceError};
+// The service layer's modules under `crate::`, as the endpoint's modules name them.
+use sandgate_service::{audit, config, resource_uri, sandboxes, transcripts};
+
+pub use crate::state::AppState;
 
 pub mod auth;
 mod calls;
 mod errors;
 mod export;
+pub mod limits;
+pub mod metrics;
 mod packages;
 mod progress;
+pub mod refusal;
 mod render;
 pub mod resources;
+pub mod routes;
+pub mod sessions;
+mod state;
 pub mod tools;
 
 use errors::CallError;
@@ -57,8 +73,8 @@ pub struct McpServer {
 struct Inner {
     sandboxes: SandboxService,
     audit: AuditLog,
-    metrics: crate::metrics::Metrics,
-    links: crate::files::DownloadLinks,
+    metrics: crate::metrics::ToolMetrics,
+    links: sandgate_service::links::DownloadLinks,
     transcripts: crate::transcripts::Transcripts,
     limits: LimitsConfig,
 }
@@ -69,8 +85,8 @@ pub fn service(
     config: &Config,
     sandboxes: SandboxService,
     audit: AuditLog,
-    metrics: crate::metrics::Metrics,
-    links: crate::files::DownloadLinks,
+    metrics: crate::metrics::ToolMetrics,
+    links: sandgate_service::links::DownloadLinks,
     transcripts: crate::transcripts::Transcripts,
     sessions: Arc<LocalSessionManager>,
     shutdown: CancellationToken,

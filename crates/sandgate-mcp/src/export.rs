@@ -9,6 +9,7 @@ use super::tools::{ExportTranscriptArgs, ExportTranscriptOutput};
 use super::{CallError, McpServer};
 use crate::sandboxes::{Caller, ServiceError};
 use crate::transcripts::{Format, Subject, TranscriptError};
+use sandgate_service::links::LinkKind;
 
 impl McpServer {
     pub(super) async fn export_transcript(
@@ -55,7 +56,7 @@ impl McpServer {
             caller.tenant,
             caller.grant,
             &subject,
-            crate::handoff::link_kind(format),
+            LinkKind::from(format),
         );
         let out = ExportTranscriptOutput {
             sandbox_id: transcript

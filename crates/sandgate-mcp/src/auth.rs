@@ -21,9 +21,8 @@ use sandgate_auth::{AccessClaims, Scope};
 use sandgate_store::audit::{ErrorKind, Outcome};
 
 use crate::AppState;
-use crate::connections::{OversizedBody, too_large};
-use crate::error::BearerError;
-use crate::mcp::tools::ToolName;
+use crate::refusal::{BearerError, OversizedBody, too_large};
+use crate::tools::ToolName;
 
 /// The path of the protected-resource metadata for `/mcp` (RFC 9728 §3.1: the resource's path is
 /// appended to the well-known prefix).

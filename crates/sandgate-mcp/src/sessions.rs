@@ -1,5 +1,5 @@
 //! MCP sessions belong to the principal that opened them (issue 11): the HTTP face of
-//! [`crate::sessions`](sandgate_service::sessions), an axum middleware between the bearer check
+//! [`sandgate_service::sessions`], an axum middleware between the bearer check
 //! and rmcp's Streamable HTTP service.
 //!
 //! - A response to a request without `Mcp-Session-Id` that opens a session (`initialize`, 2025-11-25
@@ -113,7 +113,7 @@ async fn opened_session(
         close(state, &id).await;
         if let SessionError::OverCap { .. } = err {
             state.metrics.record_quota_refusal("max_sessions");
-            crate::mcp::auth::audit_refusal(state, claims, None, ErrorKind::SessionLimit).await;
+            crate::auth::audit_refusal(state, claims, None, ErrorKind::SessionLimit).await;
         } else {
             tracing::warn!(error = %err, "recording an MCP session's owner failed");
         }

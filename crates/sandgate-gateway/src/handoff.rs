@@ -121,7 +121,11 @@ pub async fn page(
                     let link = |format| {
                         state
                             .links
-                            .mint_transcript(session.tenant_id, None, &subject, link_kind(format))
+                            .mint_transcript(
+                                crate::files::LinkOwner::session(session.tenant_id),
+                                &subject,
+                                link_kind(format),
+                            )
                             .0
                     };
                     Some(Ok((t, link(Format::Html), link(Format::Notebook))))

@@ -26,7 +26,7 @@ mod testing;
 pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
 pub use channel::{
     AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
-    Display, EntryKind, ExecOptions, ExecOutcome, FileInfo, Job, Listing, OutputEvent, PingInfo,
+    Display, EntryKind, ExecOptions, ExecOutcome, FileChunks, FileInfo, Job, Listing, OutputEvent, PingInfo,
     Space,
 };
 pub use config::{ChannelConfig, ManagerConfig, PoolConfig, SandboxProfile};

@@ -9,8 +9,10 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
+pub mod admin_tokens;
 pub mod audit;
 pub mod clients;
+pub mod downloads;
 pub mod grants;
 pub mod hygiene;
 pub mod keys;

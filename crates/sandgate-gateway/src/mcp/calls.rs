@@ -234,7 +234,7 @@ impl McpServer {
         let (download_url, expires) =
             self.inner
                 .links
-                .mint(caller.tenant, caller.grant, &resolved.row.id, &info.path);
+                .mint(caller, &resolved.row.id, &info.path);
         let out = GetFileOutput {
             sandbox_id: resolved.row.id.clone(),
             path: info.path.clone(),

@@ -52,8 +52,7 @@ impl McpServer {
         let rendered = format.render(&transcript);
         let uri = super::resources::transcript_uri(&subject, format);
         let (download_url, expires) = self.inner.links.mint_transcript(
-            caller.tenant,
-            caller.grant,
+            caller,
             &subject,
             crate::handoff::link_kind(format),
         );

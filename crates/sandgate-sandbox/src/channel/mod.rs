@@ -18,6 +18,7 @@ mod types;
 
 use budget::*;
 pub use error::{AgentError, ChannelError};
+pub use files::FileChunks;
 use link::*;
 use output::*;
 pub use types::*;

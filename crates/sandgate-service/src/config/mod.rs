@@ -12,9 +12,11 @@ use serde::Deserialize;
 use url::Url;
 
 mod http;
+mod keys;
 mod oauth_limits;
 
 pub use http::HttpConfig;
+pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig};
 pub use oauth_limits::OAuthLimitsConfig;
 
 /// The defaults, with a comment on every key (the repository's `config/default.toml`).
@@ -51,6 +53,10 @@ pub struct Config {
     pub http: HttpConfig,
     /// The OAuth 2.1 authorization server (DESIGN §6).
     pub oauth: OAuthConfig,
+    /// The deployment's secret and admin-issued tokens.
+    pub keys: KeysConfig,
+    /// Download links.
+    pub links: LinksConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -481,6 +487,10 @@ impl Config {
             invalid(&format!("sandbox.{field}"), rest.to_owned())
         })?;
         self.retention.validate()?;
+        self.keys
+            .validate(self.is_loopback())
+            .and_then(|()| self.links.validate())
+            .map_err(|(key, message)| invalid(&key, message))?;
         Ok(())
     }
 

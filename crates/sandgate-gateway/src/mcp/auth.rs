@@ -191,8 +191,10 @@ async fn called_tool(
 pub fn tool_named_in(body: &[u8]) -> Option<ToolName> {
     #[derive(serde::Deserialize)]
     struct Call<'a> {
+        // A `Cow`, not a `&str`: a method written with JSON escapes (`"tools\/call"`) cannot be
+        // borrowed, and must still be recognised (found by the fuzz target).
         #[serde(borrow)]
-        method: Option<&'a str>,
+        method: Option<std::borrow::Cow<'a, str>>,
         params: Option<Params>,
     }
     #[derive(serde::Deserialize)]
@@ -201,7 +203,7 @@ pub fn tool_named_in(body: &[u8]) -> Option<ToolName> {
     }
     serde_json::from_slice::<Call<'_>>(body)
         .ok()
-        .filter(|c| c.method == Some("tools/call"))
+        .filter(|c| c.method.as_deref() == Some("tools/call"))
         .and_then(|c| c.params?.name)
         .and_then(|n| ToolName::parse(&n))
 }

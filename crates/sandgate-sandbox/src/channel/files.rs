@@ -97,7 +97,7 @@ impl AgentChannel {
         let rest = futures::stream::unfold(read, |mut read| async move {
             read.next_chunk().await.map(|chunk| (chunk, read))
         });
-        Ok((first, rest.boxed()))
+        Ok((first, rest.fuse().boxed()))
     }
 
     /// Lists a directory under /home/user (`""` or `"."` for the home itself), sorted by name.

@@ -645,7 +645,8 @@ mod tests {
         Jail::expect_with(|jail| {
             jail.create_file(
                 "sandgate.toml",
-                "listen = \"127.0.0.1:9000\"\npublic_url = \"https://sandgate.example\"\n[pool]\nmin_ready = 5\n",
+                "listen = \"127.0.0.1:9000\"\npublic_url = \"https://sandgate.example\"\n[pool]\nmin_ready = 5\n\
+                 [keys]\nsecret = \"0123456789abcdefghijklmnopqrstuvwxyz\"\n",
             )?;
             jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
             jail.set_env("SANDGATE_POOL__MIN_READY", "7");
@@ -657,6 +658,25 @@ mod tests {
             assert_eq!(config.listen.port(), 9000);
             assert_eq!(config.pool.min_ready, 7);
             assert_eq!(config.mcp_url(), "https://sandgate.example/mcp");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn off_loopback_a_secret_is_required_and_the_error_says_how_to_set_it() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_PUBLIC_URL", "https://sandgate.example");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("keys.secret") && err.contains("SANDGATE_KEYS__SECRET"),
+                "{err}"
+            );
+            jail.set_env("SANDGATE_KEYS__SECRET", "too short");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("at least 32 characters"), "{err}");
+            jail.set_env("SANDGATE_KEYS__SECRET", "0123456789abcdefghijklmnopqrstuvwxyz");
+            load_in(jail).expect("a long enough secret");
             Ok(())
         });
     }

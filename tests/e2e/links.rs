@@ -130,7 +130,7 @@ async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_to
 
     // Another process on the same database and configuration (a replica, or the next start)
     // opens it too.
-    let replica = Gateway::start(&database, &env).await;
+    let replica = Gateway::start_instance(&database, &gateway.instance, &env).await;
     let response = http
         .get(format!("{}/files/{token_part}", replica.base_url))
         .send()
@@ -259,11 +259,26 @@ async fn opening_links_too_often_is_refused_with_retry_after() {
     assert_eq!(reason, "rate_limited");
 }
 
+async fn mcp_request(gateway: &Gateway, token: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(gateway.mcp_url())
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn mcp_status(gateway: &Gateway, token: &str) -> StatusCode {
+    mcp_request(gateway, token).await.status()
+}
+
 #[tokio::test]
 async fn admin_tokens_are_capped_listed_revocable_and_survive_a_key_rotation() {
     let database = support::fresh_database().await;
     let env = [("SANDGATE_KEYS__SECRET", SECRET)];
-    let mut gateway = Gateway::start(&database, &env).await;
+    let gateway = Gateway::start(&database, &env).await;
     let tenant = gateway.create_tenant().await;
 
     // The lifetime is capped.
@@ -280,7 +295,7 @@ async fn admin_tokens_are_capped_listed_revocable_and_survive_a_key_rotation() {
     let id = admin_token_id(&gateway, &tenant).await;
 
     // A rotation, and the old key retired two days ago (past the 24 h that OAuth tokens need):
-    // a fresh process still verifies the 30-day token.
+    // once the gateway has reloaded its keys, it still verifies the 30-day token.
     gateway.cli(&["admin", "keys", "rotate"]).await;
     let mut conn = db(&gateway).await;
     let moved = sqlx::query(
@@ -290,23 +305,29 @@ async fn admin_tokens_are_capped_listed_revocable_and_survive_a_key_rotation() {
     .await
     .unwrap();
     assert_eq!(moved.rows_affected(), 1, "one retired key");
-    assert!(gateway.terminate().await);
-    let gateway = Gateway::start(&database, &env).await;
+    // A token naming a key id the gateway does not know makes it reload its keys from Postgres
+    // (as it does for a rotation by another replica).
+    let unknown_kid = {
+        use base64::Engine;
+        let b64 = |v: serde_json::Value| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+        };
+        format!(
+            "{}.{}.{}",
+            b64(json!({"alg": "EdDSA", "typ": "at+jwt", "kid": "k_not_loaded_yet"})),
+            b64(json!({"sub": "nobody"})),
+            "A".repeat(86)
+        )
+    };
+    assert_eq!(mcp_status(&gateway, &unknown_kid).await, StatusCode::UNAUTHORIZED);
     let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
         .await
-        .expect("the admin token outlives the rotation");
+        .unwrap_or_else(|e| panic!("the admin token outlives the rotation: {e}"));
     assert!(!client.service.list_all_tools().await.unwrap().is_empty());
 
     // Revoked: refused at once, with a clear message.
     gateway.cli(&["admin", "token", "revoke", &id]).await;
-    let response = reqwest::Client::new()
-        .post(gateway.mcp_url())
-        .bearer_auth(&token)
-        .header("accept", "application/json, text/event-stream")
-        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
-        .send()
-        .await
-        .unwrap();
+    let response = mcp_request(&gateway, &token).await;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(
@@ -327,7 +348,7 @@ async fn admin_tokens_are_capped_listed_revocable_and_survive_a_key_rotation() {
 async fn signing_key_seeds_are_sealed_at_rest_and_clear_ones_are_sealed_at_start() {
     let database = support::fresh_database().await;
     let env = [("SANDGATE_KEYS__SECRET", SECRET)];
-    let mut gateway = Gateway::start(&database, &env).await;
+    let gateway = Gateway::start(&database, &env).await;
     // A key stored in clear by an older version (long retired, so nothing verifies with it).
     let legacy_seed = [0x5a_u8; 32];
     let mut conn = db(&gateway).await;
@@ -340,7 +361,7 @@ async fn signing_key_seeds_are_sealed_at_rest_and_clear_ones_are_sealed_at_start
     .execute(&mut conn)
     .await
     .unwrap();
-    assert!(gateway.terminate().await);
+    drop(gateway);
     let gateway = Gateway::start(&database, &env).await;
     let rows = sqlx::query("SELECT kid, seed, sealed_seed FROM signing_keys")
         .fetch_all(&mut conn)

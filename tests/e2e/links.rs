@@ -94,8 +94,20 @@ async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_to
     }
 
     // Opening it serves the file byte for byte, and does not count as use of the sandbox.
+    // The get_file call itself refreshes the clock when it ends (in the background): take the
+    // value once it has stopped moving.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let before = support::eventually(Duration::from_secs(10), "the idle clock to settle", || {
+        let seen = seen.clone();
+        let (gateway, sandbox) = (&gateway, &sandbox);
+        async move {
+            let now = idle_clock(&mut db(gateway).await, sandbox).await;
+            let previous = seen.lock().unwrap().replace(now);
+            (previous == Some(now)).then_some(now)
+        }
+    })
+    .await;
     let mut conn = db(&gateway).await;
-    let before = idle_clock(&mut conn, &sandbox).await;
     let http = reqwest::Client::new();
     let response = http.get(&link).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);

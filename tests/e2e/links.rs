@@ -63,7 +63,10 @@ async fn link_for(client: &Client, sandbox: &str, path: &str) -> String {
     got.structured["download_url"].as_str().unwrap().to_owned()
 }
 
-async fn idle_clock(conn: &mut sqlx::PgConnection, sandbox: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+async fn idle_clock(
+    conn: &mut sqlx::PgConnection,
+    sandbox: &str,
+) -> Option<chrono::DateTime<chrono::Utc>> {
     sqlx::query("SELECT last_used_at FROM sandboxes WHERE id = $1")
         .bind(sandbox)
         .fetch_one(conn)
@@ -89,7 +92,14 @@ async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_to
 
     // Opaque: nothing of who or what can be read from it.
     let simple = tenant.replace('-', "");
-    for secret in [tenant.as_str(), simple.as_str(), sandbox.as_str(), "q3-confidential", "/home/user", "reports"] {
+    for secret in [
+        tenant.as_str(),
+        simple.as_str(),
+        sandbox.as_str(),
+        "q3-confidential",
+        "/home/user",
+        "reports",
+    ] {
         assert!(!link.contains(secret), "the link shows {secret}: {link}");
     }
 
@@ -116,7 +126,11 @@ async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_to
         "attachment; filename=\"q3-confidential.bin\""
     );
     let body = response.bytes().await.unwrap();
-    assert_eq!(format!("{:x}", Sha256::digest(&body)), sha, "the file the sandbox hashed");
+    assert_eq!(
+        format!("{:x}", Sha256::digest(&body)),
+        sha,
+        "the file the sandbox hashed"
+    );
     assert_eq!(
         idle_clock(&mut conn, &sandbox).await,
         before,
@@ -148,7 +162,11 @@ async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_to
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status(), StatusCode::OK, "a replica opens the link");
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "a replica opens the link"
+    );
     assert_eq!(response.bytes().await.unwrap(), body);
 
     // Every opening is audited: tenant, sandbox, path, outcome (the tampered ones name nobody).
@@ -164,7 +182,10 @@ async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_to
     })
     .await;
     for row in &rows {
-        assert_eq!(row.get::<Option<String>, _>("sandbox_id").as_deref(), Some(sandbox.as_str()));
+        assert_eq!(
+            row.get::<Option<String>, _>("sandbox_id").as_deref(),
+            Some(sandbox.as_str())
+        );
         assert_eq!(
             row.get::<Option<String>, _>("path").as_deref(),
             Some(format!("/home/user/{path}").as_str())
@@ -183,7 +204,11 @@ async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_to
             .send()
             .await
             .unwrap();
-        assert_eq!(response.status(), StatusCode::GONE, "a revoked token's link is gone");
+        assert_eq!(
+            response.status(),
+            StatusCode::GONE,
+            "a revoked token's link is gone"
+        );
     }
     let reason = support::eventually(Duration::from_secs(10), "the refusal audited", || async {
         refused_reason(&gateway, &tenant).await
@@ -228,7 +253,11 @@ async fn a_large_file_streams_through_byte_for_byte() {
         hasher.update(&chunk);
     }
     assert_eq!(received, size);
-    assert_eq!(format!("{:x}", hasher.finalize()), sha, "the sandbox's own checksum");
+    assert_eq!(
+        format!("{:x}", hasher.finalize()),
+        sha,
+        "the sandbox's own checksum"
+    );
 }
 
 #[tokio::test]
@@ -255,15 +284,33 @@ async fn opening_links_too_often_is_refused_with_retry_after() {
     assert_eq!(status(first.clone()).await.status(), StatusCode::OK);
     assert_eq!(status(first.clone()).await.status(), StatusCode::OK);
     let limited = status(first.clone()).await;
-    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS, "the third opening of one link");
-    let retry: u64 = limited.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert_eq!(
+        limited.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the third opening of one link"
+    );
+    let retry: u64 = limited.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=60).contains(&retry), "Retry-After {retry}");
     assert!(limited.text().await.unwrap().contains("opened too often"));
     // Another link of the same tenant has its own count, up to the tenant's.
     assert_eq!(status(second.clone()).await.status(), StatusCode::OK);
     let tenant_limited = status(second).await;
-    assert_eq!(tenant_limited.status(), StatusCode::TOO_MANY_REQUESTS, "the tenant's fourth opening");
-    assert!(tenant_limited.text().await.unwrap().contains("Too many downloads"));
+    assert_eq!(
+        tenant_limited.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the tenant's fourth opening"
+    );
+    assert!(
+        tenant_limited
+            .text()
+            .await
+            .unwrap()
+            .contains("Too many downloads")
+    );
     let reason = support::eventually(Duration::from_secs(10), "the limit audited", || async {
         refused_reason(&gateway, &tenant).await
     })
@@ -295,14 +342,18 @@ async fn admin_tokens_are_capped_listed_revocable_and_survive_a_key_rotation() {
 
     // The lifetime is capped.
     let refused = gateway
-        .cli_fails(&["admin", "token", "issue", "--tenant", &tenant, "--ttl", "31d"])
+        .cli_fails(&[
+            "admin", "token", "issue", "--tenant", &tenant, "--ttl", "31d",
+        ])
         .await;
     assert!(
         refused.contains("keys.admin_token_max_ttl_seconds") && refused.contains("2592000"),
         "{refused}"
     );
     let token = gateway
-        .cli(&["admin", "token", "issue", "--tenant", &tenant, "--ttl", "30d"])
+        .cli(&[
+            "admin", "token", "issue", "--tenant", &tenant, "--ttl", "30d",
+        ])
         .await;
     let id = admin_token_id(&gateway, &tenant).await;
 
@@ -331,7 +382,10 @@ async fn admin_tokens_are_capped_listed_revocable_and_survive_a_key_rotation() {
             "A".repeat(86)
         )
     };
-    assert_eq!(mcp_status(&gateway, &unknown_kid).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        mcp_status(&gateway, &unknown_kid).await,
+        StatusCode::UNAUTHORIZED
+    );
     let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
         .await
         .unwrap_or_else(|e| panic!("the admin token outlives the rotation: {e}"));
@@ -349,7 +403,10 @@ async fn admin_tokens_are_capped_listed_revocable_and_survive_a_key_rotation() {
     let listed = gateway
         .cli(&["admin", "token", "list", "--tenant", &tenant])
         .await;
-    assert!(listed.contains(&id) && listed.contains("revoked"), "{listed}");
+    assert!(
+        listed.contains(&id) && listed.contains("revoked"),
+        "{listed}"
+    );
     let unknown = gateway
         .cli_fails(&["admin", "token", "revoke", "no-such-token"])
         .await;
@@ -382,8 +439,13 @@ async fn signing_key_seeds_are_sealed_at_rest_and_clear_ones_are_sealed_at_start
     assert!(rows.len() >= 2, "the gateway's key and the legacy one");
     for row in &rows {
         let kid: String = row.get("kid");
-        assert!(row.get::<Option<Vec<u8>>, _>("seed").is_none(), "{kid}'s seed is not in clear");
-        let sealed: Vec<u8> = row.get::<Option<Vec<u8>>, _>("sealed_seed").expect("sealed");
+        assert!(
+            row.get::<Option<Vec<u8>>, _>("seed").is_none(),
+            "{kid}'s seed is not in clear"
+        );
+        let sealed: Vec<u8> = row
+            .get::<Option<Vec<u8>>, _>("sealed_seed")
+            .expect("sealed");
         assert!(
             !sealed.windows(32).any(|w| w == legacy_seed),
             "{kid}'s sealed form does not contain the seed"
@@ -396,13 +458,19 @@ async fn signing_key_seeds_are_sealed_at_rest_and_clear_ones_are_sealed_at_start
         .arg("serve")
         .env("SANDGATE_LISTEN", "127.0.0.1:0")
         .env("SANDGATE_DATABASE__URL", &database)
-        .env("SANDGATE_KEYS__SECRET", "another-secret-0123456789-abcdefghijklmnop")
+        .env(
+            "SANDGATE_KEYS__SECRET",
+            "another-secret-0123456789-abcdefghijklmnop",
+        )
         .output()
         .await
         .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("cannot be decrypted with keys.secret"), "{stderr}");
+    assert!(
+        stderr.contains("cannot be decrypted with keys.secret"),
+        "{stderr}"
+    );
 
     // Without a secret outside loopback it refuses to start and says how to set one.
     let output = support::sandgate_command()

@@ -109,7 +109,10 @@ mod tests {
             Some(true),
             "the default argon2id hash is verified with the reused memory"
         );
-        assert_eq!(verify_with_thread_memory(b"wrong horse battery", &parsed), Some(false));
+        assert_eq!(
+            verify_with_thread_memory(b"wrong horse battery", &parsed),
+            Some(false)
+        );
         // Twice on one thread: the memory is reused, the answer the same.
         assert_eq!(
             verify_with_thread_memory(b"correct horse battery", &parsed),

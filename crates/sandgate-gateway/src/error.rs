@@ -112,14 +112,12 @@ impl DownloadError {
             DownloadError::TranscriptGone => "transcript_gone",
             DownloadError::RateLimited { .. } => "rate_limited",
             DownloadError::Service(err) => match err {
-                ServiceError::NotFound(_) | ServiceError::Ended { .. } | ServiceError::Lost { .. } => {
-                    "sandbox_gone"
-                }
+                ServiceError::NotFound(_)
+                | ServiceError::Ended { .. }
+                | ServiceError::Lost { .. } => "sandbox_gone",
                 ServiceError::Unavailable(_) | ServiceError::DatabaseAway => "unavailable",
                 ServiceError::Limit { .. } | ServiceError::RateLimited { .. } => "limit",
-                ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => {
-                    "file_gone"
-                }
+                ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => "file_gone",
                 ServiceError::Store(_) | ServiceError::Sandbox(_) => "internal",
             },
         }

@@ -149,7 +149,11 @@ impl AppState {
 }
 
 /// Every minute, drops the rate-limit state of links (and tenants) not opened lately.
-fn forget_idle_link_limits(limits: files::LinkLimits, stop: CancellationToken, tracker: &TaskTracker) {
+fn forget_idle_link_limits(
+    limits: files::LinkLimits,
+    stop: CancellationToken,
+    tracker: &TaskTracker,
+) {
     tracker.spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
         loop {

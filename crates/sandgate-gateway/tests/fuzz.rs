@@ -8,7 +8,9 @@
 use axum::http::{HeaderMap, HeaderValue};
 use proptest::prelude::*;
 use sandgate_gateway::files::{DownloadLinks, LinkOwner, OpenedLink};
-use sandgate_gateway::limits::{MAX_CONVERSATION_ID_BYTES, MAX_SANDBOX_ID_BYTES, check_tool_arguments};
+use sandgate_gateway::limits::{
+    MAX_CONVERSATION_ID_BYTES, MAX_SANDBOX_ID_BYTES, check_tool_arguments,
+};
 use sandgate_gateway::mcp::auth::{header_tool_name, tool_named_in};
 use sandgate_gateway::mcp::tools::{self, ToolName};
 use serde_json::{Map, Value, json};
@@ -227,6 +229,7 @@ proptest! {
 fn regression_an_escaped_method_still_names_the_tool() {
     let body = br#"{"jsonrpc":"2.0","id":1,"method":"tools\/call","params":{"name":"execute_code","arguments":{}}}"#;
     assert_eq!(tool_named_in(body), Some(ToolName::ExecuteCode));
-    let body = br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"execute\u005fcode"}}"#;
+    let body =
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"execute\u005fcode"}}"#;
     assert_eq!(tool_named_in(body), Some(ToolName::ExecuteCode));
 }

@@ -420,7 +420,10 @@ mod fuzz {
 
     fn headers(cookie: &str) -> Option<HeaderMap> {
         let mut headers = HeaderMap::new();
-        headers.insert(axum::http::header::COOKIE, HeaderValue::from_str(cookie).ok()?);
+        headers.insert(
+            axum::http::header::COOKIE,
+            HeaderValue::from_str(cookie).ok()?,
+        );
         Some(headers)
     }
 

@@ -22,8 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::backend::{BackendError, ContainerFate, LaunchSpec, ManagedContainer, SandboxBackend};
 use crate::channel::{
     AgentChannel, ChannelError, CommandOptions, CommandOutcome, DirEntry, ExecOptions, ExecOutcome,
-    FileChunks,
-    FileInfo, Job, Listing, OutputEvent, PingInfo,
+    FileChunks, FileInfo, Job, Listing, OutputEvent, PingInfo,
 };
 use crate::config::{ChannelConfig, ManagerConfig, SandboxProfile};
 

@@ -396,7 +396,10 @@ mod fuzz {
         // Long frames, over the splitter's bound in the test below: the attribution of an
         // oversized line reads its start.
         let long = (
-            prop_oneof![Just(r#"{"id":3,"event":"stdout","text":""#), Just(r#"{"id":4,"ok":true,"result":""#)],
+            prop_oneof![
+                Just(r#"{"id":3,"event":"stdout","text":""#),
+                Just(r#"{"id":4,"ok":true,"result":""#)
+            ],
             200usize..900,
         )
             .prop_map(|(head, n)| format!("{head}{}\"}}", "x".repeat(n)).into_bytes());
@@ -459,7 +462,11 @@ mod fuzz {
         line.extend_from_slice(br#""id": 7, "event":"x""#);
         assert!(matches!(
             classify_oversized(&line, 1 << 30),
-            Inbound::Oversized { id: Some(7), is_event: true, .. }
+            Inbound::Oversized {
+                id: Some(7),
+                is_event: true,
+                ..
+            }
         ));
     }
 }

@@ -15,8 +15,8 @@ use uuid::Uuid;
 
 use crate::Config;
 use crate::keys::{self, KeyError, KeyRing, KeySettings};
-use sandgate_store::admin_tokens::{self, AdminToken};
 use crate::sandboxes::Limits;
+use sandgate_store::admin_tokens::{self, AdminToken};
 
 /// What went wrong in an admin command.
 #[derive(Debug, thiserror::Error)]

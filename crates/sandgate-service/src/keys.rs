@@ -13,9 +13,9 @@ use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use chrono::Utc;
 use hmac::{Hmac, Mac};
-use sha2::Sha256;
 use sandgate_auth::{AccessClaims, KeyPair, TokenError, TokenIssuer, TokenVerifier, VerifyingKey};
 use sandgate_store::{PgPool, StoreError, keys};
+use sha2::Sha256;
 
 /// The least time a retired key keeps verifying: longer than any OAuth access token lives. It
 /// keeps verifying longer when admin-issued tokens may live longer ([`KeySettings`]).
@@ -210,8 +210,8 @@ impl KeyRing {
             &fresh.verifying_key().public,
         )
         .await?;
-        let grace = chrono::Duration::from_std(settings.retired_grace)
-            .unwrap_or(chrono::Duration::MAX);
+        let grace =
+            chrono::Duration::from_std(settings.retired_grace).unwrap_or(chrono::Duration::MAX);
         let rows = keys::verifying(&mut tx, Utc::now() - grace).await?;
         tx.commit().await?;
         let seed = open_seed(&settings.sealer, &active)?;
@@ -324,7 +324,10 @@ pub async fn seal_clear_seeds(db: &PgPool, sealer: &SeedSealer) -> Result<usize,
     }
     tx.commit().await?;
     if !rows.is_empty() {
-        tracing::info!(keys = rows.len(), "sealed signing-key seeds stored in clear");
+        tracing::info!(
+            keys = rows.len(),
+            "sealed signing-key seeds stored in clear"
+        );
     }
     Ok(rows.len())
 }
@@ -362,11 +365,19 @@ mod tests {
         assert_eq!(sealer.open("kid-1", &sealed), Some(seed));
         assert_eq!(sealer.open("kid-2", &sealed), None, "bound to its key id");
         let other = SeedSealer::new(b"another secret of at least thirty-two chars");
-        assert_eq!(other.open("kid-1", &sealed), None, "another secret cannot open it");
+        assert_eq!(
+            other.open("kid-1", &sealed),
+            None,
+            "another secret cannot open it"
+        );
         let mut altered = sealed.clone();
         *altered.last_mut().unwrap() ^= 1;
         assert_eq!(sealer.open("kid-1", &altered), None, "altered is refused");
-        assert_eq!(sealer.open("kid-1", &sealed[..40]), None, "truncated is refused");
+        assert_eq!(
+            sealer.open("kid-1", &sealed[..40]),
+            None,
+            "truncated is refused"
+        );
         assert_eq!(sealer.open("kid-1", &[]), None);
     }
 }

@@ -279,7 +279,9 @@ impl LinkLimits {
     /// Limits of `config` (validated: each at least 1).
     pub fn new(config: &crate::config::LinksConfig) -> Self {
         let per_minute = |n: u32| {
-            governor::Quota::per_minute(std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN))
+            governor::Quota::per_minute(
+                std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN),
+            )
         };
         Self {
             inner: Arc::new(LimitsInner {
@@ -317,11 +319,7 @@ impl LinkLimits {
 }
 
 fn hex_prefix(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    bytes.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -336,12 +334,23 @@ mod tests {
 
     #[test]
     fn links_round_trip_and_name_nothing_readable() {
-        let links = DownloadLinks::new(b"a secret of at least thirty-two chars", "http://127.0.0.1:8080");
+        let links = DownloadLinks::new(
+            b"a secret of at least thirty-two chars",
+            "http://127.0.0.1:8080",
+        );
         let tenant = Uuid::new_v4();
-        let (url, _) = links.mint(LinkOwner::session(tenant), "sbx_1234567890", "/home/user/report.csv");
+        let (url, _) = links.mint(
+            LinkOwner::session(tenant),
+            "sbx_1234567890",
+            "/home/user/report.csv",
+        );
         let opened = links.open(token(&url)).expect("a fresh link opens");
         assert_eq!(
-            (opened.claims.s.as_str(), opened.claims.p.as_str(), opened.claims.t),
+            (
+                opened.claims.s.as_str(),
+                opened.claims.p.as_str(),
+                opened.claims.t
+            ),
             ("sbx_1234567890", "/home/user/report.csv", tenant)
         );
         // Nothing of the claims shows, however the text is decoded.
@@ -355,9 +364,16 @@ mod tests {
             "/home/user".into(),
         ] {
             assert!(!url.contains(&secret), "{secret} readable in {url}");
-            assert!(!lossy.contains(&secret), "{secret} readable in the decoded link");
+            assert!(
+                !lossy.contains(&secret),
+                "{secret} readable in the decoded link"
+            );
         }
-        let (again, _) = links.mint(LinkOwner::session(tenant), "sbx_1234567890", "/home/user/report.csv");
+        let (again, _) = links.mint(
+            LinkOwner::session(tenant),
+            "sbx_1234567890",
+            "/home/user/report.csv",
+        );
         assert_ne!(url, again, "each link is sealed with its own nonce");
         assert_ne!(
             links.open(token(&again)).unwrap().id,
@@ -368,7 +384,10 @@ mod tests {
 
     #[test]
     fn tampered_truncated_and_foreign_links_are_refused() {
-        let links = DownloadLinks::new(b"a secret of at least thirty-two chars", "http://127.0.0.1:8080");
+        let links = DownloadLinks::new(
+            b"a secret of at least thirty-two chars",
+            "http://127.0.0.1:8080",
+        );
         let (url, _) = links.mint(LinkOwner::session(Uuid::nil()), "sbx_1", "/home/user/a.csv");
         let good = token(&url);
         let mut raw = URL_SAFE_NO_PAD.decode(good).unwrap();
@@ -381,11 +400,23 @@ mod tests {
             raw[i] ^= 0x01;
         }
         for len in 0..good.len() {
-            assert!(links.open(&good[..len]).is_none(), "truncated to {len} is refused");
+            assert!(
+                links.open(&good[..len]).is_none(),
+                "truncated to {len} is refused"
+            );
         }
-        assert!(links.open(&format!("{good}A")).is_none(), "extended is refused");
-        let other = DownloadLinks::new(b"another secret, thirty-two chars+", "http://127.0.0.1:8080");
-        assert!(other.open(good).is_none(), "another deployment's key is refused");
+        assert!(
+            links.open(&format!("{good}A")).is_none(),
+            "extended is refused"
+        );
+        let other = DownloadLinks::new(
+            b"another secret, thirty-two chars+",
+            "http://127.0.0.1:8080",
+        );
+        assert!(
+            other.open(good).is_none(),
+            "another deployment's key is refused"
+        );
         assert!(links.open(&"A".repeat(MAX_TOKEN_CHARS + 1)).is_none());
     }
 }

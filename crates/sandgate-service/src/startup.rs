@@ -77,8 +77,8 @@ impl Services {
             config.public_url(),
             config.mcp_url(),
         )
-            .await
-            .map_err(StartError::Keys)?;
+        .await
+        .map_err(StartError::Keys)?;
         let docker = DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
         let sandboxes = sandbox_service(config, db.clone(), docker.clone())?;
         let background_stop = CancellationToken::new();

@@ -123,7 +123,11 @@ pub async fn clear_seeds(conn: &mut PgConnection) -> Result<Vec<SigningKeyRow>, 
 
 /// Replaces a key's clear seed by its sealed form.
 #[tracing::instrument(skip_all)]
-pub async fn seal(conn: &mut PgConnection, kid: &str, sealed_seed: &[u8]) -> Result<(), StoreError> {
+pub async fn seal(
+    conn: &mut PgConnection,
+    kid: &str,
+    sealed_seed: &[u8],
+) -> Result<(), StoreError> {
     sqlx::query("UPDATE signing_keys SET sealed_seed = $2, seed = NULL WHERE kid = $1")
         .bind(kid)
         .bind(sealed_seed)

@@ -51,11 +51,10 @@ impl McpServer {
             })?;
         let rendered = format.render(&transcript);
         let uri = super::resources::transcript_uri(&subject, format);
-        let (download_url, expires) = self.inner.links.mint_transcript(
-            caller,
-            &subject,
-            crate::handoff::link_kind(format),
-        );
+        let (download_url, expires) =
+            self.inner
+                .links
+                .mint_transcript(caller, &subject, crate::handoff::link_kind(format));
         let out = ExportTranscriptOutput {
             sandbox_id: transcript
                 .parts

@@ -133,7 +133,11 @@ struct FileRead {
 }
 
 impl FileRead {
-    async fn start(channel: &AgentChannel, path: &str, max_bytes: u64) -> Result<Self, ChannelError> {
+    async fn start(
+        channel: &AgentChannel,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<Self, ChannelError> {
         let call = channel
             .start("read_file", json!({"path": path, "max_bytes": max_bytes}))
             .await?;

@@ -675,7 +675,10 @@ mod tests {
             jail.set_env("SANDGATE_KEYS__SECRET", "too short");
             let err = load_in(jail).unwrap_err().to_string();
             assert!(err.contains("at least 32 characters"), "{err}");
-            jail.set_env("SANDGATE_KEYS__SECRET", "0123456789abcdefghijklmnopqrstuvwxyz");
+            jail.set_env(
+                "SANDGATE_KEYS__SECRET",
+                "0123456789abcdefghijklmnopqrstuvwxyz",
+            );
             load_in(jail).expect("a long enough secret");
             Ok(())
         });

@@ -98,7 +98,8 @@ impl SandboxService {
             .await?
             .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
         drop(conn);
-        if row.state != SandboxState::Leased || (super::overdue(&row, Utc::now()) && !self.is_busy(&row.id))
+        if row.state != SandboxState::Leased
+            || (super::overdue(&row, Utc::now()) && !self.is_busy(&row.id))
         {
             return Err(super::ended_error(&row));
         }

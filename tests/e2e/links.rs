@@ -75,16 +75,25 @@ async fn idle_clock(
         .get("last_used_at")
 }
 
-#[tokio::test]
-async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_token() {
+/// A fresh database, a gateway on it with the shared secret and `extra_env`, a tenant, and a
+/// client connected with an admin token of the tenant.
+async fn stack(extra_env: &[(&str, &str)]) -> (String, Gateway, String, Client) {
     let database = support::fresh_database().await;
-    let env = [("SANDGATE_KEYS__SECRET", SECRET)];
+    let mut env = vec![("SANDGATE_KEYS__SECRET", SECRET)];
+    env.extend_from_slice(extra_env);
     let gateway = Gateway::start(&database, &env).await;
     let tenant = gateway.create_tenant().await;
     let token = gateway.token(&tenant).await;
     let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
         .await
         .expect("client connects");
+    (database, gateway, tenant, client)
+}
+
+#[tokio::test]
+async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_token() {
+    let env = [("SANDGATE_KEYS__SECRET", SECRET)];
+    let (database, gateway, tenant, client) = stack(&[]).await;
     let path = "reports/q3-confidential.bin";
     let (sandbox, sha) = sandbox_with_file(&client, path, 4096).await;
     let link = link_for(&client, &sandbox, path).await;
@@ -229,13 +238,7 @@ async fn refused_reason(gateway: &Gateway, tenant: &str) -> Option<String> {
 
 #[tokio::test]
 async fn a_large_file_streams_through_byte_for_byte() {
-    let database = support::fresh_database().await;
-    let gateway = Gateway::start(&database, &[("SANDGATE_KEYS__SECRET", SECRET)]).await;
-    let tenant = gateway.create_tenant().await;
-    let token = gateway.token(&tenant).await;
-    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
-        .await
-        .expect("client connects");
+    let (_, _gateway, _, client) = stack(&[]).await;
     // 20 MB: the largest file the default limits move, 80 agent chunks.
     let size = 20 * 1024 * 1024;
     let (sandbox, sha) = sandbox_with_file(&client, "big/blob.bin", size).await;
@@ -262,21 +265,11 @@ async fn a_large_file_streams_through_byte_for_byte() {
 
 #[tokio::test]
 async fn opening_links_too_often_is_refused_with_retry_after() {
-    let database = support::fresh_database().await;
-    let gateway = Gateway::start(
-        &database,
-        &[
-            ("SANDGATE_KEYS__SECRET", SECRET),
-            ("SANDGATE_LINKS__PER_LINK_PER_MINUTE", "2"),
-            ("SANDGATE_LINKS__PER_TENANT_PER_MINUTE", "3"),
-        ],
-    )
+    let (_, gateway, tenant, client) = stack(&[
+        ("SANDGATE_LINKS__PER_LINK_PER_MINUTE", "2"),
+        ("SANDGATE_LINKS__PER_TENANT_PER_MINUTE", "3"),
+    ])
     .await;
-    let tenant = gateway.create_tenant().await;
-    let token = gateway.token(&tenant).await;
-    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
-        .await
-        .expect("client connects");
     let (sandbox, _) = sandbox_with_file(&client, "a.bin", 10).await;
     let first = link_for(&client, &sandbox, "a.bin").await;
     let second = link_for(&client, &sandbox, "a.bin").await;

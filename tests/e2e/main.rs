@@ -6,6 +6,7 @@ mod handoff;
 mod hostile;
 mod jobs;
 mod lifecycle;
+mod links;
 mod login_form;
 mod mcp;
 mod mcp_client;

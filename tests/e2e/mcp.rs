@@ -172,7 +172,13 @@ async fn support_analyst(era: Era) {
         chart.images[0].1.as_slice(),
         "the link serves the same file"
     );
-    let tampered = format!("{}x", link.trim_end_matches(|c: char| c != '.'));
+    // The link is one sealed token: change its last character.
+    let last = link.chars().last().unwrap();
+    let tampered = format!(
+        "{}{}",
+        &link[..link.len() - 1],
+        if last == 'A' { 'B' } else { 'A' }
+    );
     assert_eq!(
         reqwest::get(&tampered).await.expect("answers").status(),
         404

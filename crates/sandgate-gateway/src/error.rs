@@ -1,7 +1,7 @@
 //! The mapping from failures of download links to HTTP answers (plain text for a person).
 //! Internal detail is logged, never sent. Refusals on `/mcp` are `sandgate_mcp::refusal`'s.
 
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sandgate_sandbox::{ChannelError, SandboxError};
 use sandgate_service::ServiceError;
@@ -21,12 +21,50 @@ pub enum DownloadError {
     /// The transcript the link names is no longer kept (past its retention, or purged).
     #[error("transcript no longer kept")]
     TranscriptGone,
+    /// The link, or its tenant's links together, were opened too often.
+    #[error("link opened too often")]
+    RateLimited {
+        /// Which limit.
+        limit: sandgate_service::links::LinkLimit,
+        /// When a retry may succeed.
+        retry_after: std::time::Duration,
+    },
     /// The service could not serve the file.
     #[error(transparent)]
     Service(#[from] ServiceError),
 }
 
 impl DownloadError {
+    /// The audited outcome: `refused` when the link may not be opened (now), `failed` when
+    /// serving it went wrong.
+    pub fn outcome(&self) -> &'static str {
+        if self.answer().0.is_server_error() {
+            "failed"
+        } else {
+            "refused"
+        }
+    }
+
+    /// The audited reason, a short word.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DownloadError::InvalidLink => "invalid",
+            DownloadError::Expired => "expired",
+            DownloadError::Revoked => "revoked",
+            DownloadError::TranscriptGone => "transcript_gone",
+            DownloadError::RateLimited { .. } => "rate_limited",
+            DownloadError::Service(err) => match err {
+                ServiceError::NotFound(_)
+                | ServiceError::Ended { .. }
+                | ServiceError::Lost { .. } => "sandbox_gone",
+                ServiceError::Unavailable(_) | ServiceError::DatabaseAway => "unavailable",
+                ServiceError::Limit { .. } | ServiceError::Quota { .. } => "limit",
+                ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => "file_gone",
+                ServiceError::Store(_) | ServiceError::Sandbox(_) => "internal",
+            },
+        }
+    }
+
     /// The status and the text a person sees: the one exhaustive mapping.
     fn answer(&self) -> (StatusCode, &'static str) {
         const GONE: &str = "The sandbox this file was in has ended, so the file is gone.";
@@ -47,6 +85,17 @@ impl DownloadError {
             DownloadError::TranscriptGone => (
                 StatusCode::GONE,
                 "This transcript is no longer kept (it was deleted after its retention period).",
+            ),
+            DownloadError::RateLimited {
+                limit: sandgate_service::links::LinkLimit::PerLink,
+                ..
+            } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "This download link was opened too often; retry after the time in Retry-After.",
+            ),
+            DownloadError::RateLimited { .. } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many downloads for this account; retry after the time in Retry-After.",
             ),
             DownloadError::Service(err) => match err {
                 // Another tenant's sandbox answers like a missing one: both are gone for the link.
@@ -77,12 +126,19 @@ impl IntoResponse for DownloadError {
         if status.is_server_error() {
             tracing::error!(error = ?self, "serving a download link failed");
         }
-        (
+        let mut response = (
             status,
             [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
             format!("{message}\n"),
         )
-            .into_response()
+            .into_response();
+        if let DownloadError::RateLimited { retry_after, .. } = self {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(crate::files::retry_after_seconds(retry_after)),
+            );
+        }
+        response
     }
 }
 

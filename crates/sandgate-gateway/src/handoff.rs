@@ -114,8 +114,7 @@ pub async fn page(
                         state
                             .links
                             .mint_transcript(
-                                session.tenant_id,
-                                None,
+                                crate::files::LinkOwner::session(session.tenant_id),
                                 &subject,
                                 LinkKind::from(format),
                             )

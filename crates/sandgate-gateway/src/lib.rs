@@ -70,6 +70,8 @@ pub struct AppState {
     pub metrics: metrics::Metrics,
     /// Expiring download links (`get_file`, `export_transcript`).
     pub links: files::DownloadLinks,
+    /// Rate limits on opening download links.
+    pub link_limits: files::LinkLimits,
     /// Transcripts of what ran in sandboxes.
     pub transcripts: transcripts::Transcripts,
     /// Who owns each MCP session (Postgres, keyed hashes of the ids).
@@ -115,14 +117,16 @@ impl AppState {
     pub async fn start(config: Config) -> Result<Self, StartError> {
         let services = sandgate_service::Services::start(&config).await?;
         let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
-        let links = files::DownloadLinks::new(oauth.cookie_key(), &config.public_url());
+        let links = files::DownloadLinks::new(config.keys.secret_bytes(), &config.public_url());
+        let link_limits = files::LinkLimits::new(&config.links);
         let sessions = sandgate_service::sessions::SessionBindings::new(
             services.db.clone(),
-            oauth.cookie_key(),
+            config.keys.secret_bytes(),
             std::time::Duration::from_secs(config.mcp.session_idle_seconds),
         );
         let mcp_sessions = mcp::session_manager(&config);
         let (stop, background) = (&services.background_stop, &services.background);
+        forget_idle_link_limits(link_limits.clone(), stop.clone(), background);
         oauth::purge::start(
             services.db.clone(),
             &config.oauth.limits,
@@ -144,6 +148,7 @@ impl AppState {
             audit: services.audit,
             metrics: metrics::Metrics::new(),
             links,
+            link_limits,
             transcripts: services.transcripts,
             sessions,
             mcp_sessions,
@@ -152,6 +157,23 @@ impl AppState {
             background: services.background,
         })
     }
+}
+
+/// Every minute, drops the rate-limit state of links (and tenants) not opened lately.
+fn forget_idle_link_limits(
+    limits: files::LinkLimits,
+    stop: CancellationToken,
+    tracker: &TaskTracker,
+) {
+    tracker.spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = every.tick() => limits.forget_idle(),
+            }
+        }
+    });
 }
 
 impl AppState {

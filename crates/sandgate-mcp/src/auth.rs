@@ -181,26 +181,34 @@ async fn called_tool(
         )
         .into_response()
     })?;
+    let tool = tool_named_in(&bytes);
+    Ok((Request::from_parts(parts, Body::from(bytes)), tool))
+}
+
+/// The tool a JSON-RPC `tools/call` body names, if it is one of ours; `None` for anything else
+/// (another method, a batch, not JSON at all).
+pub fn tool_named_in(body: &[u8]) -> Option<ToolName> {
     #[derive(serde::Deserialize)]
     struct Call<'a> {
+        // A `Cow`, not a `&str`: a method written with JSON escapes (`"tools\/call"`) cannot be
+        // borrowed, and must still be recognised (found by the fuzz target).
         #[serde(borrow)]
-        method: Option<&'a str>,
+        method: Option<std::borrow::Cow<'a, str>>,
         params: Option<Params>,
     }
     #[derive(serde::Deserialize)]
     struct Params {
         name: Option<String>,
     }
-    let tool = serde_json::from_slice::<Call<'_>>(&bytes)
+    serde_json::from_slice::<Call<'_>>(body)
         .ok()
-        .filter(|c| c.method == Some("tools/call"))
+        .filter(|c| c.method.as_deref() == Some("tools/call"))
         .and_then(|c| c.params?.name)
-        .and_then(|n| ToolName::parse(&n));
-    Ok((Request::from_parts(parts, Body::from(bytes)), tool))
+        .and_then(|n| ToolName::parse(&n))
 }
 
 /// `Some(name)` when the 2026-07-28 headers mark a `tools/call`; `None` when they do not apply.
-fn header_tool_name(headers: &HeaderMap) -> Option<Option<String>> {
+pub fn header_tool_name(headers: &HeaderMap) -> Option<Option<String>> {
     let method = headers.get("mcp-method")?.to_str().ok()?;
     if method != "tools/call" {
         // Another method: nothing to check, and no need to read the body.

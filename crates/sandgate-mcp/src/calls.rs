@@ -235,10 +235,7 @@ impl McpServer {
         let entry = crate::transcripts::file_entry(&info, true);
         self.inner.transcripts.record(&resolved.row, &entry).await;
         let mime = mime_type(&info.path, &data[..data.len().min(512)]);
-        let (download_url, expires) =
-            self.inner
-                .links
-                .mint(caller.tenant, caller.grant, &resolved.row.id, &info.path);
+        let (download_url, expires) = self.inner.links.mint(caller, &resolved.row.id, &info.path);
         let out = GetFileOutput {
             sandbox_id: resolved.row.id.clone(),
             path: info.path.clone(),

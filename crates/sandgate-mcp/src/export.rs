@@ -52,12 +52,10 @@ impl McpServer {
             })?;
         let rendered = format.render(&transcript);
         let uri = super::resources::transcript_uri(&subject, format);
-        let (download_url, expires) = self.inner.links.mint_transcript(
-            caller.tenant,
-            caller.grant,
-            &subject,
-            LinkKind::from(format),
-        );
+        let (download_url, expires) =
+            self.inner
+                .links
+                .mint_transcript(caller, &subject, LinkKind::from(format));
         let out = ExportTranscriptOutput {
             sandbox_id: transcript
                 .parts

@@ -95,7 +95,12 @@ fn jar(state: &AppState, headers: &HeaderMap) -> SignedCookieJar {
 /// The session id of this request's (verified) session cookie.
 fn session_id(state: &AppState, headers: &HeaderMap) -> Option<String> {
     let policy = CookiePolicy::of(&state.config);
-    let id = jar(state, headers).get(policy.session)?.value().to_owned();
+    session_id_in(jar(state, headers), policy.session)
+}
+
+/// The session id in the signed cookie `name`, when it verifies and has a session's shape.
+fn session_id_in(jar: SignedCookieJar, name: &str) -> Option<String> {
+    let id = jar.get(name)?.value().to_owned();
     secret::is_kind(&id, SecretKind::Session).then_some(id)
 }
 
@@ -396,4 +401,66 @@ pub fn form_expired() -> Response {
         "Form expired",
         "This form expired or did not come from sandgate. Reload the page and try again.",
     )
+}
+
+/// Property tests standing in for fuzzing (bounded cases in `cargo test`): the session-cookie
+/// decoder accepts only a cookie signed with our key, and never panics on a `Cookie` header.
+#[cfg(test)]
+mod fuzz {
+    use axum::http::HeaderValue;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const NAME: &str = "__Host-sandgate_session";
+
+    fn key() -> Key {
+        Key::from(&[9u8; 64])
+    }
+
+    fn headers(cookie: &str) -> Option<HeaderMap> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            axum::http::header::COOKIE,
+            HeaderValue::from_str(cookie).ok()?,
+        );
+        Some(headers)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_cookie_header_is_refused_without_panicking(value in prop_oneof![
+            "[ -~]{0,200}",
+            "__Host-sandgate_session=[ -~]{0,120}",
+        ]) {
+            if let Some(headers) = headers(&value) {
+                let jar = SignedCookieJar::from_headers(&headers, key());
+                prop_assert_eq!(session_id_in(jar, NAME), None);
+            }
+        }
+
+        #[test]
+        fn a_signed_session_cookie_changed_anywhere_is_refused(at in any::<prop::sample::Index>(), with in "[A-Za-z0-9+/=_-]") {
+            let id = secret::generate(SecretKind::Session);
+            let jar = SignedCookieJar::new(key()).add(Cookie::new(NAME, id.clone()));
+            let signed = jar.get(NAME).map(|_| ()).and_then(|()| {
+                // The jar signs on the way out: read the Set-Cookie value it would send.
+                let response = jar.clone().into_response();
+                response.headers().get(axum::http::header::SET_COOKIE)?.to_str().ok().map(str::to_owned)
+            }).expect("a signed cookie");
+            let pair = signed.split(';').next().unwrap().to_owned();
+            let headers_ok = headers(&pair).unwrap();
+            prop_assert_eq!(session_id_in(SignedCookieJar::from_headers(&headers_ok, key()), NAME), Some(id.clone()));
+            let value_at = pair.find('=').unwrap() + 1;
+            let i = value_at + at.index(pair.len() - value_at);
+            let mut changed = pair.clone();
+            changed.replace_range(i..=i, &with);
+            if changed != pair && let Some(h) = headers(&changed) {
+                let got = session_id_in(SignedCookieJar::from_headers(&h, key()), NAME);
+                prop_assert!(got.is_none() || got == Some(id), "a changed cookie gave another session: {changed}");
+            }
+        }
+    }
 }

@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 use crate::backend::{BackendError, ContainerFate, LaunchSpec, ManagedContainer, SandboxBackend};
 use crate::channel::{
     AgentChannel, ChannelError, CommandOptions, CommandOutcome, DirEntry, ExecOptions, ExecOutcome,
-    FileInfo, Job, Listing, OutputEvent, PingInfo,
+    FileChunks, FileInfo, Job, Listing, OutputEvent, PingInfo,
 };
 use crate::config::{ChannelConfig, ManagerConfig, ProfileError, SandboxProfile};
 
@@ -351,6 +351,18 @@ impl Sandbox {
         max_bytes: u64,
     ) -> Result<(Vec<u8>, FileInfo), SandboxError> {
         self.explained(self.inner.channel.read_file(path, max_bytes).await)
+            .await
+    }
+
+    /// Reads a file under /home/user chunk by chunk; see [`AgentChannel::read_file_stream`].
+    /// An error in the middle of the stream is the channel's, unexplained (the response it
+    /// feeds has started; the next call on the sandbox says what became of it).
+    pub async fn read_file_stream(
+        &self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(bytes::Bytes, FileChunks), SandboxError> {
+        self.explained(self.inner.channel.read_file_stream(path, max_bytes).await)
             .await
     }
 

@@ -373,3 +373,100 @@ mod tests {
         );
     }
 }
+
+/// Property tests ("fuzzing" that runs in `cargo test` on stable, bounded cases): whatever a
+/// hostile sandbox writes to its stdout, the frame parser neither panics nor buffers beyond its
+/// bound, and a stream cut at any points parses to the same frames as in one piece.
+#[cfg(test)]
+mod fuzz {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Lines that look like frames (so the parser's deeper branches run), and raw bytes.
+    fn line() -> impl Strategy<Value = Vec<u8>> {
+        let json_ish = prop_oneof![
+            Just(r#"{"id":1,"ok":true,"result":{}}"#.to_owned()),
+            Just(r#"{"id":2,"event":"stdout","text":"hi"}"#.to_owned()),
+            Just(r#"{"id":null,"ok":false,"error":{"kind":"x","message":"y"}}"#.to_owned()),
+            Just(r#"{"event":"ready","protocol":1}"#.to_owned()),
+            "\\{\"id\":[0-9-]{0,25},\"(ok|event)\":(true|false|\"[a-z]{0,8}\"|null|\\[\\]|\\{\\})[,}]{0,2}",
+            "[ -~]{0,80}",
+        ];
+        // Long frames, over the splitter's bound in the test below: the attribution of an
+        // oversized line reads its start.
+        let long = (
+            prop_oneof![
+                Just(r#"{"id":3,"event":"stdout","text":""#),
+                Just(r#"{"id":4,"ok":true,"result":""#)
+            ],
+            200usize..900,
+        )
+            .prop_map(|(head, n)| format!("{head}{}\"}}", "x".repeat(n)).into_bytes());
+        prop_oneof![
+            2 => json_ish.prop_map(String::into_bytes),
+            2 => proptest::collection::vec(any::<u8>(), 0..200),
+            1 => long,
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_line_parses_to_some_frame_without_panicking(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = parse_line(&bytes);
+        }
+
+        #[test]
+        fn framed_lines_parse_without_panicking(bytes in line()) {
+            let _ = parse_line(&bytes);
+            let _ = classify_oversized(&bytes, bytes.len());
+        }
+
+        #[test]
+        fn a_stream_cut_anywhere_gives_the_same_frames_and_stays_bounded(
+            lines in proptest::collection::vec(line(), 0..12),
+            cuts in proptest::collection::vec(1usize..64, 0..40),
+            // At least the head kept from an oversized line (as in production, 16 MiB): below
+            // it, where a line is cut changes how much of its start is kept.
+            max in HEAD_BYTES..600,
+        ) {
+            let stream: Vec<u8> = lines
+                .iter()
+                .flat_map(|l| l.iter().copied().filter(|b| *b != b'\n').chain([b'\n']))
+                .collect();
+            let mut whole = LineSplitter::new(max);
+            let expected = whole.push(&stream);
+            let mut pieces = LineSplitter::new(max);
+            let mut got = Vec::new();
+            let mut rest = &stream[..];
+            for cut in cuts.iter().copied().chain(std::iter::repeat(7)) {
+                if rest.is_empty() {
+                    break;
+                }
+                let (piece, tail) = rest.split_at(cut.min(rest.len()));
+                got.extend(pieces.push(piece));
+                prop_assert!(pieces.buffered() <= max, "buffered {} > {max}", pieces.buffered());
+                rest = tail;
+            }
+            prop_assert_eq!(got, expected);
+        }
+    }
+
+    #[test]
+    fn an_oversized_line_with_invalid_utf8_before_the_id_is_still_attributed() {
+        // A lossy-decoded head with a replacement character before `"id"` must not be sliced
+        // off a char boundary.
+        let mut line = vec![0xff; 10];
+        line.extend_from_slice(br#""id": 7, "event":"x""#);
+        assert!(matches!(
+            classify_oversized(&line, 1 << 30),
+            Inbound::Oversized {
+                id: Some(7),
+                is_event: true,
+                ..
+            }
+        ));
+    }
+}

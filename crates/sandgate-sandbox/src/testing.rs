@@ -53,6 +53,8 @@ async fn emit(out: &Out, frame: Value) {
 pub(crate) struct FakeAgent {
     pub kill: watch::Sender<bool>,
     pub received: Arc<Mutex<Vec<Value>>>,
+    /// Set to let a `read_file` of `gated:N` send the rest of its chunks and its answer.
+    pub release: watch::Sender<bool>,
 }
 
 impl FakeAgent {
@@ -72,6 +74,7 @@ pub(crate) fn fake_agent(send_ready: bool) -> (AgentStreams, FakeAgent) {
     let (kill, mut killed) = watch::channel(false);
     let received: Arc<Mutex<Vec<Value>>> = Arc::default();
     let log = received.clone();
+    let (release, released) = watch::channel(false);
     tokio::spawn(async move {
         let incarnation = Arc::new(AtomicUsize::new(0));
         let interrupts: Arc<Mutex<HashMap<u64, watch::Sender<bool>>>> = Arc::default();
@@ -150,6 +153,41 @@ pub(crate) fn fake_agent(send_ready: bool) -> (AgentStreams, FakeAgent) {
                         }
                     });
                 }
+                "read_file" => {
+                    // `gated:N` / `corrupt:N`: N chunks of 1 KiB ("a", "b", …); the first at
+                    // once, the rest and the answer once released; `corrupt:` announces a wrong
+                    // checksum.
+                    let path = frame["path"].as_str().unwrap().to_owned();
+                    let (corrupt, n) = match path.split_once(':') {
+                        Some(("corrupt", n)) => (true, n.parse::<u8>().unwrap()),
+                        Some((_, n)) => (false, n.parse::<u8>().unwrap()),
+                        None => (false, 1),
+                    };
+                    let out = out.clone();
+                    let mut released = released.clone();
+                    tokio::spawn(async move {
+                        use base64::Engine as _;
+                        use sha2::Digest as _;
+                        let mut hasher = sha2::Sha256::new();
+                        for i in 0..n {
+                            if i == 1 {
+                                let _ = released.wait_for(|r| *r).await;
+                            }
+                            let chunk = vec![b'a' + i; 1024];
+                            hasher.update(&chunk);
+                            let data = base64::engine::general_purpose::STANDARD.encode(&chunk);
+                            emit(&out, json!({"id": id, "event": "chunk", "data": data})).await;
+                        }
+                        if n <= 1 {
+                            let _ = released.wait_for(|r| *r).await;
+                        }
+                        let mut sha = hex::encode(hasher.finalize());
+                        if corrupt {
+                            sha = "0".repeat(64);
+                        }
+                        emit(&out, json!({"id": id, "ok": true, "result": {"path": format!("/home/user/{path}"), "size": u64::from(n) * 1024, "sha256": sha}})).await;
+                    });
+                }
                 other => panic!("fake agent got an unexpected op {other}"),
             }
         }
@@ -164,7 +202,14 @@ pub(crate) fn fake_agent(send_ready: bool) -> (AgentStreams, FakeAgent) {
         output: ReceiverStream(rx).take_until(ended).boxed(),
         input: Box::pin(input),
     };
-    (streams, FakeAgent { kill, received })
+    (
+        streams,
+        FakeAgent {
+            kill,
+            received,
+            release,
+        },
+    )
 }
 
 #[derive(Debug)]

@@ -14,8 +14,9 @@ use secrecy::ExposeSecret;
 use uuid::Uuid;
 
 use crate::Config;
-use crate::keys::{self, KeyError, KeyRing};
+use crate::keys::{self, KeyError, KeyRing, KeySettings};
 use crate::sandboxes::Limits;
+use sandgate_store::admin_tokens::{self, AdminToken};
 
 /// What went wrong in an admin command.
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,20 @@ pub enum AdminError {
     /// A limit value is out of range.
     #[error("{0}")]
     InvalidLimit(String),
+    /// The token lifetime asked for is longer than the configured cap.
+    #[error(
+        "--ttl {asked}s is longer than the longest admin-token lifetime, {max}s \
+         (keys.admin_token_max_ttl_seconds); issue a shorter-lived token, or raise the setting"
+    )]
+    TokenTtlTooLong {
+        /// Asked for, seconds.
+        asked: u64,
+        /// The cap, seconds.
+        max: u64,
+    },
+    /// No admin-issued token has that id.
+    #[error("no admin-issued token with id {0:?}; `sandgate admin token list` shows them")]
+    NoSuchToken(String),
 }
 
 impl From<sqlx::Error> for AdminError {
@@ -408,23 +423,39 @@ pub async fn create_tenant(config: &Config, name: &str) -> Result<tenants::Tenan
     }
 }
 
-/// Issues an access token for `tenant` with `scopes`, valid for `ttl`, whose audience is this
-/// gateway's MCP URL. For server-to-server integrations and tests.
+/// Issues an access token for `tenant` with `scopes`, valid for `ttl` (at most
+/// `keys.admin_token_max_ttl_seconds`), whose audience is this gateway's MCP URL. For
+/// server-to-server integrations and tests. The token is recorded (`admin token list`) and can
+/// be revoked (`admin token revoke`); returns it and its record.
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn issue_token(
     config: &Config,
     tenant: Uuid,
     scopes: &[Scope],
     ttl: Duration,
-) -> Result<String, AdminError> {
+) -> Result<(String, AdminToken), AdminError> {
+    let max = config.keys.admin_token_max_ttl_seconds;
+    if ttl.as_secs() > max {
+        return Err(AdminError::TokenTtlTooLong {
+            asked: ttl.as_secs(),
+            max,
+        });
+    }
     let db = pool(config).await?;
     let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
     }
     drop(conn);
-    let ring = KeyRing::load(db, config.public_url(), config.mcp_url()).await?;
-    let (token, _) = ring.issuer().issue(
+    let ring = KeyRing::load(
+        db.clone(),
+        KeySettings::of(config),
+        config.public_url(),
+        config.mcp_url(),
+    )
+    .await?;
+    let issuer = ring.issuer();
+    let (token, claims) = issuer.issue(
         &format!("admin:{tenant}"),
         tenant,
         scopes,
@@ -433,6 +464,70 @@ pub async fn issue_token(
         None,
         None,
     )?;
+    let at = |secs: i64| chrono::DateTime::from_timestamp(secs, 0).unwrap_or_else(Utc::now);
+    let record = AdminToken {
+        jti: claims.jti,
+        tenant_id: tenant,
+        scopes: claims.scope,
+        kid: issuer.kid().to_owned(),
+        created_at: at(claims.iat),
+        expires_at: at(claims.exp),
+        revoked_at: None,
+    };
+    let mut conn = db.acquire().await?;
+    admin_tokens::record(&mut conn, &record).await?;
+    Ok((token, record))
+}
+
+/// Admin-issued tokens, of one tenant or all, newest first (expired ones with `all`).
+#[tracing::instrument(skip_all)]
+pub async fn list_tokens(
+    config: &Config,
+    tenant: Option<Uuid>,
+    all: bool,
+) -> Result<Vec<AdminToken>, AdminError> {
+    let db = pool(config).await?;
+    let mut conn = db.acquire().await?;
+    Ok(admin_tokens::list(&mut conn, tenant, all).await?)
+}
+
+/// Renders admin-issued tokens as a table, one line each.
+pub fn render_tokens(tokens: &[AdminToken]) -> String {
+    let now = Utc::now();
+    let mut out = format!(
+        "{:<32} {:<36} {:<20} {:<20} {:<8} {}",
+        "ID", "TENANT", "ISSUED", "EXPIRES", "STATE", "SCOPES"
+    );
+    for t in tokens {
+        let state = if t.revoked_at.is_some() {
+            "revoked"
+        } else if t.expires_at <= now {
+            "expired"
+        } else {
+            "active"
+        };
+        out.push_str(&format!(
+            "\n{:<32} {:<36} {:<20} {:<20} {:<8} {}",
+            t.jti,
+            t.tenant_id,
+            t.created_at.format("%Y-%m-%dT%H:%M:%SZ"),
+            t.expires_at.format("%Y-%m-%dT%H:%M:%SZ"),
+            state,
+            t.scopes
+        ));
+    }
+    out
+}
+
+/// Revokes an admin-issued token by id: every gateway refuses it from its next request on.
+#[tracing::instrument(skip_all)]
+pub async fn revoke_token(config: &Config, id: &str) -> Result<AdminToken, AdminError> {
+    let db = pool(config).await?;
+    let mut tx = db.begin().await?;
+    let token = admin_tokens::revoke(&mut tx, id.trim())
+        .await?
+        .ok_or_else(|| AdminError::NoSuchToken(id.to_owned()))?;
+    tx.commit().await?;
     Ok(token)
 }
 
@@ -440,7 +535,10 @@ pub async fn issue_token(
 #[tracing::instrument(skip_all)]
 pub async fn rotate_keys(config: &Config) -> Result<String, AdminError> {
     let db = pool(config).await?;
-    Ok(keys::rotate(&db).await?)
+    let settings = KeySettings::of(config);
+    // Rows from before seeds were sealed are sealed first, as a gateway start would.
+    keys::seal_clear_seeds(&db, &settings.sealer).await?;
+    Ok(keys::rotate(&db, &settings).await?)
 }
 
 /// Creates a user of `tenant` who can log in to approve apps; returns the user's id.

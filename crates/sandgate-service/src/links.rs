@@ -1,6 +1,16 @@
 //! Expiring download links (`get_file`, `export_transcript`): minted by the service, opened by
-//! the gateway's `/files/{token}` route. HMAC-signed with a key derived from the cookie secret,
-//! so every replica with the same configuration accepts them.
+//! the gateway's `/files/{token}` route.
+//!
+//! A link is opaque: its claims (tenant, sandbox, path, grant, expiry) are sealed with
+//! XChaCha20-Poly1305 under a key derived from `keys.secret`, so the link text reveals nothing
+//! and cannot be altered, and every replica (and the next start) with the same configuration
+//! opens it. Sealing rather than a random id with the claims in Postgres: minting costs no write
+//! (a `get_file` of a small file mints one whether or not anyone opens it), and what a link may
+//! do is still checked against Postgres when it is opened (its grant live, its sandbox the
+//! tenant's).
+
+use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,12 +18,8 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::Utc;
-use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::Sha256;
 use uuid::Uuid;
-
-type HmacSha256 = Hmac<Sha256>;
 
 /// How long a download link works.
 pub const LINK_TTL: Duration = Duration::from_secs(15 * 60);
@@ -68,12 +74,64 @@ pub struct Claims {
     /// The conversation, for a conversation's transcript.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub c: Option<String>,
+    /// The id of the access token that made it: revoking that token ends the link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub j: Option<String>,
+}
+
+/// Who a link is minted for, and what its life is bound to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkOwner {
+    /// The tenant whose sandbox or transcript it opens.
+    pub tenant: Uuid,
+    /// The app connection (grant) of the token that asked: disconnecting it ends the link.
+    pub grant: Option<Uuid>,
+    /// The id of the token that asked: revoking it ends the link.
+    pub token_id: Option<String>,
+}
+
+impl LinkOwner {
+    /// A link asked for by a tenant's signed-in user (the transcripts page): bound to no token.
+    pub fn session(tenant: Uuid) -> Self {
+        Self {
+            tenant,
+            grant: None,
+            token_id: None,
+        }
+    }
+}
+
+impl From<&crate::sandboxes::Caller> for LinkOwner {
+    fn from(caller: &crate::sandboxes::Caller) -> Self {
+        Self {
+            tenant: caller.tenant,
+            grant: caller.grant,
+            token_id: Some(caller.token_id.clone()),
+        }
+    }
+}
+
+/// The longest link token [`DownloadLinks::open`] looks at; real ones are far shorter.
+pub const MAX_TOKEN_CHARS: usize = 2048;
+
+/// The version byte that starts every sealed link (and is bound as associated data).
+const LINK_V2: u8 = 2;
+const NONCE_BYTES: usize = 24;
+
+/// A link that opened: what it names, and its id (for rate limits and the audit trail; derived
+/// from its random nonce, so it names this link and nothing else).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenedLink {
+    /// What the link names.
+    pub claims: Claims,
+    /// The link's id: 16 hex digits, unique per minted link.
+    pub id: String,
 }
 
 /// Mints and checks download links. Cheap to clone.
 #[derive(Clone)]
 pub struct DownloadLinks {
-    key: Arc<[u8; 32]>,
+    cipher: Arc<XChaCha20Poly1305>,
     base: String,
 }
 
@@ -86,34 +144,34 @@ impl std::fmt::Debug for DownloadLinks {
 }
 
 impl DownloadLinks {
-    /// Links under `public_url`, signed with a key derived from `secret` (the OAuth cookie key:
-    /// shared by replicas when `oauth.cookie_secret` is set) for this purpose only.
-    pub fn new(secret: &[u8; 32], public_url: &str) -> Self {
-        let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes any key length");
-        mac.update(b"sandgate download links v1");
+    /// Links under `public_url`, sealed with a key derived from `secret` (the deployment's
+    /// `keys.secret`, the same on every replica) for this purpose only.
+    pub fn new(secret: &[u8], public_url: &str) -> Self {
+        let key = crate::keys::derive_key(secret, "download links v2");
         Self {
-            key: Arc::new(mac.finalize().into_bytes().into()),
+            cipher: Arc::new(XChaCha20Poly1305::new(&key.into())),
             base: format!("{}/files/", public_url.trim_end_matches('/')),
         }
     }
 
-    /// A link to `path` in `sandbox_id` of `tenant`, working for [`LINK_TTL`] (and while
-    /// `grant`, when given, is not revoked); and its expiry.
+    /// A link to `path` in `sandbox_id` of the owner's tenant, working for [`LINK_TTL`] (and
+    /// while the owner's grant and token are not revoked); and its expiry.
     pub fn mint(
         &self,
-        tenant: Uuid,
-        grant: Option<Uuid>,
+        owner: impl Into<LinkOwner>,
         sandbox_id: &str,
         path: &str,
     ) -> (String, chrono::DateTime<Utc>) {
+        let owner = owner.into();
         self.sign(Claims {
-            t: tenant,
+            t: owner.tenant,
             s: sandbox_id.to_owned(),
             p: path.to_owned(),
             e: 0,
             k: LinkKind::File,
-            g: grant,
+            g: owner.grant,
             c: None,
+            j: owner.token_id,
         })
     }
 
@@ -121,81 +179,255 @@ impl DownloadLinks {
     /// the same rules as a file's; and its expiry.
     pub fn mint_transcript(
         &self,
-        tenant: Uuid,
-        grant: Option<Uuid>,
+        owner: impl Into<LinkOwner>,
         subject: &crate::transcripts::Subject,
         kind: LinkKind,
     ) -> (String, chrono::DateTime<Utc>) {
         use crate::transcripts::Subject;
+        let owner = owner.into();
         let (s, c) = match subject {
             Subject::Sandbox(id) => (id.clone(), None),
             Subject::Conversation(id) => (String::new(), Some(id.clone())),
         };
         self.sign(Claims {
-            t: tenant,
+            t: owner.tenant,
             s,
             p: String::new(),
             e: 0,
             k: kind,
-            g: grant,
+            g: owner.grant,
             c,
+            j: owner.token_id,
         })
     }
 
     fn sign(&self, mut claims: Claims) -> (String, chrono::DateTime<Utc>) {
         let expires = Utc::now() + chrono::Duration::from_std(LINK_TTL).expect("a small duration");
         claims.e = expires.timestamp();
-        let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).expect("claims serialize"));
-        (format!("{}{body}.{}", self.base, self.tag(&body)), expires)
+        (format!("{}{}", self.base, self.seal(&claims)), expires)
     }
 
-    fn tag(&self, body: &str) -> String {
-        let mut mac = HmacSha256::new_from_slice(self.key.as_slice()).expect("any key length");
-        mac.update(body.as_bytes());
-        URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes())
+    /// The token (the part after `/files/`) for `claims`.
+    fn seal(&self, claims: &Claims) -> String {
+        let nonce = XChaCha20Poly1305::generate_nonce(&mut OsRng);
+        let plain = serde_json::to_vec(claims).expect("claims serialize");
+        let sealed = self
+            .cipher
+            .encrypt(
+                &nonce,
+                Payload {
+                    msg: &plain,
+                    aad: &[LINK_V2],
+                },
+            )
+            .expect("sealing a small message cannot fail");
+        let mut raw = Vec::with_capacity(1 + NONCE_BYTES + sealed.len());
+        raw.push(LINK_V2);
+        raw.extend_from_slice(&nonce);
+        raw.extend_from_slice(&sealed);
+        URL_SAFE_NO_PAD.encode(raw)
     }
 
-    /// The claims of a link this key signed, or `None` for anything else (forged, altered,
-    /// another deployment's). Expiry is the caller's to check.
-    pub fn open(&self, token: &str) -> Option<Claims> {
-        let (body, tag) = token.rsplit_once('.')?;
-        let mut mac = HmacSha256::new_from_slice(self.key.as_slice()).expect("any key length");
-        mac.update(body.as_bytes());
-        mac.verify_slice(&URL_SAFE_NO_PAD.decode(tag).ok()?).ok()?;
-        serde_json::from_slice(&URL_SAFE_NO_PAD.decode(body).ok()?).ok()
+    /// What a link this key sealed names, or `None` for anything else (forged, altered,
+    /// truncated, another deployment's, not a link at all). Expiry is the caller's to check.
+    pub fn open(&self, token: &str) -> Option<OpenedLink> {
+        if token.len() > MAX_TOKEN_CHARS {
+            return None;
+        }
+        let raw = URL_SAFE_NO_PAD.decode(token).ok()?;
+        let (&version, rest) = raw.split_first()?;
+        if version != LINK_V2 || rest.len() < NONCE_BYTES {
+            return None;
+        }
+        let (nonce, sealed) = rest.split_at(NONCE_BYTES);
+        let nonce_bytes = <[u8; NONCE_BYTES]>::try_from(nonce).ok()?;
+        let plain = self
+            .cipher
+            .decrypt(
+                &XNonce::from(nonce_bytes),
+                Payload {
+                    msg: sealed,
+                    aad: &[LINK_V2],
+                },
+            )
+            .ok()?;
+        let claims = serde_json::from_slice(&plain).ok()?;
+        Some(OpenedLink {
+            claims,
+            id: hex_prefix(&nonce_bytes),
+        })
     }
+}
+
+/// Rate limits on opening links (`governor`, in this process's memory: per replica): per link
+/// and per tenant. Cheap to clone.
+#[derive(Clone)]
+pub struct LinkLimits {
+    inner: Arc<LimitsInner>,
+}
+
+struct LimitsInner {
+    per_link: governor::DefaultKeyedRateLimiter<String>,
+    per_tenant: governor::DefaultKeyedRateLimiter<Uuid>,
+}
+
+impl std::fmt::Debug for LinkLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinkLimits").finish_non_exhaustive()
+    }
+}
+
+/// Which link limit refused an open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkLimit {
+    /// Opens of this one link.
+    PerLink,
+    /// Opens of all of the tenant's links.
+    PerTenant,
+}
+
+impl LinkLimits {
+    /// Limits of `config` (validated: each at least 1).
+    pub fn new(config: &crate::config::LinksConfig) -> Self {
+        let per_minute = |n: u32| {
+            governor::Quota::per_minute(
+                std::num::NonZeroU32::new(n).unwrap_or(std::num::NonZeroU32::MIN),
+            )
+        };
+        Self {
+            inner: Arc::new(LimitsInner {
+                per_link: governor::RateLimiter::keyed(per_minute(config.per_link_per_minute)),
+                per_tenant: governor::RateLimiter::keyed(per_minute(config.per_tenant_per_minute)),
+            }),
+        }
+    }
+
+    /// One open of `link`: `Err` with the limit and how long until a retry may succeed. The
+    /// per-link limit is checked first, so one hot link does not use up its tenant's quota.
+    pub fn check(&self, link: &OpenedLink) -> Result<(), (LinkLimit, Duration)> {
+        use governor::clock::{Clock, DefaultClock};
+        let wait = |not_until: governor::NotUntil<_>| {
+            not_until.wait_time_from(DefaultClock::default().now())
+        };
+        self.inner
+            .per_link
+            .check_key(&link.id)
+            .map_err(|n| (LinkLimit::PerLink, wait(n)))?;
+        self.inner
+            .per_tenant
+            .check_key(&link.claims.t)
+            .map_err(|n| (LinkLimit::PerTenant, wait(n)))
+    }
+
+    /// Forgets keys whose limit is back to full: bounds the memory a flood of distinct links
+    /// leaves behind. Run periodically.
+    pub fn forget_idle(&self) {
+        self.inner.per_link.retain_recent();
+        self.inner.per_link.shrink_to_fit();
+        self.inner.per_tenant.retain_recent();
+        self.inner.per_tenant.shrink_to_fit();
+    }
+}
+
+fn hex_prefix(bytes: &[u8]) -> String {
+    bytes.iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const BASE: &str = "http://127.0.0.1:8080/files/";
+
+    fn token(url: &str) -> &str {
+        url.strip_prefix(BASE).expect("under /files/")
+    }
+
     #[test]
-    fn links_round_trip_and_tampering_is_refused() {
-        let links = DownloadLinks::new(&[7; 32], "http://127.0.0.1:8080");
-        let (url, _) = links.mint(Uuid::nil(), None, "sbx_1", "/home/user/a.csv");
-        let token = url
-            .strip_prefix("http://127.0.0.1:8080/files/")
-            .expect("under /files/");
-        let claims = links.open(token).expect("a fresh link opens");
+    fn links_round_trip_and_name_nothing_readable() {
+        let links = DownloadLinks::new(
+            b"a secret of at least thirty-two chars",
+            "http://127.0.0.1:8080",
+        );
+        let tenant = Uuid::new_v4();
+        let (url, _) = links.mint(
+            LinkOwner::session(tenant),
+            "sbx_1234567890",
+            "/home/user/report.csv",
+        );
+        let opened = links.open(token(&url)).expect("a fresh link opens");
         assert_eq!(
-            (claims.s.as_str(), claims.p.as_str()),
-            ("sbx_1", "/home/user/a.csv")
+            (
+                opened.claims.s.as_str(),
+                opened.claims.p.as_str(),
+                opened.claims.t
+            ),
+            ("sbx_1234567890", "/home/user/report.csv", tenant)
         );
-        let (body, tag) = token.rsplit_once('.').unwrap();
-        let forged = Claims {
-            p: "/home/user/other".into(),
-            ..claims
-        };
-        let forged_body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&forged).unwrap());
+        // Nothing of the claims shows, however the text is decoded.
+        let raw = URL_SAFE_NO_PAD.decode(token(&url)).unwrap();
+        let lossy = String::from_utf8_lossy(&raw);
+        for secret in [
+            tenant.to_string(),
+            tenant.simple().to_string(),
+            "sbx_1234567890".into(),
+            "report.csv".into(),
+            "/home/user".into(),
+        ] {
+            assert!(!url.contains(&secret), "{secret} readable in {url}");
+            assert!(
+                !lossy.contains(&secret),
+                "{secret} readable in the decoded link"
+            );
+        }
+        let (again, _) = links.mint(
+            LinkOwner::session(tenant),
+            "sbx_1234567890",
+            "/home/user/report.csv",
+        );
+        assert_ne!(url, again, "each link is sealed with its own nonce");
+        assert_ne!(
+            links.open(token(&again)).unwrap().id,
+            opened.id,
+            "and has its own id"
+        );
+    }
+
+    #[test]
+    fn tampered_truncated_and_foreign_links_are_refused() {
+        let links = DownloadLinks::new(
+            b"a secret of at least thirty-two chars",
+            "http://127.0.0.1:8080",
+        );
+        let (url, _) = links.mint(LinkOwner::session(Uuid::nil()), "sbx_1", "/home/user/a.csv");
+        let good = token(&url);
+        let mut raw = URL_SAFE_NO_PAD.decode(good).unwrap();
+        for i in 0..raw.len() {
+            raw[i] ^= 0x01;
+            assert!(
+                links.open(&URL_SAFE_NO_PAD.encode(&raw)).is_none(),
+                "a flipped bit at byte {i} is refused"
+            );
+            raw[i] ^= 0x01;
+        }
+        for len in 0..good.len() {
+            assert!(
+                links.open(&good[..len]).is_none(),
+                "truncated to {len} is refused"
+            );
+        }
         assert!(
-            links.open(&format!("{forged_body}.{tag}")).is_none(),
-            "a changed path is refused"
+            links.open(&format!("{good}A")).is_none(),
+            "extended is refused"
         );
-        let other = DownloadLinks::new(&[8; 32], "http://127.0.0.1:8080");
+        let other = DownloadLinks::new(
+            b"another secret, thirty-two chars+",
+            "http://127.0.0.1:8080",
+        );
         assert!(
-            other.open(&format!("{body}.{tag}")).is_none(),
-            "another key's link is refused"
+            other.open(good).is_none(),
+            "another deployment's key is refused"
         );
+        assert!(links.open(&"A".repeat(MAX_TOKEN_CHARS + 1)).is_none());
     }
 }

@@ -3,8 +3,8 @@
 //! id with another principal's token is answered as if the session did not exist.
 //!
 //! The binding lives in Postgres (`mcp_sessions`) so every replica can check it, keyed by
-//! HMAC-SHA256 of the session id under a key derived from the OAuth cookie key (shared by
-//! replicas when `oauth.cookie_secret` is set): the id itself never reaches Postgres, and the
+//! HMAC-SHA256 of the session id under a key derived from `keys.secret` (the configuration
+//! every replica shares): the id itself never reaches Postgres, and the
 //! legacy era's conversation key is that hash too. Each open session takes one of its tenant's
 //! `max_sessions` slots until it is closed (DELETE) or unused for `mcp.session_idle_seconds`.
 //!
@@ -94,7 +94,7 @@ impl std::fmt::Debug for SessionBindings {
 impl SessionBindings {
     /// Bindings in `db`, hashing ids with a key derived from `secret` for this purpose only;
     /// a session unused for `idle` ends.
-    pub fn new(db: PgPool, secret: &[u8; 32], idle: Duration) -> Self {
+    pub fn new(db: PgPool, secret: &[u8], idle: Duration) -> Self {
         let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
         mac.update(b"sandgate mcp session ids v1");
         Self {

@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::AuditLog;
 use crate::config::Config;
-use crate::keys::{KeyError, KeyRing};
+use crate::keys::{KeyError, KeyRing, KeySettings};
 use crate::sandboxes::SandboxService;
 use crate::transcripts::Transcripts;
 
@@ -76,9 +76,14 @@ impl Services {
         sandgate_store::migrate(&db)
             .await
             .map_err(StartError::Migrate)?;
-        let keys = KeyRing::load(db.clone(), config.public_url(), config.mcp_url())
-            .await
-            .map_err(StartError::Keys)?;
+        let keys = KeyRing::load(
+            db.clone(),
+            KeySettings::of(config),
+            config.public_url(),
+            config.mcp_url(),
+        )
+        .await
+        .map_err(StartError::Keys)?;
         let docker = DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
         let packages = crate::packages::PackageIndex::new(&config.packages, Some(db.clone()))
             .map_err(StartError::Packages)?;

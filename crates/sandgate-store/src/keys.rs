@@ -10,8 +10,11 @@ use crate::StoreError;
 pub struct SigningKeyRow {
     /// Key id.
     pub kid: String,
-    /// Ed25519 private seed (32 bytes).
-    pub seed: Vec<u8>,
+    /// Ed25519 private seed (32 bytes) in clear: only in rows written before seeds were sealed,
+    /// until the gateway seals them at start-up ([`clear_seeds`], [`seal`]).
+    pub seed: Option<Vec<u8>>,
+    /// The seed sealed with the key-encryption key (the service's `keys::SeedSealer`).
+    pub sealed_seed: Option<Vec<u8>>,
     /// Ed25519 public key (32 bytes).
     pub public_key: Vec<u8>,
     /// When it was made.
@@ -37,7 +40,7 @@ pub async fn verifying(
     retired_after: DateTime<Utc>,
 ) -> Result<Vec<SigningKeyRow>, StoreError> {
     Ok(sqlx::query_as::<_, SigningKeyRow>(
-        "SELECT kid, seed, public_key, created_at, retired_at FROM signing_keys
+        "SELECT kid, seed, sealed_seed, public_key, created_at, retired_at FROM signing_keys
          WHERE retired_at IS NULL OR retired_at > $1 ORDER BY created_at DESC",
     )
     .bind(retired_after)
@@ -49,7 +52,7 @@ pub async fn verifying(
 #[tracing::instrument(skip_all)]
 pub async fn active(conn: &mut PgConnection) -> Result<Option<SigningKeyRow>, StoreError> {
     Ok(sqlx::query_as::<_, SigningKeyRow>(
-        "SELECT kid, seed, public_key, created_at, retired_at FROM signing_keys
+        "SELECT kid, seed, sealed_seed, public_key, created_at, retired_at FROM signing_keys
          WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1",
     )
     .fetch_optional(conn)
@@ -68,12 +71,12 @@ async fn lock(conn: &mut PgConnection) -> Result<(), StoreError> {
 async fn insert(
     conn: &mut PgConnection,
     kid: &str,
-    seed: &[u8],
+    sealed_seed: &[u8],
     public_key: &[u8],
 ) -> Result<(), StoreError> {
-    sqlx::query("INSERT INTO signing_keys (kid, seed, public_key) VALUES ($1, $2, $3)")
+    sqlx::query("INSERT INTO signing_keys (kid, sealed_seed, public_key) VALUES ($1, $2, $3)")
         .bind(kid)
-        .bind(seed)
+        .bind(sealed_seed)
         .bind(public_key)
         .execute(conn)
         .await?;
@@ -85,14 +88,14 @@ async fn insert(
 pub async fn insert_and_retire_others(
     conn: &mut PgConnection,
     kid: &str,
-    seed: &[u8],
+    sealed_seed: &[u8],
     public_key: &[u8],
 ) -> Result<(), StoreError> {
     lock(conn).await?;
     sqlx::query("UPDATE signing_keys SET retired_at = now() WHERE retired_at IS NULL")
         .execute(&mut *conn)
         .await?;
-    insert(conn, kid, seed, public_key).await
+    insert(conn, kid, sealed_seed, public_key).await
 }
 
 /// Stores `kid` as the first key unless an active key exists already; returns the active key.
@@ -101,15 +104,42 @@ pub async fn insert_and_retire_others(
 pub async fn ensure_active(
     conn: &mut PgConnection,
     kid: &str,
-    seed: &[u8],
+    sealed_seed: &[u8],
     public_key: &[u8],
 ) -> Result<SigningKeyRow, StoreError> {
     lock(conn).await?;
     if let Some(existing) = active(conn).await? {
         return Ok(existing);
     }
-    insert(conn, kid, seed, public_key).await?;
+    insert(conn, kid, sealed_seed, public_key).await?;
     active(conn)
         .await?
         .ok_or(StoreError::NotFound("signing key"))
+}
+
+/// Keys whose seed is still stored in clear (written before seeds were sealed), locked for the
+/// caller's transaction so that two starting replicas do not seal the same row twice.
+#[tracing::instrument(skip_all)]
+pub async fn clear_seeds(conn: &mut PgConnection) -> Result<Vec<SigningKeyRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SigningKeyRow>(
+        "SELECT kid, seed, sealed_seed, public_key, created_at, retired_at FROM signing_keys
+         WHERE seed IS NOT NULL FOR UPDATE",
+    )
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Replaces a key's clear seed by its sealed form.
+#[tracing::instrument(skip_all)]
+pub async fn seal(
+    conn: &mut PgConnection,
+    kid: &str,
+    sealed_seed: &[u8],
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE signing_keys SET sealed_seed = $2, seed = NULL WHERE kid = $1")
+        .bind(kid)
+        .bind(sealed_seed)
+        .execute(conn)
+        .await?;
+    Ok(())
 }

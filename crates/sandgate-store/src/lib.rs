@@ -10,8 +10,10 @@ pub use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
+pub mod admin_tokens;
 pub mod audit;
 pub mod clients;
+pub mod downloads;
 pub mod grants;
 pub mod hygiene;
 pub mod keys;

@@ -211,7 +211,8 @@ enum ClientCommand {
 
 #[derive(Debug, Subcommand)]
 enum TokenCommand {
-    /// Print an access token for the tenant (audience: this gateway's MCP URL).
+    /// Print an access token for the tenant (audience: this gateway's MCP URL). Its id is
+    /// recorded (and printed on standard error) for `list` and `revoke`.
     Issue {
         /// The tenant id (from `admin tenant create`).
         #[arg(long)]
@@ -219,15 +220,32 @@ enum TokenCommand {
         /// Scopes, space- or comma-separated.
         #[arg(long, default_value = "sandbox execute files:read files:write")]
         scopes: String,
-        /// Lifetime, e.g. `15m`, `1h`, `30d`.
+        /// Lifetime, e.g. `15m`, `1h`, `30d`; at most `keys.admin_token_max_ttl_seconds`
+        /// (30 days by default).
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         ttl: std::time::Duration,
+    },
+    /// List the tokens issued with `issue` (not the tokens themselves): id, tenant, lifetime,
+    /// state, scopes.
+    List {
+        /// Only this tenant's.
+        #[arg(long)]
+        tenant: Option<uuid::Uuid>,
+        /// Include expired tokens.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Revoke a token by its id (from `list`): every gateway refuses it from its next request.
+    Revoke {
+        /// The token's id.
+        id: String,
     },
 }
 
 #[derive(Debug, Subcommand)]
 enum KeysCommand {
-    /// Make a new signing key; old keys keep verifying until their tokens have expired.
+    /// Make a new signing key; old keys keep verifying until their tokens have expired (at least
+    /// as long as the longest admin-token lifetime).
     Rotate,
 }
 
@@ -311,8 +329,22 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
             ttl,
         }) => {
             let scopes = Scope::parse_list(&scopes.replace(',', " "))?;
-            let token = admin::issue_token(&config, tenant, &scopes, ttl).await?;
+            let (token, record) = admin::issue_token(&config, tenant, &scopes, ttl).await?;
+            eprintln!(
+                "token id {} (expires {}; `sandgate admin token revoke {}` ends it)",
+                record.jti,
+                record.expires_at.format("%Y-%m-%dT%H:%M:%SZ"),
+                record.jti
+            );
             println!("{token}");
+        }
+        Admin::Token(TokenCommand::List { tenant, all }) => {
+            let tokens = admin::list_tokens(&config, tenant, all).await?;
+            println!("{}", admin::render_tokens(&tokens));
+        }
+        Admin::Token(TokenCommand::Revoke { id }) => {
+            let token = admin::revoke_token(&config, &id).await?;
+            println!("revoked {} (tenant {})", token.jti, token.tenant_id);
         }
         Admin::Tenant(TenantCommand::Limits {
             tenant,

@@ -433,19 +433,26 @@ pub fn url_encode(s: &str) -> String {
         .to_owned()
 }
 
-/// Signs a token with the gateway's own key (read from its database) but other claims.
+/// Signs a token with the gateway's own key (read from its database, opened with the
+/// development secret that a loopback gateway without `keys.secret` uses) but other claims.
 pub async fn forge(stack: &Stack, audience: &str, ttl: Duration) -> String {
     use sqlx::Connection;
     let mut conn = sqlx::PgConnection::connect(&stack.gateway.database_url)
         .await
         .unwrap();
-    let (kid, seed): (String, Vec<u8>) = sqlx::query_as(
-        "SELECT kid, seed FROM signing_keys WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1",
+    let (kid, sealed): (String, Vec<u8>) = sqlx::query_as(
+        "SELECT kid, sealed_seed FROM signing_keys WHERE retired_at IS NULL ORDER BY created_at DESC LIMIT 1",
     )
     .fetch_one(&mut conn)
     .await
     .unwrap();
-    let key = sandgate_auth::KeyPair::from_seed(kid, seed.try_into().unwrap());
+    let sealer = sandgate_gateway::keys::SeedSealer::new(
+        sandgate_gateway::config::DEVELOPMENT_SECRET.as_bytes(),
+    );
+    let seed = sealer
+        .open(&kid, &sealed)
+        .expect("the seed opens with the development secret");
+    let key = sandgate_auth::KeyPair::from_seed(kid, seed);
     sandgate_auth::TokenIssuer::new(key, stack.gateway.base_url.clone())
         .issue(
             "u",

@@ -19,6 +19,7 @@ mod types;
 
 use budget::*;
 pub use error::{AgentError, ChannelError};
+pub use files::FileChunks;
 pub use index::{IndexAnswer, IndexBody, IndexHandler};
 use link::*;
 use output::*;

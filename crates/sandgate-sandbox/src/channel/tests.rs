@@ -219,3 +219,45 @@ fn an_output_budget_pauses_a_sandbox_that_sends_too_fast() {
     let bytes = budget.charge(1, 1 << 30);
     assert!(bytes > Duration::ZERO, "1 GiB at once is over budget");
 }
+
+#[tokio::test]
+async fn a_file_streams_chunk_by_chunk_before_the_agent_has_sent_it_all() {
+    let (channel, agent) = open().await;
+    // The fake sends the first chunk, then waits: a reader that buffered the whole file would
+    // never return here.
+    let (first, mut rest) = tokio::time::timeout(
+        Duration::from_secs(5),
+        channel.read_file_stream("gated:3", 1 << 20),
+    )
+    .await
+    .expect("the first chunk comes back before the rest of the file was sent")
+    .expect("the read starts");
+    assert_eq!(first.as_ref(), vec![b'a'; 1024].as_slice());
+    agent.release.send(true).unwrap();
+    let mut got = Vec::new();
+    while let Some(chunk) = rest.next().await {
+        got.extend_from_slice(&chunk.expect("the rest arrives intact"));
+    }
+    let expected: Vec<u8> = [vec![b'b'; 1024], vec![b'c'; 1024]].concat();
+    assert_eq!(got, expected, "the rest, in order");
+}
+
+#[tokio::test]
+async fn a_streamed_file_whose_checksum_does_not_match_ends_in_an_error() {
+    let (channel, agent) = open().await;
+    agent.release.send(true).unwrap();
+    let (_, mut rest) = channel
+        .read_file_stream("corrupt:2", 1 << 20)
+        .await
+        .expect("the read starts");
+    let mut outcome = Vec::new();
+    while let Some(chunk) = rest.next().await {
+        outcome.push(chunk.is_ok());
+    }
+    assert_eq!(
+        outcome,
+        [true, false],
+        "the chunk, then an error instead of a clean end"
+    );
+    assert!(rest.next().await.is_none(), "nothing after the error");
+}

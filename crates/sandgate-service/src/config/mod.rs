@@ -12,9 +12,11 @@ use serde::Deserialize;
 use url::Url;
 
 mod http;
+mod keys;
 mod oauth_limits;
 
 pub use http::HttpConfig;
+pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig};
 pub use oauth_limits::OAuthLimitsConfig;
 
 /// The defaults, with a comment on every key (the repository's `config/default.toml`).
@@ -51,6 +53,10 @@ pub struct Config {
     pub http: HttpConfig,
     /// The OAuth 2.1 authorization server (DESIGN §6).
     pub oauth: OAuthConfig,
+    /// The deployment's secret and admin-issued tokens.
+    pub keys: KeysConfig,
+    /// Download links.
+    pub links: LinksConfig,
     /// Logging.
     pub log: LogConfig,
     /// Packages on demand (`pip install` in a sandbox).
@@ -528,6 +534,10 @@ impl Config {
             .validate()
             .map_err(|err| invalid(&format!("sandbox.{}", err.field()), err.to_string()))?;
         self.retention.validate()?;
+        self.keys
+            .validate(self.is_loopback())
+            .and_then(|()| self.links.validate())
+            .map_err(|(key, message)| invalid(&key, message))?;
         Ok(())
     }
 
@@ -712,7 +722,8 @@ mod tests {
         Jail::expect_with(|jail| {
             jail.create_file(
                 "sandgate.toml",
-                "listen = \"127.0.0.1:9000\"\npublic_url = \"https://sandgate.example\"\n[pool]\nmin_ready = 5\n",
+                "listen = \"127.0.0.1:9000\"\npublic_url = \"https://sandgate.example\"\n[pool]\nmin_ready = 5\n\
+                 [keys]\nsecret = \"0123456789abcdefghijklmnopqrstuvwxyz\"\n",
             )?;
             jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
             jail.set_env("SANDGATE_POOL__MIN_READY", "7");
@@ -724,6 +735,28 @@ mod tests {
             assert_eq!(config.listen.port(), 9000);
             assert_eq!(config.pool.min_ready, 7);
             assert_eq!(config.mcp_url(), "https://sandgate.example/mcp");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn off_loopback_a_secret_is_required_and_the_error_says_how_to_set_it() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_PUBLIC_URL", "https://sandgate.example");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("keys.secret") && err.contains("SANDGATE_KEYS__SECRET"),
+                "{err}"
+            );
+            jail.set_env("SANDGATE_KEYS__SECRET", "too short");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("at least 32 characters"), "{err}");
+            jail.set_env(
+                "SANDGATE_KEYS__SECRET",
+                "0123456789abcdefghijklmnopqrstuvwxyz",
+            );
+            load_in(jail).expect("a long enough secret");
             Ok(())
         });
     }

@@ -1,7 +1,11 @@
 //! What the file and job tools do to a sandbox, apart from how a face (MCP, a download link)
 //! encodes the call and the answer.
 
-use sandgate_sandbox::{EntryKind, FileInfo, Job, Listing};
+use bytes::Bytes;
+use chrono::Utc;
+use sandgate_sandbox::{EntryKind, FileChunks, FileInfo, Job, Listing, SandboxError};
+use sandgate_store::sandboxes::{self, SandboxState};
+use uuid::Uuid;
 
 use super::{Caller, Resolved, SandboxService, ServiceError};
 
@@ -75,6 +79,41 @@ impl SandboxService {
             .await;
         let (data, info) = self.checked(&resolved, read).await?;
         Ok((resolved, data, info))
+    }
+
+    /// Streams `path` (absolute, under /home/user) from a tenant's live sandbox, for a download
+    /// link: the first chunk once it has arrived, then the rest as the sandbox sends it (up to
+    /// `limits.max_file_bytes`), never the whole file in memory. Opening a link is not use of
+    /// the sandbox: its idle clock is neither touched nor held (the reaper may end it meanwhile,
+    /// which ends the stream). Another tenant's sandbox is `NotFound`, like a missing one.
+    #[tracing::instrument(skip_all, fields(tenant_id = %tenant, sandbox_id = %sandbox_id))]
+    pub async fn stream_file(
+        &self,
+        tenant: Uuid,
+        sandbox_id: &str,
+        path: &str,
+    ) -> Result<(Bytes, FileChunks), ServiceError> {
+        let mut conn = self.db.acquire().await?;
+        let row = sandboxes::get(&mut conn, tenant, sandbox_id)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
+        drop(conn);
+        if row.state != SandboxState::Leased
+            || (super::overdue(&row, Utc::now()) && !self.is_busy(&row.id))
+        {
+            return Err(super::ended_error(&row));
+        }
+        let sandbox = self.handle(&row).await?;
+        match sandbox
+            .read_file_stream(path, self.limits.max_file_bytes)
+            .await
+        {
+            Ok(stream) => Ok(stream),
+            Err(SandboxError::Died { fate, .. }) => {
+                Err(self.lose(&row.id, super::describe_fate(&fate)).await)
+            }
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Lists the directory `path` in the target sandbox.

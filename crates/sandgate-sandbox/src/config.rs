@@ -115,7 +115,7 @@ pub struct ChannelConfig {
     /// How long a cell may go on after the `interrupt` sent at its deadline before the kernel is
     /// restarted (and its state lost). Also how long a command may outlive its own timeout.
     pub interrupt_grace: Duration,
-    /// How long the agent may take to say ready: at a container's start (it preloads the data
+    /// How long the agent may take to say ready: at a container's start (it loads the data
     /// stack first) and after a kernel restart.
     pub ready_timeout: Duration,
     /// How long a short call (`ping`, `list_dir`, the answer to a file transfer) may take, and how

@@ -10,6 +10,7 @@ mod login_form;
 mod mcp;
 mod mcp_client;
 mod oauth;
+mod pool;
 mod python_sdk;
 mod support;
 mod webdriver;

@@ -84,6 +84,21 @@ pub struct NewLease<'a> {
     pub grant_id: Option<Uuid>,
 }
 
+/// Retires a warm pool member the pool no longer needs (demand fell): `closed` with reason
+/// `surplus`, only while it is still `warm`. `None` when someone leased (or ended) it meanwhile:
+/// then its container is not the caller's to remove.
+#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
+pub async fn retire_warm(conn: &mut PgConnection, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "UPDATE sandboxes SET state = 'closed', closed_at = now(), close_reason = 'surplus'
+         WHERE id = $1 AND state = 'warm'
+         RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?)
+}
+
 /// Records a container this process created as a warm pool member. Recording one that is
 /// recorded already does nothing.
 #[tracing::instrument(skip_all, fields(sandbox_id = %id, node = %node))]

@@ -134,7 +134,11 @@ async fn the_pool_grows_under_a_burst_within_its_ceiling_keeps_tenant_limits_and
             let warm = warm_rows(&database).await;
             let containers = support::containers_of(&gateway.instance).len();
             // 2 + 6 leased, 1 warm.
-            (warm == 1 && containers == 2 + 6 + 1).then_some(())
+            let done = warm == 1 && containers == 2 + 6 + 1;
+            if !done {
+                eprintln!("pool: {warm} warm rows, {containers} containers");
+            }
+            done.then_some(())
         },
     )
     .await;

@@ -84,15 +84,17 @@ pub struct NewLease<'a> {
     pub grant_id: Option<Uuid>,
 }
 
-/// Retires a warm pool member the pool no longer needs (demand fell): `closed` with reason
-/// `surplus`, only while it is still `warm`. `None` when someone leased (or ended) it meanwhile:
-/// then its container is not the caller's to remove.
+/// Retires a warm pool member the pool no longer needs (demand fell): its row is deleted, only
+/// while it is still `warm` (a warm row belongs to no tenant and has no history to keep). `None`
+/// when someone leased (or ended) it meanwhile, or it is not recorded yet: then its container is
+/// not the caller's to remove.
 #[tracing::instrument(skip_all, fields(sandbox_id = %id))]
-pub async fn retire_warm(conn: &mut PgConnection, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+pub async fn retire_warm(
+    conn: &mut PgConnection,
+    id: &str,
+) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
-        "UPDATE sandboxes SET state = 'closed', closed_at = now(), close_reason = 'surplus'
-         WHERE id = $1 AND state = 'warm'
-         RETURNING {COLUMNS}"
+        "DELETE FROM sandboxes WHERE id = $1 AND state = 'warm' RETURNING {COLUMNS}"
     )))
     .bind(id)
     .fetch_optional(conn)

@@ -188,8 +188,12 @@ impl SandboxService {
                     }
                     removed += 1;
                 }
-                // Leased elsewhere (or ended): not ours to remove.
-                Ok(None) => {}
+                // Not warm: not recorded yet, or leased elsewhere or ended meanwhile. Back into
+                // the pool: the next pass of `sync_pool` lets go of one leased elsewhere and
+                // removes one that ended; one not recorded yet is recorded, then trimmed later.
+                Ok(None) => {
+                    let _ = self.manager.offer(sandbox.clone());
+                }
                 Err(err) => {
                     // Postgres is away: keep the rest in the pool, retry at the next tick.
                     for sandbox in surplus.into_iter().skip(at) {

@@ -62,16 +62,21 @@ async fn the_pool_grows_under_a_burst_within_its_ceiling_keeps_tenant_limits_and
     // however many warm sandboxes wait.
     let limited = gateway.create_tenant().await;
     gateway
-        .cli(&["admin", "tenant", "limits", &limited, "--max-sandboxes", "2"])
+        .cli(&[
+            "admin",
+            "tenant",
+            "limits",
+            &limited,
+            "--max-sandboxes",
+            "2",
+        ])
         .await;
     let token = gateway.token(&limited).await;
     let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
         .await
         .expect("client connects");
-    let burst = futures::future::join_all(
-        (0..6).map(|_| client.call("create_sandbox", json!({}))),
-    )
-    .await;
+    let burst =
+        futures::future::join_all((0..6).map(|_| client.call("create_sandbox", json!({})))).await;
     let (ok, refused): (Vec<_>, Vec<_>) = burst
         .into_iter()
         .map(|r| r.expect("an answer"))
@@ -91,10 +96,8 @@ async fn the_pool_grows_under_a_burst_within_its_ceiling_keeps_tenant_limits_and
     let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
         .await
         .expect("client connects");
-    let burst = futures::future::join_all(
-        (0..6).map(|_| client.call("create_sandbox", json!({}))),
-    )
-    .await;
+    let burst =
+        futures::future::join_all((0..6).map(|_| client.call("create_sandbox", json!({})))).await;
     let ids: HashSet<String> = burst
         .into_iter()
         .map(|r| {
@@ -142,7 +145,9 @@ async fn the_pool_grows_under_a_burst_within_its_ceiling_keeps_tenant_limits_and
         },
     )
     .await;
-    let mut conn = PgConnection::connect(&database).await.expect("the database");
+    let mut conn = PgConnection::connect(&database)
+        .await
+        .expect("the database");
     let lost: i64 = sqlx::query_scalar("SELECT count(*) FROM sandboxes WHERE state = 'lost'")
         .fetch_one(&mut conn)
         .await

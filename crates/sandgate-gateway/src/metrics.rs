@@ -311,7 +311,10 @@ mod tests {
         );
         assert!(text.contains(r#"outcome="user_error"} 1"#), "{text}");
         assert!(text.contains("sandgate_pool_ready_sandboxes 2"), "{text}");
-        assert!(text.contains("sandgate_pool_starting_sandboxes 2"), "{text}");
+        assert!(
+            text.contains("sandgate_pool_starting_sandboxes 2"),
+            "{text}"
+        );
         assert!(text.contains("sandgate_pool_target_sandboxes 5"), "{text}");
         assert!(text.contains("sandgate_pool_start_limit 3"), "{text}");
         assert!(text.contains("sandgate_lease_wait_seconds_count"), "{text}");

@@ -221,7 +221,10 @@ mod tests {
         let high = fast_rate.target(fast_now);
         let higher = slow_start.target(slow_start_now);
         assert!(low >= 1, "any demand keeps one ready");
-        assert!(high > low, "10 leases/s need more than 1/s: {high} vs {low}");
+        assert!(
+            high > low,
+            "10 leases/s need more than 1/s: {high} vs {low}"
+        );
         assert!(
             higher > high,
             "slower starts need more ready: {higher} vs {high}"
@@ -249,7 +252,10 @@ mod tests {
         let busy = demand.target(last);
         let lull = demand.target(last + LONG_WINDOW / 6 + Duration::from_secs(1));
         let quiet = demand.target(last + LONG_WINDOW);
-        assert!(busy > lull, "past the short window the target falls: {busy} → {lull}");
+        assert!(
+            busy > lull,
+            "past the short window the target falls: {busy} → {lull}"
+        );
         assert!(lull > 2, "the long window holds part of it through a lull");
         assert_eq!(quiet, 2, "a minute without leases: back to the floor");
     }

@@ -13,15 +13,21 @@
 //! - **the naive Docker-API path**: create + start + exec per call, `docker exec` into a running
 //!   container, a fresh container per call;
 //! - **the peers** (Python scripts under `bench/peers/`): llm-sandbox, jupyter-kernel-gateway and
-//!   an ipykernel over ZMQ.
+//!   an ipykernel over ZMQ;
+//! - **the SDK series** (issue 16, `bench/series/sdk_series.py` with the official MCP Python SDK,
+//!   against a gateway in the default configuration): 30 conversations created and closed back to
+//!   back, and an open-loop load of whole analyst conversations at 30/60/120/240 per minute
+//!   (seeded Poisson arrivals) with the CPU each took by component; plus the start path step by
+//!   step (container, agent ready, first cell, data stack).
 //!
 //! Every loop is bounded in count and in time. The result is printed as a table (medians, p99 and
 //! ratios) and written as JSON.
 //!
 //! Environment: `DATABASE_URL` (a Postgres superuser), `SANDGATE_SANDBOX__IMAGE`,
 //! `BENCH_PYTHON` (the peers' virtualenv python; peers are skipped without it),
-//! `BENCH_LLM_SANDBOX_IMAGE` (the image llm-sandbox runs). Arguments: `--out FILE`,
-//! `--quick` (fewer iterations), `--no-peers`, `--no-150`.
+//! `BENCH_LLM_SANDBOX_IMAGE` (the image llm-sandbox runs), `BENCH_SDK_PYTHON` (a python with the
+//! MCP SDK; the series is skipped without it). Arguments: `--out FILE`, `--quick` (fewer
+//! iterations), `--no-peers`, `--no-150`, `--no-series`, `--series-only`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

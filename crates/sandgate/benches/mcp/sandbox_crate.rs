@@ -155,11 +155,8 @@ pub(crate) async fn start_path(
 ) -> Result<Vec<Row>> {
     use sandgate_sandbox::{AgentChannel, ChannelConfig, SandboxBackend as _};
     let instance = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-    let (mut launch, mut ready, mut total) = (
-        Samples::default(),
-        Samples::default(),
-        Samples::default(),
-    );
+    let (mut launch, mut ready, mut total) =
+        (Samples::default(), Samples::default(), Samples::default());
     let (mut first, mut stack) = (Samples::default(), Samples::default());
     for i in 0..opts.counts.cold_creates {
         let spec = LaunchSpec {

@@ -86,6 +86,8 @@ SWEEP_S = 2.0
 MAX_JOBS = 8
 # Where a background job's output goes (created by the job itself, as the sandbox user).
 JOBS_DIR = "/tmp/sandgate-jobs"
+# How long, after the kernel exited, the agent waits to have read every frame it wrote.
+READ_AFTER_EXIT_S = 2.0
 # How long a fresh kernel may take to say ready (it preloads the data stack first).
 KERNEL_READY_S = 120.0
 
@@ -1193,6 +1195,8 @@ class KernelProcess:
             os.close(from_kernel_w)
         self.pid = self.proc.pid
         self.ready = threading.Event()
+        # Set once every frame the kernel wrote has been read (its end of the pipe closed).
+        self.read_all = threading.Event()
         self.info = None
         self.outbox = queue.Queue()
         self.in_fd = to_kernel_w
@@ -1250,6 +1254,7 @@ class KernelProcess:
                     continue
                 agent.on_kernel_line(self, line)
         os.close(self.out_fd)
+        self.read_all.set()
 
     def kill(self):
         try:
@@ -1453,6 +1458,9 @@ class Agent(FrameServer):
             was_ready = kp.ready.is_set()
         if not current:
             return  # replaced on purpose (restart)
+        # Frames the kernel wrote before it died (a cell's "started" above all) count: without
+        # them a cell that had started would be taken for one that had not, and run again.
+        kp.read_all.wait(READ_AFTER_EXIT_S)
         reason = describe_exit(returncode, kp.oom_before)
         log(f"kernel {kp.pid} ended: {reason}")
         if not was_ready:

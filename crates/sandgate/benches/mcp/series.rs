@@ -84,21 +84,7 @@ pub(crate) async fn bench_series(opts: &Options, docker: &Docker) -> Result<Seri
 
 fn series_row(r: &Value) -> Row {
     let id = r["name"].as_str().unwrap_or("?").to_owned();
-    let samples = Samples {
-        ms: r["samples_ms"]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_f64).collect())
-            .unwrap_or_default(),
-        errors: r["errors"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default(),
-    };
+    let samples = script_samples(r);
     let what = match id.as_str() {
         "sdk.b2b_create" => "create_sandbox, 30 conversations back to back".to_owned(),
         "sdk.b2b_first_exec" => "first execute_code 1+1 in each, back to back".to_owned(),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sandgate's benchmark, side by side with the alternatives, in one run (docs/benchmarks.md):
 #
-#   scripts/bench.sh [--quick] [--no-peers] [--no-150]
+#   scripts/bench.sh [--quick] [--no-peers] [--no-150] [--no-series | --series-only]
 #
 # Brings the local stack up (Docker engine, Postgres, the sandbox image), installs the peers
 # (bench/peers/requirements.txt) into $SANDGATE_CACHE/bench-venv, builds the image llm-sandbox
@@ -11,6 +11,8 @@
 #
 # Everything talks to loopback and the local Docker engine only. A full run takes about 15-25
 # minutes on 2 cores; --quick takes a few. --no-150 skips filling up to 150 live sandboxes.
+# --series-only runs the cold-start rows and the SDK series (back to back, open loop at 30-240
+# conversations per minute with the CPU by component) alone; --no-series skips the series.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -55,6 +57,10 @@ if [[ ! -x $venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
 	echo "$want" >"$stamp"
 fi
 export BENCH_PYTHON=$venv/bin/python
+# The official MCP Python SDK for the series of issue 16 (bench/series/sdk_series.py): the test
+# suite's virtualenv has it.
+BENCH_SDK_PYTHON="$("$repo/scripts/py-venv.sh")"
+export BENCH_SDK_PYTHON
 
 # ---- the image llm-sandbox runs: ours plus `python` and `sleep infinity` ----------------------
 llm_image="sandgate-bench-llm-sandbox:${SANDGATE_SANDBOX__IMAGE##*:}"

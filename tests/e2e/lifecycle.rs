@@ -689,3 +689,87 @@ async fn two_gateways_leasing_from_one_pool_never_share_a_container() {
     drop(second);
     drop(first);
 }
+
+#[tokio::test]
+async fn a_close_answers_before_removal_and_a_crash_in_between_leaves_no_orphan() {
+    let database = support::fresh_database().await;
+    let mut first = Gateway::start(&database, &FAST).await;
+    let (tenant, token) = tenant_with_token(&first).await;
+    let answered = Arc::new(AtomicUsize::new(0));
+    let client = Counted::connect(&first, &token, &answered).await;
+
+    // The ordinary path: close answers, the container goes behind the answer.
+    let closed = sandbox_id(&client.ok("create_sandbox", json!({})).await);
+    assert_eq!(containers_of_sandbox(&closed).len(), 1);
+    let answer = client
+        .ok("close_sandbox", json!({"sandbox_id": closed}))
+        .await;
+    assert_eq!(answer.structured["sandbox_id"], closed.as_str());
+    assert_eq!(row_state(&database, &closed).await.0, "closed");
+    let after = client
+        .call("execute_code", json!({"sandbox_id": closed, "code": "1"}))
+        .await;
+    assert!(
+        after.is_error && after.text.contains("closed"),
+        "a closed sandbox refuses calls at once, container or not: {}",
+        after.text
+    );
+    support::eventually(
+        Duration::from_secs(30),
+        "the closed sandbox's container to be removed",
+        || async { containers_of_sandbox(&closed).is_empty().then_some(()) },
+    )
+    .await;
+
+    // A close whose removal is still running when the gateway is told to stop: graceful
+    // shutdown waits for it.
+    let drained = sandbox_id(&client.ok("create_sandbox", json!({})).await);
+    client
+        .ok("close_sandbox", json!({"sandbox_id": drained}))
+        .await;
+    assert!(first.terminate().await, "the gateway stops cleanly");
+    assert!(
+        containers_of_sandbox(&drained).is_empty(),
+        "graceful shutdown finishes the removals of answered closes"
+    );
+
+    // The crash: the row is marked closed (what close_sandbox does before it answers) and the
+    // process dies before it removes the container. Reproduced exactly: kill the gateway, then
+    // mark the row as close_sandbox does.
+    let mut second = Gateway::start_instance(&database, &first.instance, &FAST).await;
+    let token = second.token(&tenant).await;
+    let client = Counted::connect(&second, &token, &answered).await;
+    let orphan = sandbox_id(&client.ok("create_sandbox", json!({})).await);
+    second.kill().await;
+    let marked = sqlx::query(
+        "UPDATE sandboxes SET state = 'closed', closed_at = now(), close_reason = 'closed'
+         WHERE id = $1 AND state = 'leased'",
+    )
+    .bind(&orphan)
+    .execute(&mut db(&database).await)
+    .await
+    .expect("mark the row closed");
+    assert_eq!(marked.rows_affected(), 1);
+    assert_eq!(
+        containers_of_sandbox(&orphan).len(),
+        1,
+        "the crash left the container of a closed row behind"
+    );
+
+    // The next start reconciles: the container of a closed row is removed, nothing is lost.
+    let third = Gateway::start_instance(&database, &first.instance, &FAST).await;
+    support::eventually(
+        Duration::from_secs(60),
+        "reconciliation to remove the closed row's container",
+        || async { containers_of_sandbox(&orphan).is_empty().then_some(()) },
+    )
+    .await;
+    support::eventually(
+        Duration::from_secs(60),
+        "Docker and Postgres to agree (no orphan, nothing lost)",
+        || consistent(&database, &third.instance),
+    )
+    .await;
+    assert_eq!(row_state(&database, &orphan).await.0, "closed");
+    drop(third);
+}

@@ -12,6 +12,7 @@ mod mcp;
 mod mcp_client;
 mod oauth;
 mod packages;
+mod pool;
 mod python_sdk;
 mod quotas;
 mod support;

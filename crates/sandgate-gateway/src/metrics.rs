@@ -17,6 +17,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use sandgate_sandbox::PoolStats;
+
 use crate::AppState;
 use crate::mcp::metrics::ToolMetrics;
 
@@ -84,6 +86,9 @@ struct Inner {
     registry: Registry,
     tools: ToolMetrics,
     pool_ready: Gauge,
+    pool_starting: Gauge,
+    pool_target: Gauge,
+    pool_start_limit: Gauge,
     refusals: Family<RefusalLabels, Counter>,
 }
 
@@ -104,7 +109,30 @@ impl Metrics {
             "Started-and-ready sandboxes waiting in this process's warm pool",
             pool_ready.clone(),
         );
+        let pool_starting = Gauge::default();
+        registry.register(
+            "pool_starting_sandboxes",
+            "Sandbox starts in flight or waiting for a place (pool refills and cold starts)",
+            pool_starting.clone(),
+        );
+        let pool_target = Gauge::default();
+        registry.register(
+            "pool_target_sandboxes",
+            "Ready sandboxes the warm pool aims for now (follows the lease rate and start time)",
+            pool_target.clone(),
+        );
+        let pool_start_limit = Gauge::default();
+        registry.register(
+            "pool_start_limit",
+            "Sandbox starts allowed at once now (adapts to the machine)",
+            pool_start_limit.clone(),
+        );
         let sandbox = sandgate_sandbox::telemetry::counters();
+        registry.register(
+            "lease_wait_seconds",
+            "Wall time from a lease's start until its sandbox was handed out (warm or cold)",
+            sandbox.lease_wait.clone(),
+        );
         registry.register(
             "sandbox_stderr_lines_dropped",
             "Lines of sandbox container stderr not logged because the sandbox was over its log budget",
@@ -127,6 +155,9 @@ impl Metrics {
                 registry,
                 tools,
                 pool_ready,
+                pool_starting,
+                pool_target,
+                pool_start_limit,
                 refusals,
             }),
         }
@@ -146,10 +177,17 @@ impl Metrics {
     }
 
     /// Renders the registry as OpenMetrics text.
-    fn render(&self, pool_ready: usize) -> Result<String, std::fmt::Error> {
-        self.inner
-            .pool_ready
-            .set(i64::try_from(pool_ready).unwrap_or(i64::MAX));
+    fn render(&self, pool: Option<PoolStats>) -> Result<String, std::fmt::Error> {
+        if let Some(pool) = pool {
+            let gauge = |g: &Gauge, n: usize| g.set(i64::try_from(n).unwrap_or(i64::MAX));
+            gauge(&self.inner.pool_ready, pool.ready);
+            gauge(
+                &self.inner.pool_starting,
+                pool.starting + pool.cold_starting,
+            );
+            gauge(&self.inner.pool_target, pool.target);
+            gauge(&self.inner.pool_start_limit, pool.start_limit);
+        }
         let mut out = String::new();
         encode(&mut out, &self.inner.registry)?;
         Ok(out)
@@ -171,11 +209,11 @@ pub async fn count_refusals(
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    let ready = state
+    let pool = state
         .sandboxes
         .manager()
-        .ready_count(&state.config.sandbox.name);
-    match state.metrics.render(ready) {
+        .pool_stats(&state.config.sandbox.name);
+    match state.metrics.render(pool) {
         Ok(body) => (
             [(
                 header::CONTENT_TYPE,
@@ -200,12 +238,29 @@ mod tests {
         metrics
             .tools()
             .record_call(exec, ok, std::time::Duration::from_millis(3));
-        let text = metrics.render(2).unwrap();
+        let text = metrics
+            .render(Some(PoolStats {
+                ready: 2,
+                starting: 1,
+                cold_starting: 1,
+                target: 5,
+                start_limit: 3,
+                start_time: std::time::Duration::from_millis(300),
+                lease_rate: 1.0,
+            }))
+            .unwrap();
         assert!(
             text.contains(r#"sandgate_tool_calls_total{tool="execute_code",outcome="ok"} 1"#),
             "{text}"
         );
         assert!(text.contains("sandgate_pool_ready_sandboxes 2"), "{text}");
+        assert!(
+            text.contains("sandgate_pool_starting_sandboxes 2"),
+            "{text}"
+        );
+        assert!(text.contains("sandgate_pool_target_sandboxes 5"), "{text}");
+        assert!(text.contains("sandgate_pool_start_limit 3"), "{text}");
+        assert!(text.contains("sandgate_lease_wait_seconds_count"), "{text}");
     }
 
     #[test]
@@ -214,7 +269,7 @@ mod tests {
         sandgate_sandbox::telemetry::counters()
             .stderr_lines_dropped
             .inc_by(3);
-        let text = metrics.render(0).unwrap();
+        let text = metrics.render(None).unwrap();
         assert!(
             text.contains("sandgate_sandbox_stderr_lines_dropped_total "),
             "{text}"

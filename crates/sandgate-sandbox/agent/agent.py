@@ -89,6 +89,8 @@ SWEEP_S = 2.0
 MAX_JOBS = 8
 # Where a background job's output goes (created by the job itself, as the sandbox user).
 JOBS_DIR = "/tmp/sandgate-jobs"
+# How long, after the kernel exited, the agent waits to have read every frame it wrote.
+READ_AFTER_EXIT_S = 2.0
 # How long a fresh kernel may take to say ready (it preloads the data stack first).
 KERNEL_READY_S = 120.0
 
@@ -587,7 +589,7 @@ class Figures:
 
     def patch_pyplot(self):
         """Replaces plt.show (a no-op warning under Agg) with one that emits the open figures."""
-        plt = sys.modules.get("matplotlib.pyplot")
+        plt = loaded_module("matplotlib.pyplot")
         if plt is None or getattr(plt.show, "_sandgate", False):
             return
 
@@ -600,7 +602,7 @@ class Figures:
 
     def flush(self):
         """Emits every open figure and closes it."""
-        plt = sys.modules.get("matplotlib.pyplot")
+        plt = loaded_module("matplotlib.pyplot")
         if plt is None or self.req_id is None:
             return
         for num in plt.get_fignums():
@@ -651,6 +653,54 @@ def mime_bundle(format_dict):
                 continue
             bundle[mime] = value
     return bundle
+
+
+# --------------------------------------------------------------------------------------------------
+# Preloading the data stack (after ready, in the background)
+
+# What the kernel imports in the background once it has said ready, in this order.
+PRELOAD = ("numpy", "pandas", "matplotlib")
+
+
+def module_present(name):
+    """Whether a top-level module can be found, without importing it (cheap: a path scan)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def loaded_module(name):
+    """The module if it is fully imported; None while another thread is still importing it (its
+    attributes may not exist yet) or when nobody imported it."""
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    if module is None or getattr(spec, "_initializing", False):
+        return None
+    return module
+
+
+class ThreadMuted:
+    """A stand-in for sys.stdout/sys.stderr that drops what one thread writes and passes the rest
+    (every other thread's writes, attributes, flush) to the stream it wraps."""
+
+    def __init__(self, inner, muted_thread):
+        self.inner = inner
+        self.muted_thread = muted_thread
+
+    def write(self, data):
+        if threading.get_ident() == self.muted_thread:
+            return len(data)
+        return self.inner.write(data)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -958,7 +1008,24 @@ class CellRunner(FrameServer):
             print(f"cannot enter {HOME}: {err}", file=sys.stderr)
         os.environ["MPLBACKEND"] = "Agg"
         self.figures = Figures(self.capture)
-        self.preload()
+        # Ready before anything heavy is imported: a cell sent now waits in the queue until the
+        # shell exists (warm_up), and one that uses the data stack waits, in Python's per-module
+        # import lock, only for the modules it imports (see preload_in_background).
+        self.preloaded = [name for name in PRELOAD if module_present(name)]
+        WRITER.send(
+            {
+                "event": "ready",
+                "pid": os.getpid(),
+                "python": platform.python_version(),
+                "ipython": module_present("IPython"),
+                "preloaded": self.preloaded,
+                "next_count": 1,
+            }
+        )
+
+    def warm_up(self):
+        """After ready: creates the shell (IPython when importable) on the main thread, then
+        imports the data stack in the background while cells run."""
         try:
             self.kernel = IPythonKernel(self.figures)
         except ImportError:
@@ -966,32 +1033,39 @@ class CellRunner(FrameServer):
         except Exception:  # a broken IPython install must not take the sandbox down
             self.kernel = PlainKernel()
         signal.signal(signal.SIGINT, self.on_sigint)
-        WRITER.send(
-            {
-                "event": "ready",
-                "pid": os.getpid(),
-                "python": platform.python_version(),
-                "ipython": isinstance(self.kernel, IPythonKernel),
-                "preloaded": self.preloaded,
-                "next_count": self.kernel.next_count(),
-            }
-        )
+        threading.Thread(target=self.preload_in_background, name="preload", daemon=True).start()
 
-    def preload(self):
-        """Imports the data stack now so that the first cell of a leased sandbox starts at once."""
-        for name in ("numpy", "pandas", "matplotlib"):
-            try:
-                __import__(name)
-                if name == "matplotlib":
-                    import matplotlib
+    def preload_in_background(self):
+        """Imports numpy, pandas and matplotlib so that a leased sandbox's cells find them loaded.
 
-                    matplotlib.use("Agg")
-                    import matplotlib.pyplot  # noqa: F401  (the slow part of the import)
+        A cell that imports one of them meanwhile blocks in the import system's lock for that module
+        until this thread has finished it, then sees the complete module: it waits only for what it
+        uses. What this thread prints through sys.stdout/sys.stderr (warnings, say) is dropped, never
+        mixed into a running cell's output.
+        """
+        me = threading.get_ident()
+        quiet = [ThreadMuted(sys.stdout, me), ThreadMuted(sys.stderr, me)]
+        sys.stdout, sys.stderr = quiet
+        try:
+            for name in self.preloaded:
+                try:
+                    if name == "matplotlib":
+                        import matplotlib
 
-                    self.figures.patch_pyplot()
-            except Exception:  # missing or broken: skipped, as the protocol allows
-                continue
-            self.preloaded.append(name)
+                        matplotlib.use("Agg")
+                        import matplotlib.pyplot  # noqa: F401  (the slow part of the import)
+
+                        self.figures.patch_pyplot()
+                    else:
+                        __import__(name)
+                except Exception as err:  # missing or broken: the cell that needs it will say so
+                    log(f"preloading {name} failed: {err!r}")
+        finally:
+            # Put the streams back unless a cell has replaced them meanwhile.
+            if sys.stdout is quiet[0]:
+                sys.stdout = quiet[0].inner
+            if sys.stderr is quiet[1]:
+                sys.stderr = quiet[1].inner
 
     def on_sigint(self, signum, frame):
         # Interrupts are aimed at user code. One that lands while the runner itself runs (the cell
@@ -1047,6 +1121,7 @@ class CellRunner(FrameServer):
                 if self.interrupt_requested:
                     self.interrupt_delivered = True
                     raise KeyboardInterrupt
+                self.figures.patch_pyplot()  # pyplot may have finished loading in the background
                 value, error = self.kernel.run(req["code"])
                 # A cell that imported pyplot itself gets the patched show from its next cell on;
                 # figures it left open are emitted below either way.
@@ -1358,6 +1433,8 @@ class KernelProcess:
             os.close(from_kernel_w)
         self.pid = self.proc.pid
         self.ready = threading.Event()
+        # Set once every frame the kernel wrote has been read (its end of the pipe closed).
+        self.read_all = threading.Event()
         self.info = None
         self.outbox = queue.Queue()
         self.in_fd = to_kernel_w
@@ -1415,6 +1492,7 @@ class KernelProcess:
                     continue
                 agent.on_kernel_line(self, line)
         os.close(self.out_fd)
+        self.read_all.set()
 
     def kill(self):
         try:
@@ -1622,6 +1700,9 @@ class Agent(FrameServer):
             was_ready = kp.ready.is_set()
         if not current:
             return  # replaced on purpose (restart)
+        # Frames the kernel wrote before it died (a cell's "started" above all) count: without
+        # them a cell that had started would be taken for one that had not, and run again.
+        kp.read_all.wait(READ_AFTER_EXIT_S)
         reason = describe_exit(returncode, kp.oom_before)
         log(f"kernel {kp.pid} ended: {reason}")
         if not was_ready:
@@ -2324,6 +2405,7 @@ def kernel_main():
     runner = CellRunner(proto_in)
     runner.start()
     threading.Thread(target=runner.reader_loop, name="reader", daemon=True).start()
+    runner.warm_up()
     runner.main_loop()
 
 

@@ -274,8 +274,39 @@ def test_ready_frame(agent, kernel):
     assert ready["protocol"] == 2
     assert ready["pid"] == agent.proc.pid
     assert ready["kernel_pid"] != agent.proc.pid, "cells run in a process of their own"
-    assert ready["ipython"] == (kernel[0].startswith("ipython")), ready
     assert isinstance(ready["python"], str) and ready["python"].startswith("3.")
+    # Ready comes before the shell is built, so the frame can only say whether IPython is on the
+    # path; whether cells really run in it shows in a cell.
+    result, _ = agent.run("'get_ipython' in dir()")
+    assert result["result"]["text/plain"] == str(kernel[0].startswith("ipython")), result
+
+
+def test_a_cell_right_after_ready_gets_the_whole_data_stack_and_only_its_own_output(agent):
+    # The data stack is still loading in the background when ready arrives: the cell's imports wait
+    # for the modules it uses (complete, never half-initialised) and its output is its own.
+    needs(agent, "pandas")
+    needs(agent, "matplotlib")
+    code = (
+        "import pandas as pd\n"
+        "import matplotlib.pyplot as plt\n"
+        "print('own output')\n"
+        "plt.plot([1, 2]); plt.show()\n"
+        "int(pd.DataFrame({'a': [1, 2, 3]}).a.sum())"
+    )
+    result, events = agent.run(code)
+    assert result["error"] is None, result
+    assert result["result"]["text/plain"] == "6", result
+    assert text(events, "stdout") == "own output\n", events
+    assert text(events, "stderr") == "", events
+    assert [e for e in events if e["event"] == "display"], "the chart comes back"
+
+
+def test_a_plain_cell_right_after_ready_is_not_disturbed_by_the_preload(agent):
+    result, events = agent.run("print('hi')\n1+1")
+    assert result["error"] is None, result
+    assert result["result"]["text/plain"] == "2", result
+    assert text(events, "stdout") == "hi\n", events
+    assert text(events, "stderr") == "", events
 
 
 def test_user_code_cannot_read_protocol_input(agent):
@@ -347,8 +378,8 @@ def test_dataframe_has_html(agent):
     assert "a" in bundle["text/plain"]
 
 
-def test_ipython_display_call_becomes_display_event(agent):
-    if not agent.ready["ipython"]:
+def test_ipython_display_call_becomes_display_event(agent, kernel):
+    if not kernel[0].startswith("ipython"):
         pytest.skip("display() is an IPython feature")
     _, events = agent.run("from IPython.display import display, HTML\ndisplay(HTML('<b>x</b>'))")
     displays = [e for e in events if e["event"] == "display"]

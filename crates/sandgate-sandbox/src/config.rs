@@ -174,13 +174,18 @@ impl std::str::FromStr for OciRuntime {
     }
 }
 
-/// How the warm pool behaves (the `[pool]` table of the configuration).
+/// How the warm pool behaves (the `[pool]` table of the configuration). The ready target follows
+/// demand between `min_ready` and `max_ready` (see [`crate::demand`]).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
-    /// Started-and-ready containers kept waiting per profile.
+    /// Started-and-ready containers kept waiting per profile however low the demand (the floor).
     pub min_ready: usize,
-    /// Most containers started at once while refilling the pools.
+    /// Most ready containers kept waiting per profile however high the demand (the ceiling; below
+    /// `min_ready` it is `min_ready`).
+    pub max_ready: usize,
+    /// Most containers started at once per profile; 0 adapts it to the machine (up to twice its
+    /// CPUs, fewer while starts slow down).
     pub max_concurrent_starts: usize,
 }
 
@@ -188,7 +193,8 @@ impl Default for PoolConfig {
     fn default() -> Self {
         Self {
             min_ready: 2,
-            max_concurrent_starts: 2,
+            max_ready: 16,
+            max_concurrent_starts: 0,
         }
     }
 }
@@ -199,8 +205,8 @@ pub struct ChannelConfig {
     /// How long a cell may go on after the `interrupt` sent at its deadline before the kernel is
     /// restarted (and its state lost). Also how long a command may outlive its own timeout.
     pub interrupt_grace: Duration,
-    /// How long the agent may take to say ready: at a container's start (it preloads the data
-    /// stack first) and after a kernel restart.
+    /// How long the agent may take to say ready: at a container's start (it says so before it
+    /// loads the data stack) and after a kernel restart.
     pub ready_timeout: Duration,
     /// How long a short call (`ping`, `list_dir`, the answer to a file transfer) may take, and how
     /// long a file read may stall between chunks.
@@ -229,6 +235,9 @@ pub struct ManagerConfig {
     pub channel: ChannelConfig,
     /// How long the pool waits before trying again after a failed start.
     pub refill_backoff: Duration,
+    /// The long window over which the lease rate is measured (the short one is a sixth of it):
+    /// how long the pool stays grown after demand stops. See [`crate::demand`].
+    pub demand_window: Duration,
 }
 
 impl ManagerConfig {
@@ -239,6 +248,7 @@ impl ManagerConfig {
             pool: PoolConfig::default(),
             channel: ChannelConfig::default(),
             refill_backoff: Duration::from_secs(2),
+            demand_window: crate::demand::LONG_WINDOW,
         }
     }
 }

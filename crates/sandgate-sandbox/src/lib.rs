@@ -2,6 +2,7 @@
 //! spoken to over the container's attach stream (DESIGN §3–4).
 //!
 //! - [`config`]: sandbox profiles (image, runtime, limits), pool sizing, agent timing.
+//! - [`demand`]: the pure controller a pool's size and start concurrency follow.
 //! - [`backend`]: the [`SandboxBackend`] trait between the pool and a container engine, and what
 //!   crosses it (launch specs, attach streams, a container's fate).
 //! - [`docker`]: the Docker implementation (bollard): the hardening baseline, the embedded agent.
@@ -15,6 +16,7 @@
 pub mod backend;
 pub mod channel;
 pub mod config;
+pub mod demand;
 pub mod docker;
 pub mod manager;
 pub mod protocol;
@@ -33,4 +35,4 @@ pub use config::{
     ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,
 };
 pub use docker::{DockerBackend, DockerError};
-pub use manager::{Sandbox, SandboxError, SandboxManager};
+pub use manager::{PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit};

@@ -1,9 +1,13 @@
 //! The sandbox manager: warm pools per profile, leases, adoption after a restart, closing.
 //!
-//! DESIGN §4: each profile's pool keeps `min_ready` containers started and ready (agent handshake
-//! done), refilled in the background with at most `max_concurrent_starts` starts at once. A lease
-//! takes a ready one (milliseconds) or, when the pool is empty, starts one (never an error because
-//! the pool is empty). A container is handed out once and never reused.
+//! DESIGN §4: each profile's pool keeps containers started and ready (agent handshake done),
+//! refilled in the background. How many follows demand ([`crate::demand`]): the observed lease
+//! rate and start time set the ready target between `min_ready` and `max_ready`, and the starts
+//! allowed at once adapt to the machine. A lease takes a ready one (milliseconds) or, when the pool
+//! is empty, starts one (never an error because the pool is empty). A container is handed out once
+//! and never reused. Once a second, a pool whose target fell gives up its surplus: the manager
+//! removes it itself, unless a recorder watches the pool ([`SandboxManager::watch_ready`]), which
+//! then takes it with [`SandboxManager::take_surplus`].
 //!
 //! This crate keeps no records: the gateway records leases in Postgres. The hooks it needs are
 //! [`SandboxManager::take_ready`] (take a warm sandbox without triggering anything else),
@@ -15,7 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -25,6 +29,10 @@ use crate::channel::{
     FileChunks, FileInfo, Job, Listing, OutputEvent, PingInfo,
 };
 use crate::config::{ChannelConfig, ManagerConfig, ProfileError, SandboxProfile};
+use crate::demand::{Demand, DemandLimits};
+
+/// How often the pools are checked against their targets (grown or shrunk).
+const POOL_TICK: Duration = Duration::from_secs(1);
 
 /// How long the manager waits, after a sandbox's stream ended, for the engine to report the
 /// container as stopped (the stream closes a moment before the engine updates its state).
@@ -413,16 +421,21 @@ impl Sandbox {
     }
 }
 
-#[derive(Default)]
 struct PoolState {
     ready: VecDeque<Sandbox>,
-    /// Starts in flight for this pool (counted so refills do not overshoot `min_ready`).
+    /// Background starts in flight for this pool (counted so refills do not overshoot the target).
     starting: usize,
+    /// Cold starts (outside the pool) in flight.
+    cold_starting: usize,
+    /// What the pool's size and start concurrency follow.
+    demand: Demand,
 }
 
 struct Pool {
     profile: SandboxProfile,
     state: Mutex<PoolState>,
+    /// Starts running at once for this pool (background and cold), bounded by the demand's limit.
+    gate: Arc<StartGate>,
 }
 
 impl Pool {
@@ -431,11 +444,78 @@ impl Pool {
     }
 }
 
+/// A pool's numbers, for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolStats {
+    /// Ready sandboxes waiting.
+    pub ready: usize,
+    /// Background starts in flight.
+    pub starting: usize,
+    /// Cold starts (a lease found the pool empty) in flight.
+    pub cold_starting: usize,
+    /// Ready sandboxes the pool aims for now.
+    pub target: usize,
+    /// Starts allowed at once now.
+    pub start_limit: usize,
+    /// Average start time.
+    pub start_time: Duration,
+    /// Leases per second lately.
+    pub lease_rate: f64,
+}
+
+/// Bounds the starts running at once by a limit that may change between acquisitions.
+#[derive(Default)]
+struct StartGate {
+    running: Mutex<usize>,
+    freed: Notify,
+}
+
+/// A place among the starts a pool runs at once ([`SandboxManager::start_permit`]); freed on drop.
+pub struct StartPermit {
+    gate: Arc<StartGate>,
+    profile: String,
+}
+
+impl std::fmt::Debug for StartPermit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StartPermit")
+            .field("profile", &self.profile)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StartGate {
+    async fn acquire(self: &Arc<Self>, profile: &str, limit: impl Fn() -> usize) -> StartPermit {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+                if *running < limit().max(1) {
+                    *running += 1;
+                    return StartPermit {
+                        gate: self.clone(),
+                        profile: profile.to_owned(),
+                    };
+                }
+            }
+            freed.await;
+        }
+    }
+}
+
+impl Drop for StartPermit {
+    fn drop(&mut self) {
+        *self.gate.running.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        self.gate.freed.notify_waiters();
+    }
+}
+
 struct ManagerInner {
     launcher: Launcher,
     config: ManagerConfig,
     pools: HashMap<String, Pool>,
-    starts: Arc<Semaphore>,
     tasks: TaskTracker,
     stop: CancellationToken,
     /// Told about every sandbox a background start put into a pool (see
@@ -477,7 +557,8 @@ fn validated(profile: &SandboxProfile) -> Result<(), SandboxError> {
 }
 
 impl SandboxManager {
-    /// Validates the profiles and starts filling each pool up to `min_ready` in the background.
+    /// Validates the profiles and starts filling each pool up to its target (at first
+    /// `min_ready`) in the background, checking the pools against their targets once a second.
     /// Must be called inside a Tokio runtime.
     pub fn start(
         backend: Arc<dyn SandboxBackend>,
@@ -487,11 +568,25 @@ impl SandboxManager {
         let mut pools = HashMap::new();
         for profile in profiles {
             validated(&profile)?;
+            let limits = DemandLimits {
+                window: config.demand_window,
+                ..DemandLimits::for_machine(
+                    config.pool.min_ready,
+                    config.pool.max_ready,
+                    config.pool.max_concurrent_starts,
+                )
+            };
             pools.insert(
                 profile.name.clone(),
                 Pool {
                     profile,
-                    state: Mutex::new(PoolState::default()),
+                    state: Mutex::new(PoolState {
+                        ready: VecDeque::new(),
+                        starting: 0,
+                        cold_starting: 0,
+                        demand: Demand::new(limits),
+                    }),
+                    gate: Arc::default(),
                 },
             );
         }
@@ -503,7 +598,6 @@ impl SandboxManager {
                     channel: config.channel.clone(),
                     launched: Arc::default(),
                 },
-                starts: Arc::new(Semaphore::new(config.pool.max_concurrent_starts.max(1))),
                 config,
                 pools,
                 tasks: TaskTracker::new(),
@@ -515,7 +609,79 @@ impl SandboxManager {
         for name in names {
             manager.refill(&name)?;
         }
+        manager.spawn_ticker();
         Ok(manager)
+    }
+
+    /// Once a second: each pool refilled to its target, and its surplus removed when nobody
+    /// records the pool (a recorder takes it with [`Self::take_surplus`]).
+    fn spawn_ticker(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        let stop = self.inner.stop.clone();
+        self.inner.tasks.spawn(async move {
+            let mut ticker = tokio::time::interval(POOL_TICK);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    () = stop.cancelled() => return,
+                }
+                let Some(inner) = weak.upgrade() else { return };
+                let manager = SandboxManager { inner };
+                let recorded = manager
+                    .inner
+                    .ready_hook
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_some();
+                let names: Vec<String> = manager.inner.pools.keys().cloned().collect();
+                for name in names {
+                    let _ = manager.refill(&name);
+                    if !recorded {
+                        for sandbox in manager.take_surplus(&name) {
+                            tracing::debug!(sandbox_id = %sandbox.id(), "demand fell: removing a warm sandbox");
+                            let _ = sandbox.close().await;
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// Records a lease of `profile` (warm or cold) for its pool's demand. [`Self::lease`] does so
+    /// itself; callers that lease through [`Self::take_ready_id`] or [`Self::launch_with`] call it.
+    pub fn record_lease(&self, profile: &str) {
+        if let Some(pool) = self.inner.pools.get(profile) {
+            pool.state().demand.lease(std::time::Instant::now());
+        }
+    }
+
+    /// The ready sandboxes beyond `profile`'s target, taken out of the pool (oldest first) for the
+    /// caller to remove. Empty for an unknown profile.
+    pub fn take_surplus(&self, profile: &str) -> Vec<Sandbox> {
+        let Some(pool) = self.inner.pools.get(profile) else {
+            return Vec::new();
+        };
+        let mut state = pool.state();
+        let target = state.demand.target(std::time::Instant::now());
+        let surplus = state.ready.len().saturating_sub(target);
+        state.ready.drain(..surplus).collect()
+    }
+
+    /// `profile`'s pool numbers now (`None` for an unknown profile).
+    pub fn pool_stats(&self, profile: &str) -> Option<PoolStats> {
+        let pool = self.inner.pools.get(profile)?;
+        let state = pool.state();
+        let now = std::time::Instant::now();
+        Some(PoolStats {
+            ready: state.ready.len(),
+            starting: state.starting,
+            cold_starting: state.cold_starting,
+            target: state.demand.target(now),
+            start_limit: state.demand.start_limit(),
+            start_time: state.demand.start_time(),
+            lease_rate: state.demand.lease_rate(now),
+        })
     }
 
     /// The configuration it runs with.
@@ -535,6 +701,7 @@ impl SandboxManager {
     #[tracing::instrument(skip_all, fields(profile = %profile, sandbox_id, warm))]
     pub async fn lease(&self, profile: &str) -> Result<Sandbox, SandboxError> {
         let taken = self.take_ready(profile)?;
+        self.record_lease(profile);
         self.refill(profile)?;
         let span = tracing::Span::current();
         span.record("warm", taken.is_some());
@@ -620,11 +787,47 @@ impl SandboxManager {
 
     /// Starts a sandbox from a variant of a pool's profile (e.g. a tenant's own memory and CPU
     /// limits), outside the pool. The variant keeps the pool's name, so its container is labelled
-    /// like the pool's.
+    /// like the pool's. Waits for a place among the pool's starts (see [`crate::demand`]).
     pub async fn launch_with(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
-        self.pool(&profile.name)?;
+        let permit = self.start_permit(&profile.name).await?;
+        self.launch_permitted(profile, permit).await
+    }
+
+    /// Waits for a place among the starts `profile`'s pool runs at once (shared by its refills
+    /// and cold starts; the limit adapts, see [`crate::demand`]). A caller that may not need the
+    /// start after all (a warm sandbox appeared meanwhile) drops the permit.
+    pub async fn start_permit(&self, profile: &str) -> Result<StartPermit, SandboxError> {
+        let pool = self.pool(profile)?;
+        pool.state().cold_starting += 1;
+        let permit = pool
+            .gate
+            .acquire(profile, || pool.state().demand.start_limit())
+            .await;
+        pool.state().cold_starting -= 1;
+        Ok(permit)
+    }
+
+    /// [`Self::launch_with`] in a place the caller already holds.
+    pub async fn launch_permitted(
+        &self,
+        profile: &SandboxProfile,
+        permit: StartPermit,
+    ) -> Result<Sandbox, SandboxError> {
+        let pool = self.pool(&profile.name)?;
+        if permit.profile != profile.name {
+            return Err(SandboxError::UnknownProfile(permit.profile.clone()));
+        }
         validated(profile)?;
-        self.inner.launcher.launch(profile).await
+        pool.state().cold_starting += 1;
+        let started = std::time::Instant::now();
+        let launched = self.inner.launcher.launch(profile).await;
+        drop(permit);
+        let mut state = pool.state();
+        state.cold_starting -= 1;
+        if launched.is_ok() {
+            state.demand.started(started.elapsed());
+        }
+        launched
     }
 
     /// The profile a pool serves.
@@ -642,7 +845,7 @@ impl SandboxManager {
     /// [`Sandbox::container_id`] is known once this returns.
     pub async fn launch(&self, profile: &str) -> Result<Sandbox, SandboxError> {
         let pool = self.pool(profile)?;
-        self.inner.launcher.launch(&pool.profile).await
+        self.launch_with(&pool.profile.clone()).await
     }
 
     /// Puts a ready sandbox (e.g. a warm container re-adopted after a restart) into its profile's
@@ -687,7 +890,7 @@ impl SandboxManager {
             .map_or(0, |p| p.state().ready.len())
     }
 
-    /// Starts as many background starts as `profile`'s pool lacks to reach `min_ready`.
+    /// Starts as many background starts as `profile`'s pool lacks to reach its target.
     pub fn refill(&self, profile: &str) -> Result<(), SandboxError> {
         let pool = self.pool(profile)?;
         if self.inner.stop.is_cancelled() {
@@ -696,7 +899,8 @@ impl SandboxManager {
         let missing = {
             let mut state = pool.state();
             let have = state.ready.len() + state.starting;
-            let missing = self.inner.config.pool.min_ready.saturating_sub(have);
+            let target = state.demand.target(std::time::Instant::now());
+            let missing = target.saturating_sub(have);
             state.starting += missing;
             missing
         };
@@ -709,7 +913,7 @@ impl SandboxManager {
     fn spawn_start(&self, profile: String) {
         let weak: Weak<ManagerInner> = Arc::downgrade(&self.inner);
         let launcher = self.inner.launcher.clone();
-        let starts = self.inner.starts.clone();
+        let gate = self.inner.pools[&profile].gate.clone();
         let stop = self.inner.stop.clone();
         let backoff = self.inner.config.refill_backoff;
         let pool_profile = self.inner.pools[&profile].profile.clone();
@@ -719,13 +923,19 @@ impl SandboxManager {
                     inner.pools[&profile].state().starting -= 1;
                 }
             };
-            let permit = tokio::select! {
-                permit = starts.acquire_owned() => permit,
+            let limit = || {
+                weak.upgrade()
+                    .map_or(1, |inner| inner.pools[&profile].state().demand.start_limit())
+            };
+            let slot = tokio::select! {
+                slot = gate.acquire(&profile, limit) => slot,
                 () = stop.cancelled() => { done(&weak); return; }
             };
             // Not cancelled half-way: a launch dropped mid-flight could leave a container behind.
+            let started = std::time::Instant::now();
             let launched = launcher.launch(&pool_profile).await;
-            drop(permit);
+            let took = started.elapsed();
+            drop(slot);
             let Some(inner) = weak.upgrade().filter(|i| !i.stop.is_cancelled()) else {
                 if let Ok(sandbox) = launched {
                     let _ = sandbox.close().await;
@@ -738,6 +948,7 @@ impl SandboxManager {
                     {
                         let mut state = inner.pools[&profile].state();
                         state.starting -= 1;
+                        state.demand.started(took);
                         state.ready.push_back(sandbox.clone());
                     }
                     if let Some(hook) = inner.ready_hook.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
@@ -814,6 +1025,8 @@ mod tests {
         let mut config = ManagerConfig::new("unit");
         config.pool = crate::config::PoolConfig {
             min_ready,
+            // A pool of fixed size unless a test says otherwise.
+            max_ready: min_ready,
             max_concurrent_starts,
         };
         config.refill_backoff = Duration::from_millis(20);
@@ -899,7 +1112,7 @@ mod tests {
 
     #[tokio::test]
     async fn refills_respect_max_concurrent_starts() {
-        let gate = Arc::new(Semaphore::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let backend = Arc::new(FakeBackend::gated(gate.clone()));
         let manager = start(&backend, 5, 2);
         eventually("two starts in flight", WITHIN, || {

@@ -36,10 +36,10 @@ pub struct ReadyInfo {
     /// Python version, e.g. `3.11.2`.
     #[serde(default)]
     pub python: String,
-    /// Whether cells run in IPython (else plain `exec`).
+    /// Whether IPython is on the kernel's path (cells run in it unless it fails to load).
     #[serde(default)]
     pub ipython: bool,
-    /// Modules imported before the agent said ready.
+    /// Modules of the data stack found on the path, being imported in the background.
     #[serde(default)]
     pub preloaded: Vec<String>,
 }

@@ -3,6 +3,7 @@
 //! retention purge). The HTTP faces are started on top of what [`Services::start`] returns.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sandgate_sandbox::{
     DockerBackend, DockerError, ManagerConfig, PoolConfig, SandboxError, SandboxManager,
@@ -133,8 +134,10 @@ fn sandbox_service(
     docker: DockerBackend,
 ) -> Result<SandboxService, StartError> {
     let mut manager_config = ManagerConfig::new(config.instance.clone());
+    manager_config.demand_window = Duration::from_secs(config.pool.demand_window_seconds);
     manager_config.pool = PoolConfig {
         min_ready: config.pool.min_ready,
+        max_ready: config.pool.max_ready,
         max_concurrent_starts: config.pool.max_concurrent_starts,
     };
     let manager = SandboxManager::start(
@@ -154,6 +157,5 @@ fn sandbox_service(
         config.sandbox.clone(),
         node,
         config.limits.clone(),
-        config.pool.max_concurrent_starts,
     ))
 }

@@ -84,6 +84,23 @@ pub struct NewLease<'a> {
     pub grant_id: Option<Uuid>,
 }
 
+/// Retires a warm pool member the pool no longer needs (demand fell): its row is deleted, only
+/// while it is still `warm` (a warm row belongs to no tenant and has no history to keep). `None`
+/// when someone leased (or ended) it meanwhile, or it is not recorded yet: then its container is
+/// not the caller's to remove.
+#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
+pub async fn retire_warm(
+    conn: &mut PgConnection,
+    id: &str,
+) -> Result<Option<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM sandboxes WHERE id = $1 AND state = 'warm' RETURNING {COLUMNS}"
+    )))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?)
+}
+
 /// Records a container this process created as a warm pool member. Recording one that is
 /// recorded already does nothing.
 #[tracing::instrument(skip_all, fields(sandbox_id = %id, node = %node))]

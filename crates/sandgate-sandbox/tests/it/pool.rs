@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use sandgate_sandbox::ExecOptions;
+use sandgate_sandbox::{ExecOptions, PoolConfig};
 
 use crate::support::{self, TestEnv};
 
@@ -133,5 +133,55 @@ async fn a_sleeping_cell_does_not_hold_up_other_work() {
     );
     // Dropping the call interrupts the cell.
     sleeping.abort();
+    env.cleanup().await;
+}
+
+/// The pool follows demand against the real engine: a burst of leases grows it up to its ceiling
+/// (never beyond), and once leases stop it shrinks back to its floor (never below).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_grows_under_a_burst_within_its_ceiling_and_shrinks_to_its_floor_when_idle() {
+    let pool = PoolConfig {
+        min_ready: 1,
+        max_ready: 3,
+        max_concurrent_starts: 0,
+    };
+    // A short demand window, so the shrink is seen within seconds.
+    let env = TestEnv::with_pool_window("demand", pool, Duration::from_secs(20)).await;
+    let stats = || env.manager.pool_stats("default").expect("the pool exists");
+    support::eventually(Duration::from_secs(120), "the floor to fill", || async {
+        (stats().ready == 1).then_some(())
+    })
+    .await;
+
+    // A burst: more leases at once than the pool holds.
+    let leases = futures::future::join_all((0..5).map(|_| env.lease())).await;
+    let ids: HashSet<&str> = leases.iter().map(|s| s.container_id()).collect();
+    assert_eq!(ids.len(), 5, "five leases, five containers");
+    let grown = support::eventually(Duration::from_secs(120), "the pool to grow", || async {
+        let now = stats();
+        assert!(
+            now.ready <= 3 && now.ready + now.starting <= 3,
+            "never beyond the ceiling: {now:?}"
+        );
+        (now.ready > 1).then_some(now)
+    })
+    .await;
+    eprintln!("pool: grown to {grown:?}");
+
+    // No more leases: back to the floor, and not below it.
+    support::eventually(Duration::from_secs(120), "the pool to shrink", || async {
+        let now = stats();
+        assert!(now.ready <= 3, "never beyond the ceiling: {now:?}");
+        (now.target == 1 && now.ready == 1 && now.starting == 0).then_some(())
+    })
+    .await;
+    // The surplus containers are removed (the leased ones and the floor kept).
+    support::eventually(
+        Duration::from_secs(60),
+        "the surplus containers to be removed",
+        || async { (support::containers(&env.instance).await == 5 + 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(stats().ready, 1, "never below the floor");
     env.cleanup().await;
 }

@@ -87,10 +87,15 @@ pub struct DockerConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
-    /// Ready containers kept waiting.
+    /// Ready containers kept waiting however low the demand (the floor).
     pub min_ready: usize,
-    /// Most containers started at once.
+    /// Ready containers kept waiting at most however high the demand (the ceiling).
+    pub max_ready: usize,
+    /// Most containers started at once; 0 adapts it to the machine.
     pub max_concurrent_starts: usize,
+    /// The window the lease rate is measured over: how long the pool stays grown after demand
+    /// stops, seconds.
+    pub demand_window_seconds: u64,
 }
 
 /// Processes one call in a sandbox may need at once (an agent thread, a shell, the command):
@@ -520,10 +525,22 @@ impl Config {
                 "must be at least 1".into(),
             ));
         }
-        if self.pool.max_concurrent_starts == 0 {
+        if self.pool.demand_window_seconds < 6 {
             return Err(invalid(
-                "pool.max_concurrent_starts",
-                "must be at least 1".into(),
+                "pool.demand_window_seconds",
+                format!(
+                    "{} is too short; at least 6 (the short window is a sixth of it)",
+                    self.pool.demand_window_seconds
+                ),
+            ));
+        }
+        if self.pool.max_ready < self.pool.min_ready {
+            return Err(invalid(
+                "pool.max_ready",
+                format!(
+                    "{} is below pool.min_ready ({}); the ceiling must be at least the floor",
+                    self.pool.max_ready, self.pool.min_ready
+                ),
             ));
         }
         self.http

@@ -2,7 +2,7 @@
 //! lease recorded in one transaction that also enforces the tenant's sandbox limit.
 
 use chrono::Utc;
-use sandgate_sandbox::{Sandbox, SandboxProfile};
+use sandgate_sandbox::{Sandbox, SandboxProfile, StartPermit, telemetry};
 use sandgate_store::StoreError;
 use sandgate_store::sandboxes::{self, NewLease, SandboxRow};
 
@@ -18,6 +18,7 @@ impl SandboxService {
         conversation: Option<&str>,
         idle: i32,
     ) -> Result<Resolved, ServiceError> {
+        let waited = std::time::Instant::now();
         // Cheap early refusal before a container is taken.
         {
             let mut conn = self.db.acquire().await?;
@@ -46,28 +47,35 @@ impl SandboxService {
         let leased = match leased {
             Ok(Some(resolved)) => Ok(resolved),
             Ok(None) => {
-                // Cold starts are bounded: a burst of conversations on an empty pool would
-                // otherwise start every container at once, each loading the data stack on the
-                // same few cores, until all of them miss their ready timeout. Queued leases
-                // start one by one, and take a warm container if the refill made one meanwhile.
-                let _permit = self
-                    .cold_starts
-                    .acquire()
-                    .await
-                    .expect("the cold-start semaphore is never closed");
-                let rewarmed = if profile == self.profile {
-                    self.lease_warm(caller, &lease).await
-                } else {
-                    Ok(None)
-                };
-                match rewarmed {
-                    Ok(Some(resolved)) => Ok(resolved),
-                    Ok(None) => self.lease_cold(caller, &profile, &lease).await,
-                    Err(err) => Err(err),
+                // Cold starts are bounded (with the pool's refills, by a limit that adapts to
+                // the machine): a burst of conversations on an empty pool would otherwise start
+                // every container at once on the same few cores, until all of them miss their
+                // ready timeout. Queued leases take a warm container if a refill made one
+                // meanwhile.
+                match self.manager.start_permit(&profile.name).await {
+                    Ok(permit) => {
+                        let rewarmed = if profile == self.profile {
+                            self.lease_warm(caller, &lease).await
+                        } else {
+                            Ok(None)
+                        };
+                        match rewarmed {
+                            Ok(Some(resolved)) => Ok(resolved),
+                            Ok(None) => self.lease_cold(caller, &profile, &lease, permit).await,
+                            Err(err) => Err(err),
+                        }
+                    }
+                    Err(err) => Err(err.into()),
                 }
             }
             Err(err) => Err(err),
         };
+        if leased.is_ok() {
+            self.manager.record_lease(&self.profile.name);
+            telemetry::counters()
+                .lease_wait
+                .observe(waited.elapsed().as_secs_f64());
+        }
         match leased {
             // Another call bound the conversation first: answer with that sandbox.
             Err(ServiceError::Store(StoreError::Conflict(_))) if conversation.is_some() => {
@@ -107,8 +115,9 @@ impl SandboxService {
         caller: &Caller,
         profile: &SandboxProfile,
         lease: &NewLease<'_>,
+        permit: StartPermit,
     ) -> Result<Resolved, ServiceError> {
-        let sandbox = self.manager.launch_with(profile).await?;
+        let sandbox = self.manager.launch_permitted(profile, permit).await?;
         tracing::Span::current().record("sandbox_id", sandbox.id());
         match self.record_lease(caller, &sandbox, lease).await {
             Ok(row) => Ok(self.newly_leased(row, sandbox)),

@@ -26,6 +26,9 @@ use crate::config::LifecycleConfig;
 /// ready timeout.
 const LAUNCH_GRACE: Duration = Duration::from_secs(180);
 
+/// How often the warm pool is checked for sandboxes beyond its target.
+const TRIM_INTERVAL: Duration = Duration::from_secs(1);
+
 /// What one reconciliation pass did (logged; returned for callers that care).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Reconciled {
@@ -240,8 +243,27 @@ impl SandboxService {
         }
     }
 
-    /// Starts the background work: recording warm sandboxes as they become ready, the reaper and
-    /// periodic reconciliation. Runs one reaper pass and one reconciliation first, so that what
+    /// Once a second, gives up the warm sandboxes the pool's target no longer covers (the manager
+    /// leaves that to this service, which owns their rows).
+    fn spawn_trimmer(&self, stop: CancellationToken, tasks: &TaskTracker) {
+        let trimmer = self.clone();
+        tasks.spawn(async move {
+            let mut ticker = tokio::time::interval(TRIM_INTERVAL);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    () = stop.cancelled() => return,
+                }
+                if let Err(err) = trimmer.trim_pool().await {
+                    tracing::warn!(error = %err, "shrinking the warm pool failed");
+                }
+            }
+        });
+    }
+
+    /// Starts the background work: recording warm sandboxes as they become ready, shrinking the
+    /// pool when demand falls, the reaper and periodic reconciliation. Runs one reaper pass and one reconciliation first, so that what
     /// expired or vanished while the gateway was down is settled before it serves (a failure is
     /// logged, not fatal: the periodic passes retry).
     #[tracing::instrument(skip_all)]
@@ -271,6 +293,7 @@ impl SandboxService {
             Err(err) => tracing::warn!(error = %err, "start-up reconciliation failed"),
         }
         tasks.spawn(self.clone().record_ready(ready, stop.clone()));
+        self.spawn_trimmer(stop.clone(), tasks);
         let reaper = self.clone();
         let every = Duration::from_millis(config.reaper_interval_ms);
         let reaper_stop = stop.clone();

@@ -57,10 +57,10 @@ pub struct SandboxService {
     pub(crate) live: Arc<Mutex<HashMap<String, Sandbox>>>,
     /// Sandboxes with calls in flight in this process.
     pub(crate) busy: BusyMap,
-    /// Cold starts running at once in this process (`pool.max_concurrent_starts`).
-    cold_starts: Arc<tokio::sync::Semaphore>,
     /// Packages on demand, served to pip in cells and commands (none: installs are off).
     pub(crate) packages: Option<crate::packages::PackageIndex>,
+    /// Container removals running behind closes that already answered; drained at shutdown.
+    pub(crate) removals: tokio_util::task::TaskTracker,
 }
 
 impl SandboxService {
@@ -71,7 +71,6 @@ impl SandboxService {
         profile: SandboxProfile,
         node: String,
         limits: LimitsConfig,
-        max_cold_starts: usize,
     ) -> Self {
         Self {
             db,
@@ -81,8 +80,8 @@ impl SandboxService {
             limits,
             live: Arc::default(),
             busy: Arc::default(),
-            cold_starts: Arc::new(tokio::sync::Semaphore::new(max_cold_starts.max(1))),
             packages: None,
+            removals: tokio_util::task::TaskTracker::new(),
         }
     }
 
@@ -309,6 +308,10 @@ impl SandboxService {
 
     /// Closes a tenant's sandbox. A sandbox that already ended answers like a missing one would
     /// not: it says when and why it ended.
+    ///
+    /// Answers once the row is marked closed: from then on no call can use the sandbox. Its
+    /// container is removed behind the answer (a tracked task, drained at graceful shutdown);
+    /// should the process die first, reconciliation removes the container of a closed row.
     #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id = %sandbox_id))]
     pub async fn close(
         &self,
@@ -319,16 +322,35 @@ impl SandboxService {
         let row = sandboxes::get(&mut conn, caller.tenant, sandbox_id)
             .await?
             .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
-        drop(conn);
         if row.state != SandboxState::Leased {
             return Err(ended_error(&row));
         }
-        let ended = self.end(&row, CloseReason::Closed).await?;
+        let ended = sandboxes::end(&mut conn, &row.id, &CloseReason::Closed).await?;
+        drop(conn);
         match ended {
-            Some(ended) => Ok(ended),
-            // Ended concurrently; whatever ended it, it is gone.
+            Some(ended) => {
+                self.remove_in_background(&row);
+                Ok(ended)
+            }
+            // Ended concurrently; whatever ended it, it is gone (and removes the container).
             None => Err(ServiceError::NotFound(sandbox_id.to_owned())),
         }
+    }
+
+    /// Removes an ended row's container on a tracked task (see [`Self::close`]).
+    fn remove_in_background(&self, row: &SandboxRow) {
+        let this = self.clone();
+        let (id, container_id) = (row.id.clone(), row.container_id.clone());
+        self.removals.spawn(async move {
+            this.remove_container(&id, Some(&container_id)).await;
+        });
+    }
+
+    /// Waits for the container removals still running behind answered closes.
+    pub async fn drain_removals(&self) {
+        self.removals.close();
+        self.removals.wait().await;
+        self.removals.reopen();
     }
 
     /// Closes every live sandbox leased under `grant_id` (its app was disconnected). Returns

@@ -167,6 +167,45 @@ impl SandboxService {
         Ok(())
     }
 
+    /// Gives up the warm sandboxes beyond the pool's target (demand fell): each row is retired
+    /// while still `warm` and its container removed; one that another process leased meanwhile is
+    /// let go without touching its container. Returns how many were removed.
+    #[tracing::instrument(skip_all)]
+    pub async fn trim_pool(&self) -> Result<usize, StoreError> {
+        let surplus = self.manager.take_surplus(&self.profile.name);
+        let mut removed = 0;
+        for (at, sandbox) in surplus.iter().enumerate() {
+            let retired = async {
+                let mut conn = self.db.acquire().await?;
+                sandboxes::retire_warm(&mut conn, sandbox.id()).await
+            }
+            .await;
+            match retired {
+                Ok(Some(_)) => {
+                    tracing::debug!(sandbox_id = %sandbox.id(), "demand fell: removing a warm sandbox");
+                    if let Err(err) = self.manager.close(sandbox.clone()).await {
+                        tracing::warn!(error = %err, "removing a surplus warm sandbox failed");
+                    }
+                    removed += 1;
+                }
+                // Not warm: not recorded yet, or leased elsewhere or ended meanwhile. Back into
+                // the pool: the next pass of `sync_pool` lets go of one leased elsewhere and
+                // removes one that ended; one not recorded yet is recorded, then trimmed later.
+                Ok(None) => {
+                    let _ = self.manager.offer(sandbox.clone());
+                }
+                Err(err) => {
+                    // Postgres is away: keep the rest in the pool, retry at the next tick.
+                    for sandbox in surplus.into_iter().skip(at) {
+                        let _ = self.manager.offer(sandbox);
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Records each sandbox the pool makes ready as a warm row; while Postgres is away, retries
     /// (the sandbox waits in the pool, unleasable until recorded).
     pub(super) async fn record_ready(
@@ -202,6 +241,8 @@ impl SandboxService {
     /// running for the next start to re-attach to.
     #[tracing::instrument(skip_all)]
     pub async fn shutdown(&self) {
+        // Closes that already answered finish removing their containers first.
+        self.drain_removals().await;
         let warm = self.manager.stop().await;
         if warm.is_empty() {
             return;

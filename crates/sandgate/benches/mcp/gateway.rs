@@ -19,6 +19,26 @@ impl Gateway {
         min_ready: usize,
         max_sandboxes: usize,
     ) -> Result<Gateway> {
+        let pool = vec![
+            ("SANDGATE_POOL__MIN_READY".into(), min_ready.to_string()),
+            // A pool of fixed size: these rows measure with a full pool, as the table says.
+            ("SANDGATE_POOL__MAX_READY".into(), min_ready.to_string()),
+            ("SANDGATE_DATABASE__MAX_CONNECTIONS".into(), "32".into()),
+        ];
+        Self::spawn(database_url, max_sandboxes, pool).await
+    }
+
+    /// A gateway in the default configuration but for the tenant's own quotas (sandboxes at once
+    /// and calls per minute), which would otherwise be what is measured.
+    pub(crate) async fn start_default(database_url: &str, max_sandboxes: usize) -> Result<Gateway> {
+        Self::spawn(database_url, max_sandboxes, Vec::new()).await
+    }
+
+    async fn spawn(
+        database_url: &str,
+        max_sandboxes: usize,
+        settings: Vec<(String, String)>,
+    ) -> Result<Gateway> {
         let instance = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let mut env: Vec<(String, String)> = vec![
             ("SANDGATE_DATABASE__URL".into(), database_url.into()),
@@ -29,7 +49,6 @@ impl Gateway {
                 "SANDGATE_LOG__FILTER".into(),
                 "warn,sandgate_sandbox::manager=debug".into(),
             ),
-            ("SANDGATE_POOL__MIN_READY".into(), min_ready.to_string()),
             (
                 "SANDGATE_LIMITS__MAX_SANDBOXES".into(),
                 max_sandboxes.to_string(),
@@ -43,8 +62,8 @@ impl Gateway {
                 "SANDGATE_LIMITS__MAX_CALLS_IN_FLIGHT".into(),
                 "100000".into(),
             ),
-            ("SANDGATE_DATABASE__MAX_CONNECTIONS".into(), "32".into()),
         ];
+        env.extend(settings);
         let mut child = Command::new(BIN)
             .arg("serve")
             .env_remove("RUST_LOG")

@@ -13,15 +13,21 @@
 //! - **the naive Docker-API path**: create + start + exec per call, `docker exec` into a running
 //!   container, a fresh container per call;
 //! - **the peers** (Python scripts under `bench/peers/`): llm-sandbox, jupyter-kernel-gateway and
-//!   an ipykernel over ZMQ.
+//!   an ipykernel over ZMQ;
+//! - **the SDK series** (issue 16, `bench/series/sdk_series.py` with the official MCP Python SDK,
+//!   against a gateway in the default configuration): 30 conversations created and closed back to
+//!   back, and an open-loop load of whole analyst conversations at 30/60/120/240 per minute
+//!   (seeded Poisson arrivals) with the CPU each took by component; plus the start path step by
+//!   step (container, agent ready, first cell, data stack).
 //!
 //! Every loop is bounded in count and in time. The result is printed as a table (medians, p99 and
 //! ratios) and written as JSON.
 //!
 //! Environment: `DATABASE_URL` (a Postgres superuser), `SANDGATE_SANDBOX__IMAGE`,
 //! `BENCH_PYTHON` (the peers' virtualenv python; peers are skipped without it),
-//! `BENCH_LLM_SANDBOX_IMAGE` (the image llm-sandbox runs). Arguments: `--out FILE`,
-//! `--quick` (fewer iterations), `--no-peers`, `--no-150`.
+//! `BENCH_LLM_SANDBOX_IMAGE` (the image llm-sandbox runs), `BENCH_SDK_PYTHON` (a python with the
+//! MCP SDK; the series is skipped without it). Arguments: `--out FILE`, `--quick` (fewer
+//! iterations), `--no-peers`, `--no-150`, `--no-series`, `--series-only`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -69,6 +75,7 @@ mod peers;
 mod report;
 mod samples;
 mod sandbox_crate;
+mod series;
 mod through_mcp;
 mod workload;
 
@@ -78,6 +85,7 @@ use peers::*;
 use report::*;
 use samples::*;
 use sandbox_crate::*;
+use series::*;
 use through_mcp::*;
 use workload::*;
 
@@ -129,6 +137,10 @@ struct Options {
     quick: bool,
     /// Only the per-call MCP rows (1+1 in both eras, `true`): for A/B runs of the gateway.
     exec_only: bool,
+    /// Whether to run the SDK series (back to back, open loop).
+    series: bool,
+    /// Only the SDK series and the cold start rows.
+    series_only: bool,
 }
 
 fn options() -> Result<Options> {
@@ -137,6 +149,8 @@ fn options() -> Result<Options> {
     let mut peers = true;
     let mut live_150 = true;
     let mut exec_only = false;
+    let mut series = true;
+    let mut series_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -145,6 +159,8 @@ fn options() -> Result<Options> {
             "--no-peers" => peers = false,
             "--no-150" => live_150 = false,
             "--exec-only" => exec_only = true,
+            "--no-series" => series = false,
+            "--series-only" => series_only = true,
             // What `cargo bench` passes to every bench target.
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
@@ -161,6 +177,8 @@ fn options() -> Result<Options> {
         live_150,
         quick,
         exec_only,
+        series,
+        series_only,
     })
 }
 
@@ -185,15 +203,28 @@ async fn run(opts: Options) -> Result<()> {
     let t0 = Instant::now();
 
     let mut rows = Vec::new();
-    eprintln!("[bench] sandgate through MCP");
-    rows.extend(bench_mcp(&opts, &docker).await?.rows);
-    if !opts.exec_only {
+    let mut levels = Vec::new();
+    if opts.series_only {
+        eprintln!("[bench] cold starts");
+        rows.extend(bench_cold(&opts, &docker, &backend, &image).await?);
+    } else {
+        eprintln!("[bench] sandgate through MCP");
+        rows.extend(bench_mcp(&opts, &docker).await?.rows);
+    }
+    if opts.series && !opts.exec_only {
+        eprintln!("[bench] the SDK series (back to back, open loop)");
+        let series = bench_series(&opts, &docker).await?;
+        rows.extend(series.rows);
+        levels = series.levels;
+    }
+    if !opts.exec_only && !opts.series_only {
         eprintln!("[bench] the sandbox crate directly");
         rows.extend(bench_crate(&opts, &backend, &image).await?);
+        rows.extend(start_path(&opts, &backend, &image).await?);
         eprintln!("[bench] the naive Docker-API path");
         rows.extend(bench_naive(&opts, &docker, &image).await?);
     }
-    if opts.peers && !opts.exec_only {
+    if opts.peers && !opts.exec_only && !opts.series_only {
         rows.extend(bench_peers(&opts).await);
     }
     fill_ratios(&mut rows);
@@ -204,6 +235,7 @@ async fn run(opts: Options) -> Result<()> {
     machine.insert("image".into(), json!(image));
     let table = table(&rows);
     let goal_table = goal_table(&goals);
+    let levels_table = levels_table(&rows, &levels);
     println!(
         "\nsandgate benchmark, {} ({:.0} s){}\n",
         started.format("%Y-%m-%d %H:%M UTC"),
@@ -219,6 +251,9 @@ async fn run(opts: Options) -> Result<()> {
         machine["kernel"].as_str().unwrap_or("")
     );
     println!("{table}");
+    if !levels.is_empty() {
+        println!("{levels_table}");
+    }
     println!("{goal_table}");
     let report = json!({
         "started": started.to_rfc3339(),
@@ -228,6 +263,8 @@ async fn run(opts: Options) -> Result<()> {
         "rows": rows,
         "table_markdown": table,
         "goals_markdown": goal_table,
+        "series_levels": levels,
+        "series_levels_markdown": levels_table,
     });
     std::fs::write(&opts.out, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", opts.out.display()))?;

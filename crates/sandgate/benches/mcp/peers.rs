@@ -6,6 +6,25 @@ pub(crate) fn peers_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bench/peers")
 }
 
+/// The samples of one row a Python script printed: `{"samples_ms": [...], "errors": [...]}`.
+pub(crate) fn script_samples(r: &Value) -> Samples {
+    Samples {
+        ms: r["samples_ms"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default(),
+        errors: r["errors"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
 pub(crate) async fn run_peer(python: &str, script: &str, args: &[String]) -> Result<Vec<Row>> {
     let output = tokio::time::timeout(
         Duration::from_secs(600),
@@ -30,21 +49,7 @@ pub(crate) async fn run_peer(python: &str, script: &str, args: &[String]) -> Res
     let mut rows = Vec::new();
     for r in parsed["rows"].as_array().cloned().unwrap_or_default() {
         let id = r["name"].as_str().unwrap_or("?").to_owned();
-        let samples = Samples {
-            ms: r["samples_ms"]
-                .as_array()
-                .map(|a| a.iter().filter_map(Value::as_f64).collect())
-                .unwrap_or_default(),
-            errors: r["errors"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default(),
-        };
+        let samples = script_samples(&r);
         let (section, what, vs) = match id.as_str() {
             "llm_sandbox.open_run_close" => (
                 "llm-sandbox 0.3.46",

@@ -139,6 +139,64 @@ pub(crate) fn goals(rows: &[Row]) -> Vec<Goal> {
             at_most: true,
             unit: "MB",
         },
+        // Issue 16's goals (the SDK series and the cold start).
+        Goal {
+            what: "back-to-back create_sandbox p50 / execute_code 1+1 p50 (SDK)",
+            value: p50("sdk.b2b_create")
+                .zip(p50("sdk.exec_1p1"))
+                .map(|(c, e)| c / e),
+            limit: 3.0,
+            at_most: true,
+            unit: "×",
+        },
+        Goal {
+            what: "back-to-back create_sandbox p99 (SDK)",
+            value: p99("sdk.b2b_create"),
+            limit: 300.0,
+            at_most: true,
+            unit: "ms",
+        },
+        Goal {
+            what: "cold create_sandbox p50 (MCP, pool empty)",
+            value: p50("mcp.create_cold"),
+            limit: 250.0,
+            at_most: true,
+            unit: "ms",
+        },
+        Goal {
+            what: "close_sandbox p50 (SDK, back to back)",
+            value: p50("sdk.b2b_close"),
+            limit: 5.0,
+            at_most: true,
+            unit: "ms",
+        },
+        Goal {
+            what: "execute_code 1+1 p50 (MCP) / ipykernel over ZMQ p50",
+            value: p50("mcp.exec_1p1")
+                .zip(p50("ipykernel_zmq.exec_1p1"))
+                .map(|(m, z)| m / z),
+            limit: 0.5,
+            at_most: true,
+            unit: "×",
+        },
+        Goal {
+            what: "highest open-loop rate with 0 errors and p99 < 2 s (SDK)",
+            value: highest_sustained(rows).or_else(|| {
+                rows.iter()
+                    .any(|r| r.id.starts_with("sdk.open_loop_"))
+                    .then_some(0.0)
+            }),
+            limit: 240.0,
+            at_most: false,
+            unit: "/min",
+        },
+        Goal {
+            what: "50 concurrent conversations p99",
+            value: p99("mcp.conversation_x50"),
+            limit: 5000.0,
+            at_most: true,
+            unit: "ms",
+        },
         Goal {
             what: "llm-sandbox open+run+close / ours (p50)",
             value: ratio("llm_sandbox.open_run_close"),

@@ -26,8 +26,10 @@ pub(crate) async fn bench_crate(
     let c = opts.counts;
     let instance = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     let mut config = ManagerConfig::new(instance.clone());
+    // A pool of fixed size: these rows measure a lease and a start, not the demand controller.
     config.pool = PoolConfig {
         min_ready: 2,
+        max_ready: 2,
         max_concurrent_starts: 2,
     };
     let manager = SandboxManager::start(Arc::new(backend.clone()), vec![profile(image)], config)?;
@@ -128,4 +130,107 @@ pub(crate) async fn bench_crate(
     manager.shutdown().await;
     remove_instance(backend.client(), &instance).await;
     result
+}
+
+/// The cold rows alone (for `--series-only`): `create_sandbox` through MCP with an empty pool, and
+/// the start path step by step.
+pub(crate) async fn bench_cold(
+    opts: &Options,
+    docker: &Docker,
+    backend: &DockerBackend,
+    image: &str,
+) -> Result<Vec<Row>> {
+    let mut rows = vec![cold_creates(opts.counts, docker).await?];
+    rows.extend(start_path(opts, backend, image).await?);
+    Ok(rows)
+}
+
+/// The start path step by step, straight on the backend and the agent channel: create + attach +
+/// start the container; the agent's ready frame; a first `1+1` sent at once (it waits for the
+/// kernel's shell); then `import pandas, matplotlib.pyplot` (it waits for what the background
+/// preload has not finished yet).
+pub(crate) async fn start_path(
+    opts: &Options,
+    backend: &DockerBackend,
+    image: &str,
+) -> Result<Vec<Row>> {
+    use sandgate_sandbox::{AgentChannel, ChannelConfig, SandboxBackend as _};
+    let instance = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let (mut launch, mut ready, mut total) =
+        (Samples::default(), Samples::default(), Samples::default());
+    let (mut first, mut stack) = (Samples::default(), Samples::default());
+    for i in 0..opts.counts.cold_creates {
+        let spec = LaunchSpec {
+            profile: profile(image),
+            instance: instance.clone(),
+            sandbox_id: format!("sbx_benchstart{i}"),
+        };
+        let t0 = Instant::now();
+        let launched = backend.launch(&spec).await?;
+        let t1 = Instant::now();
+        let channel = AgentChannel::open(
+            spec.sandbox_id.clone(),
+            launched.streams,
+            ChannelConfig::default(),
+        );
+        let step = async {
+            channel.wait_ready(Duration::from_secs(60)).await?;
+            let t2 = Instant::now();
+            channel.exec("1+1", ExecOptions::default(), None).await?;
+            let t3 = Instant::now();
+            let done = channel
+                .exec(
+                    "import pandas, matplotlib.pyplot",
+                    ExecOptions::default(),
+                    None,
+                )
+                .await?;
+            if let Some(err) = done.error {
+                bail!("importing the data stack failed: {}", err.value);
+            }
+            Ok((t2, t3, Instant::now()))
+        }
+        .await;
+        let _ = backend.remove(&launched.container_id).await;
+        let (t2, t3, t4) = step?;
+        let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1000.0;
+        launch.ms.push(ms(t0, t1));
+        ready.ms.push(ms(t1, t2));
+        total.ms.push(ms(t0, t2));
+        first.ms.push(ms(t2, t3));
+        stack.ms.push(ms(t3, t4));
+    }
+    let section = "sandbox crate";
+    Ok(vec![
+        Row::ms(
+            "crate.start_ready",
+            section,
+            "cold start until the agent is ready (create, attach, start, ready frame)",
+            &total,
+        ),
+        Row::ms(
+            "crate.start_launch",
+            section,
+            "… of which create + attach + start the container",
+            &launch,
+        ),
+        Row::ms(
+            "crate.start_agent",
+            section,
+            "… of which the agent's start until its ready frame",
+            &ready,
+        ),
+        Row::ms(
+            "crate.start_first_exec",
+            section,
+            "then a first 1+1 at once (waits for the kernel's shell)",
+            &first,
+        ),
+        Row::ms(
+            "crate.start_data_stack",
+            section,
+            "then import pandas + matplotlib.pyplot (waits for the background preload)",
+            &stack,
+        ),
+    ])
 }

@@ -84,7 +84,7 @@ pub(crate) async fn bench_mcp(opts: &Options, docker: &Docker) -> Result<McpResu
 }
 
 /// Cold create: a gateway whose pool is empty and stays empty (min_ready 0).
-async fn cold_creates(c: Counts, docker: &Docker) -> Result<Row> {
+pub(crate) async fn cold_creates(c: Counts, docker: &Docker) -> Result<Row> {
     let db = fresh_database().await?;
     let gateway = Gateway::start(&db, 0, 1000).await?;
     let token = gateway.token().await?;

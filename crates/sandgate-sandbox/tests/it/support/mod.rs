@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandgate_sandbox::{
-    DockerBackend, ManagerConfig, OciRuntime, Sandbox, SandboxManager, SandboxProfile,
+    DockerBackend, ManagerConfig, OciRuntime, PoolConfig, Sandbox, SandboxManager, SandboxProfile,
 };
 
 /// The sandbox image under test. Tests fail (never skip) without it: CI always builds it.
@@ -93,18 +93,43 @@ impl TestEnv {
 
     /// Same, with another profile.
     pub async fn with_profile(name: &str, min_ready: usize, profile: SandboxProfile) -> Self {
+        Self::with_pool(name, fixed_pool(min_ready), profile).await
+    }
+
+    /// A manager for test `name` whose pool follows demand as `pool` says.
+    pub async fn with_pool(name: &str, pool: PoolConfig, profile: SandboxProfile) -> Self {
+        Self::configured(name, profile, |config| config.pool = pool).await
+    }
+
+    /// Same, measuring demand over `window` (see `ManagerConfig::demand_window`).
+    pub async fn with_pool_window(name: &str, pool: PoolConfig, window: Duration) -> Self {
+        Self::configured(name, profile(), |config| {
+            config.pool = pool;
+            config.demand_window = window;
+        })
+        .await
+    }
+
+    async fn configured(
+        name: &str,
+        profile: SandboxProfile,
+        configure: impl FnOnce(&mut ManagerConfig),
+    ) -> Self {
         init_tracing();
         let instance = format!(
             "sandgate-test-{name}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
-        let manager = manager(&instance, min_ready, profile).await;
+        let mut config = ManagerConfig::new(&instance);
+        configure(&mut config);
+        let manager = SandboxManager::start(backend().await, vec![profile], config)
+            .expect("valid configuration");
         Self { manager, instance }
     }
 
     /// A second manager of the same instance, on a fresh engine connection (a restarted gateway).
     pub async fn another_manager(&self) -> SandboxManager {
-        manager(&self.instance, 0, profile()).await
+        manager(&self.instance, fixed_pool(0), profile()).await
     }
 
     /// Leases a sandbox of the default profile.
@@ -125,11 +150,30 @@ impl TestEnv {
     }
 }
 
-async fn manager(instance: &str, min_ready: usize, profile: SandboxProfile) -> SandboxManager {
+/// A pool that keeps `size` ready whatever the demand (what most tests want).
+fn fixed_pool(size: usize) -> PoolConfig {
+    PoolConfig {
+        min_ready: size,
+        max_ready: size,
+        max_concurrent_starts: 2,
+    }
+}
+
+async fn manager(instance: &str, pool: PoolConfig, profile: SandboxProfile) -> SandboxManager {
     let mut config = ManagerConfig::new(instance);
-    config.pool.min_ready = min_ready;
-    config.pool.max_concurrent_starts = 2;
+    config.pool = pool;
     SandboxManager::start(backend().await, vec![profile], config).expect("valid configuration")
+}
+
+/// How many containers (running or not) carry `instance`'s label.
+pub async fn containers(instance: &str) -> usize {
+    use sandgate_sandbox::SandboxBackend as _;
+    let backend = DockerBackend::connect("").expect("a Docker client");
+    backend
+        .list(instance)
+        .await
+        .expect("the engine lists containers")
+        .len()
 }
 
 async fn remove_instance(instance: &str) {

@@ -1,0 +1,128 @@
+//! Starting sandboxes (create, start, attach, wait for the agent's ready frame) and adopting
+//! running ones after a restart; shared by the manager and its background refills.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{Sandbox, SandboxError};
+use crate::backend::{BackendError, ContainerFate, LaunchSpec, SandboxBackend};
+use crate::channel::AgentChannel;
+use crate::config::{ChannelConfig, SandboxProfile};
+
+/// How long the manager waits, after a sandbox's stream ended, for the engine to report the
+/// container as stopped (the stream closes a moment before the engine updates its state).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(3);
+const SETTLE_POLL: Duration = Duration::from_millis(50);
+
+/// Launches and adopts sandboxes; shared by the manager and its background refills.
+#[derive(Debug, Clone)]
+pub(super) struct Launcher {
+    pub(super) backend: Arc<dyn SandboxBackend>,
+    pub(super) instance: String,
+    pub(super) channel: ChannelConfig,
+    /// Sandboxes this process started launching, and when (see
+    /// [`SandboxManager::launched_within`]).
+    pub(super) launched: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+}
+
+/// How long [`Launcher::launched`] remembers a launch.
+const LAUNCH_MEMORY: Duration = Duration::from_secs(600);
+
+impl Launcher {
+    #[tracing::instrument(skip_all, fields(sandbox_id, profile = %profile.name))]
+    pub(super) async fn launch(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
+        let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
+        tracing::Span::current().record("sandbox_id", &sandbox_id);
+        {
+            let mut launched = self.launched.lock().unwrap_or_else(|e| e.into_inner());
+            launched.retain(|_, at| at.elapsed() < LAUNCH_MEMORY);
+            launched.insert(sandbox_id.clone(), std::time::Instant::now());
+        }
+        let spec = LaunchSpec {
+            profile: profile.clone(),
+            instance: self.instance.clone(),
+            sandbox_id: sandbox_id.clone(),
+        };
+        let launched = self
+            .backend
+            .launch(&spec)
+            .await
+            .map_err(SandboxError::Launch)?;
+        let channel = AgentChannel::open(&sandbox_id, launched.streams, self.channel.clone());
+        if let Err(source) = channel.wait_ready(self.channel.ready_timeout).await {
+            let fate = settled_fate(self.backend.as_ref(), &launched.container_id)
+                .await
+                .unwrap_or(ContainerFate::Missing);
+            if let Err(err) = self.backend.remove(&launched.container_id).await {
+                tracing::warn!(error = %err, "removing a sandbox that failed to start failed");
+            }
+            return Err(SandboxError::AgentStart {
+                sandbox_id,
+                fate,
+                source,
+            });
+        }
+        Ok(Sandbox::new(
+            sandbox_id,
+            launched.container_id,
+            profile.name.clone(),
+            channel,
+            self.backend.clone(),
+        ))
+    }
+
+    #[tracing::instrument(skip_all, fields(container_id = %container_id, sandbox_id))]
+    pub(super) async fn adopt(&self, container_id: &str) -> Result<Sandbox, SandboxError> {
+        let found = self.backend.inspect(container_id).await?;
+        let Some(found) = found else {
+            return Err(SandboxError::Died {
+                sandbox_id: container_id.to_owned(),
+                fate: ContainerFate::Missing,
+            });
+        };
+        if !found.managed || found.instance != self.instance {
+            return Err(SandboxError::NotOurs {
+                container_id: container_id.to_owned(),
+            });
+        }
+        tracing::Span::current().record("sandbox_id", &found.sandbox_id);
+        if found.fate != ContainerFate::Running {
+            return Err(SandboxError::Died {
+                sandbox_id: found.sandbox_id,
+                fate: found.fate,
+            });
+        }
+        let streams = self.backend.attach(&found.container_id).await?;
+        let channel = AgentChannel::open(&found.sandbox_id, streams, self.channel.clone());
+        let sandbox = Sandbox::new(
+            found.sandbox_id,
+            found.container_id,
+            found.profile,
+            channel,
+            self.backend.clone(),
+        );
+        // Attach delivers only new output, so there is no ready frame to wait for: a ping proves
+        // the agent (and with it the kernel's state) is still there.
+        sandbox.ping().await?;
+        Ok(sandbox)
+    }
+}
+
+/// Asks the engine what became of a container whose stream ended, giving it a moment to notice.
+pub(super) async fn settled_fate(
+    backend: &dyn SandboxBackend,
+    container_id: &str,
+) -> Result<ContainerFate, BackendError> {
+    let deadline = tokio::time::Instant::now() + SETTLE_TIMEOUT;
+    loop {
+        let fate = backend
+            .inspect(container_id)
+            .await?
+            .map_or(ContainerFate::Missing, |c| c.fate);
+        if fate != ContainerFate::Running || tokio::time::Instant::now() >= deadline {
+            return Ok(fate);
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+    }
+}

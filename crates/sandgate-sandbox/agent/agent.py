@@ -283,9 +283,16 @@ def tree(procs, roots):
     return seen
 
 
+# Starting a user process and recording it where `keep_roots` finds it happen under SPAWN_LOCK,
+# and each round of a sweep decides and kills under it: a sweep (another call ending) never sees a
+# process that was started but not yet recorded, and so never kills a call that is just starting.
+SPAWN_LOCK = threading.Lock()
+
+
 def sweep(keep_roots, keep_pids=()):
-    """Kills every user process outside the trees of `keep_roots` (the kernel, running commands,
-    background jobs), repeating until none is left or SWEEP_S has passed.
+    """Kills every user process outside the trees of `keep_roots()` (the kernel, running commands,
+    background jobs: asked again each round, under SPAWN_LOCK), repeating until none is left or
+    SWEEP_S has passed.
 
     As root the candidates are all processes of the sandbox user, wherever they were reparented
     (setsid, double fork, nohup: none of them changes the uid); on a host (tests), the agent's own
@@ -295,21 +302,22 @@ def sweep(keep_roots, keep_pids=()):
     deadline = time.monotonic() + SWEEP_S
     killed = 0
     while True:
-        procs = read_processes()
-        keep = tree(procs, keep_roots) | {me} | set(keep_pids)
-        if CREDS is not None and CREDS.root:
-            candidates = {pid for pid, (_, uid, _) in procs.items() if uid == USER_UID}
-        else:
-            candidates = tree(procs, [me])
-        victims = [pid for pid in candidates - keep if procs[pid][2] not in ("Z", "X")]
-        if not victims:
-            return killed
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except (ProcessLookupError, PermissionError):
-                pass
+        with SPAWN_LOCK:
+            procs = read_processes()
+            keep = tree(procs, keep_roots()) | {me} | set(keep_pids)
+            if CREDS is not None and CREDS.root:
+                candidates = {pid for pid, (_, uid, _) in procs.items() if uid == USER_UID}
+            else:
+                candidates = tree(procs, [me])
+            victims = [pid for pid in candidates - keep if procs[pid][2] not in ("Z", "X")]
+            if not victims:
+                return killed
+            for pid in victims:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except (ProcessLookupError, PermissionError):
+                    pass
         if time.monotonic() >= deadline:
             log(f"sweep gave up with {len(victims)} processes left")
             return killed
@@ -1544,7 +1552,8 @@ class Agent(FrameServer):
     def start(self):
         prepare_user_site()
         self.index.start()
-        self.kernel = KernelProcess(self)
+        with SPAWN_LOCK:
+            self.kernel = KernelProcess(self)
 
     # ----- frames from the gateway
 
@@ -1635,9 +1644,9 @@ class Agent(FrameServer):
             self.next_count = count + 1
         if run.interrupted:
             # Timed out or cancelled: whatever the cell started goes too (the kernel stays).
-            sweep(self.keep_roots(kernel=False), keep_pids=[kernel_pid])
+            sweep(lambda: self.keep_roots(kernel=False), keep_pids=[kernel_pid])
         else:
-            sweep(self.keep_roots(kernel=True))
+            sweep(lambda: self.keep_roots(kernel=True))
         if result is None:
             WRITER.error(run.id, "internal", f"the kernel failed the cell: {error}")
         else:
@@ -1719,7 +1728,7 @@ class Agent(FrameServer):
             run, self.running = self.running, None
             self.kernel = None
         old.kill()
-        sweep(self.keep_roots(kernel=False))
+        sweep(lambda: self.keep_roots(kernel=False))
         if run is not None and not run.started and not run.interrupted:
             # The kernel died before it took the cell: the next kernel runs it, and it is told
             # that the state was lost.
@@ -1742,11 +1751,12 @@ class Agent(FrameServer):
                     "state_lost_reason": reason,
                 },
             )
-        new = KernelProcess(self)
-        with self.state_lock:
-            if report_next and run is None:
-                self.lost_reason = reason
-            self.kernel = new
+        with SPAWN_LOCK:
+            new = KernelProcess(self)
+            with self.state_lock:
+                if report_next and run is None:
+                    self.lost_reason = reason
+                self.kernel = new
         return new
 
     def keep_roots(self, kernel):
@@ -1868,22 +1878,23 @@ class Agent(FrameServer):
         # The job creates its log itself, as the sandbox user, so the agent never writes into a
         # directory user code controls.
         script = 'mkdir -p -- "$3" && cd -- "$1" || exit 126; exec bash -lc "$2" >"$4" 2>&1'
-        proc = start_user_shell(
-            [script, "sandgate-job", cwd, command, JOBS_DIR, log_path], subprocess.DEVNULL
-        )
-        job = {
-            "id": job_id,
-            "pid": proc.pid,
-            "command": command,
-            "log": log_path,
-            "started": time.time(),
-            "running": True,
-            "exit_code": None,
-            "signal": None,
-        }
-        with self.state_lock:
-            self.jobs[job_id] = job
-            self.job_procs[job_id] = proc
+        with SPAWN_LOCK:
+            proc = start_user_shell(
+                [script, "sandgate-job", cwd, command, JOBS_DIR, log_path], subprocess.DEVNULL
+            )
+            job = {
+                "id": job_id,
+                "pid": proc.pid,
+                "command": command,
+                "log": log_path,
+                "started": time.time(),
+                "running": True,
+                "exit_code": None,
+                "signal": None,
+            }
+            with self.state_lock:
+                self.jobs[job_id] = job
+                self.job_procs[job_id] = proc
             while len(self.jobs) > 4 * MAX_JOBS:  # forget the oldest finished ones
                 oldest = next((j for j in self.jobs if j not in self.job_procs), None)
                 if oldest is None:
@@ -1942,10 +1953,11 @@ class Agent(FrameServer):
     def run_command(self, req_id, command, timeout_ms, limit, cwd):
         sink = OutputSink(req_id, limit)
         script = 'cd -- "$1" || exit 126; exec bash -lc "$2"'
-        proc = start_user_shell([script, "sandgate", cwd, command], subprocess.PIPE)
-        pgid = proc.pid  # start_new_session: the child leads its own session and group
-        with self.state_lock:
-            self.commands[req_id] = pgid
+        with SPAWN_LOCK:
+            proc = start_user_shell([script, "sandgate", cwd, command], subprocess.PIPE)
+            pgid = proc.pid  # start_new_session: the child leads its own session and group
+            with self.state_lock:
+                self.commands[req_id] = pgid
         timed_out = False
         try:
             timed_out = self.pump_command(proc, pgid, timeout_ms, sink)
@@ -1955,7 +1967,7 @@ class Agent(FrameServer):
             # Killed while the leader is still unreaped (see leader_exited), so the group id cannot
             # have been reused yet; then everything that left the group (setsid, double fork).
             kill_group(pgid)
-            sweep(self.keep_roots(kernel=True))
+            sweep(lambda: self.keep_roots(kernel=True))
             proc.wait()
             proc.stdout.close()
             proc.stderr.close()
@@ -2044,7 +2056,7 @@ class Agent(FrameServer):
             kp.kill()
         for pgid in groups:
             kill_group(pgid)
-        sweep([])
+        sweep(list)
 
     # ----- files (as the sandbox user)
 

@@ -49,7 +49,13 @@ pub fn hash(secret: &str) -> Vec<u8> {
 
 /// Compares two strings in time independent of where they differ (CSRF tokens, secrets).
 pub fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+    constant_time_eq_bytes(a.as_bytes(), b.as_bytes())
+}
+
+/// Compares two byte strings (e.g. stored and presented secret hashes) in time independent of
+/// where they differ.
+pub fn constant_time_eq_bytes(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
 /// Whether `value` looks like a secret of `kind` (right prefix, right length).

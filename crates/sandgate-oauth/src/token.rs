@@ -202,7 +202,7 @@ async fn authenticate(
         )),
         (Some(stored), Some(presented)) => {
             let ok = secret::is_kind(&presented, SecretKind::ClientSecret)
-                && subtle_eq(stored, &secret::hash(&presented));
+                && secret::constant_time_eq_bytes(stored, &secret::hash(&presented));
             if !ok {
                 return Err(TokenEndpointError::InvalidClient(
                     "client authentication failed".into(),
@@ -219,10 +219,6 @@ async fn authenticate(
             Ok(client)
         }
     }
-}
-
-fn subtle_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// `POST /oauth/token`.

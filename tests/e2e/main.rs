@@ -2,6 +2,7 @@
 //! sandbox image), started by `scripts/stack.sh`.
 
 mod cli;
+mod deploy;
 mod handoff;
 mod hostile;
 mod jobs;

@@ -207,7 +207,13 @@ impl Drop for Project {
 /// `docker inspect` of every container (running or not) with `label`.
 fn inspect_labelled(label: &str) -> Vec<Value> {
     let ids = std::process::Command::new("docker")
-        .args(["ps", "-aq", "--no-trunc", "--filter", &format!("label={label}")])
+        .args([
+            "ps",
+            "-aq",
+            "--no-trunc",
+            "--filter",
+            &format!("label={label}"),
+        ])
         .output()
         .expect("the docker CLI runs");
     let ids: Vec<String> = String::from_utf8_lossy(&ids.stdout)
@@ -253,7 +259,10 @@ fn volumes_of(project: &str) -> Vec<String> {
 fn assert_hardened(containers: &[Value], socket: &Path) {
     let services: Vec<&str> = containers.iter().map(service).collect();
     for wanted in ["postgres", "migrate", "sandgate"] {
-        assert!(services.contains(&wanted), "a {wanted} container: {services:?}");
+        assert!(
+            services.contains(&wanted),
+            "a {wanted} container: {services:?}"
+        );
     }
     for c in containers {
         let name = service(c);
@@ -262,13 +271,19 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
             !user.is_empty() && user != "root" && !user.starts_with("0:") && user != "0",
             "{name} runs as a non-root user, not {user:?}"
         );
-        assert_eq!(c["HostConfig"]["ReadonlyRootfs"], true, "{name}: read-only root");
-        assert_eq!(c["HostConfig"]["CapDrop"], json!(["ALL"]), "{name}: no capabilities");
-        let mounts_socket = c["Mounts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|m| m["Destination"] == "/var/run/docker.sock" || m["Source"] == socket.to_str().unwrap_or_default());
+        assert_eq!(
+            c["HostConfig"]["ReadonlyRootfs"], true,
+            "{name}: read-only root"
+        );
+        assert_eq!(
+            c["HostConfig"]["CapDrop"],
+            json!(["ALL"]),
+            "{name}: no capabilities"
+        );
+        let mounts_socket = c["Mounts"].as_array().into_iter().flatten().any(|m| {
+            m["Destination"] == "/var/run/docker.sock"
+                || m["Source"] == socket.to_str().unwrap_or_default()
+        });
         assert_eq!(
             mounts_socket,
             name == "sandgate",
@@ -289,7 +304,10 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
                 binding["HostIp"], "127.0.0.1",
                 "{name} publishes only on loopback: {binding}"
             );
-            assert_eq!(name, "sandgate", "only sandgate publishes a port ({binding})");
+            assert_eq!(
+                name, "sandgate",
+                "only sandgate publishes a port ({binding})"
+            );
         }
     }
 }
@@ -317,9 +335,13 @@ async fn compose_up_serves_mcp_on_loopback_and_down_leaves_nothing() {
     assert_eq!(anonymous.status(), 401, "no token: 401");
 
     // The operator's path to a token: the admin CLI inside the container.
-    let tenant = project.sandgate(&["admin", "tenant", "create", "deploy-e2e"]).await;
+    let tenant = project
+        .sandgate(&["admin", "tenant", "create", "deploy-e2e"])
+        .await;
     let token = project
-        .sandgate(&["admin", "token", "issue", "--tenant", &tenant, "--ttl", "1h"])
+        .sandgate(&[
+            "admin", "token", "issue", "--tenant", &tenant, "--ttl", "1h",
+        ])
         .await;
 
     let mcp_url = format!("{}/mcp", project.base_url());
@@ -348,15 +370,24 @@ async fn compose_up_serves_mcp_on_loopback_and_down_leaves_nothing() {
                 json!({"sandbox_id": sandbox_id, "code": "import subprocess\nsubprocess.run(['echo', 'from a child'])\nx = 40\nx + 2"}),
             )
             .await;
-        assert_eq!(cell.structured["stdout"], "from a child\n", "{era:?}: child output");
+        assert_eq!(
+            cell.structured["stdout"], "from a child\n",
+            "{era:?}: child output"
+        );
         assert_eq!(
             cell.structured["result"]["text/plain"], "42",
             "{era:?}: the last expression's value"
         );
         let again = client
-            .ok("execute_code", json!({"sandbox_id": sandbox_id, "code": "x"}))
+            .ok(
+                "execute_code",
+                json!({"sandbox_id": sandbox_id, "code": "x"}),
+            )
             .await;
-        assert_eq!(again.structured["result"]["text/plain"], "40", "{era:?}: state kept");
+        assert_eq!(
+            again.structured["result"]["text/plain"], "40",
+            "{era:?}: state kept"
+        );
         let closed = client
             .ok("close_sandbox", json!({"sandbox_id": sandbox_id}))
             .await;
@@ -387,7 +418,11 @@ async fn compose_up_serves_mcp_on_loopback_and_down_leaves_nothing() {
         run_ok(
             "docker rm -f of the instance's sandboxes",
             "docker",
-            &[&["rm", "-f"][..], &sandboxes.iter().map(String::as_str).collect::<Vec<_>>()].concat(),
+            &[
+                &["rm", "-f"][..],
+                &sandboxes.iter().map(String::as_str).collect::<Vec<_>>(),
+            ]
+            .concat(),
             COMPOSE_DEADLINE,
         )
         .await;

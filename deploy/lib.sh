@@ -34,6 +34,25 @@ img_cache_root() {
 IMG_AS_ROOT=()
 ((EUID == 0)) || IMG_AS_ROOT=(sudo)
 
+# img_begin WORK TAG FORCE: makes the cache directory WORK, checks that the engine answers, takes
+# WORK's build lock (one build per recipe and cache at a time; held until the script ends) and,
+# unless FORCE is 1, ends the script printing TAG when that image is already there.
+img_begin() {
+	local work=$1 tag=$2 force=$3
+	mkdir -p "$work"
+	docker info >/dev/null 2>&1 || img_die "docker does not answer (scripts/stack.sh up starts it)"
+	exec 8>"$work/build.lock"
+	if ! flock -n 8; then
+		img_log "waiting for another build in $work to finish"
+		flock 8
+	fi
+	if ((!force)) && docker image inspect "$tag" >/dev/null 2>&1; then
+		img_log "$tag is there"
+		echo "$tag"
+		exit 0
+	fi
+}
+
 # img_recipe_files DIR: the recipe's files in DIR (not *.md), sorted, one name per line.
 img_recipe_files() {
 	(cd "$1" && LC_ALL=C find . -maxdepth 1 -type f ! -name '*.md' -printf '%f\n' | LC_ALL=C sort)

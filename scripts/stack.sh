@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Brings up what sandgate's integration tests and a local gateway need:
-# a Docker engine, a Postgres cluster of its own, and the sandbox image.
+# a Docker engine, a Postgres cluster of its own, the sandbox image, and
+# docker-compose (for the test of deploy/compose.yaml).
 # Idempotent: when everything is up it returns in seconds. CI runs it too.
 #
 #   scripts/stack.sh [up]    start what is not running, build what is missing
@@ -324,6 +325,17 @@ image_up() {
 	log "image: $sandbox_image built ($(since "$t0"))"
 }
 
+# ---- tools the test suite needs --------------------------------------------
+
+# docker-compose (Debian's 1.29): the end-to-end test of deploy/compose.yaml runs it.
+compose_up() {
+	if command -v docker-compose >/dev/null; then
+		return
+	fi
+	log "docker-compose: installing (Debian package docker-compose)"
+	apt_install docker-compose || die "docker-compose could not be installed; the deploy tests need it"
+}
+
 # ---- main ------------------------------------------------------------------
 
 cmd=${1:-up}
@@ -356,6 +368,7 @@ fi
 docker_up
 pg_up
 image_up
+compose_up
 
 env_file="$cache/stack.env"
 {

@@ -60,11 +60,20 @@ fi
 [[ -x $binary ]] || img_die "$binary is not an executable"
 
 mapfile -t packages < <(sed -e 's/#.*//' "$here/packages.txt" | tr -s ' \t' '\n' | sed -e '/^$/d')
-# pkg=version of each package's candidate in this machine's apt lists.
+# pkg=version of each package's candidate in this machine's apt lists (updated once when one is
+# unknown: a fresh machine may have no lists yet).
+candidate() { apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: //p'; }
 versions=()
+updated=0
 for p in "${packages[@]}"; do
-	v=$(apt-cache policy "$p" 2>/dev/null | sed -n 's/^ *Candidate: //p')
-	[[ -n $v && $v != "(none)" ]] || img_die "apt knows no candidate for $p (apt-get update?)"
+	v=$(candidate "$p")
+	if [[ -z $v || $v == "(none)" ]] && ((!updated)); then
+		img_log "apt knows no candidate for $p: apt-get update"
+		"${IMG_AS_ROOT[@]}" apt-get update -qq >&2 || true
+		updated=1
+		v=$(candidate "$p")
+	fi
+	[[ -n $v && $v != "(none)" ]] || img_die "apt knows no candidate for $p (is it in this machine's apt sources?)"
 	versions+=("$p=$v")
 done
 
@@ -83,18 +92,8 @@ if ((tag_only)); then
 fi
 
 work="$(img_cache_root)/images/gateway"
+img_begin "$work" "$tag" "$force"
 mkdir -p "$work/debs"
-docker info >/dev/null 2>&1 || img_die "docker does not answer (scripts/stack.sh up starts it)"
-exec 8>"$work/build.lock"
-if ! flock -n 8; then
-	img_log "waiting for another build of the gateway image to finish"
-	flock 8
-fi
-if ((!force)) && docker image inspect "$tag" >/dev/null 2>&1; then
-	img_log "$tag is there"
-	echo "$tag"
-	exit 0
-fi
 
 t_all=$(img_now_ms)
 img_log "building $tag from $binary"

@@ -47,18 +47,7 @@ if ((tag_only)); then
 fi
 
 work="$(img_cache_root)/images/postgres"
-mkdir -p "$work"
-docker info >/dev/null 2>&1 || img_die "docker does not answer (scripts/stack.sh up starts it)"
-exec 8>"$work/build.lock"
-if ! flock -n 8; then
-	img_log "waiting for another build of the Postgres image to finish"
-	flock 8
-fi
-if ((!force)) && docker image inspect "$tag" >/dev/null 2>&1; then
-	img_log "$tag is there"
-	echo "$tag"
-	exit 0
-fi
+img_begin "$work" "$tag" "$force"
 
 t_all=$(img_now_ms)
 img_log "building $tag"

@@ -206,20 +206,13 @@ impl Drop for Project {
 
 /// `docker inspect` of every container (running or not) with `label`.
 fn inspect_labelled(label: &str) -> Vec<Value> {
-    let ids = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--no-trunc",
-            "--filter",
-            &format!("label={label}"),
-        ])
-        .output()
-        .expect("the docker CLI runs");
-    let ids: Vec<String> = String::from_utf8_lossy(&ids.stdout)
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect();
+    let ids = support::docker_words(&[
+        "ps",
+        "-aq",
+        "--no-trunc",
+        "--filter",
+        &format!("label={label}"),
+    ]);
     if ids.is_empty() {
         return Vec::new();
     }
@@ -238,20 +231,13 @@ fn service(container: &Value) -> &str {
 }
 
 fn volumes_of(project: &str) -> Vec<String> {
-    let output = std::process::Command::new("docker")
-        .args([
-            "volume",
-            "ls",
-            "-q",
-            "--filter",
-            &format!("label=com.docker.compose.project={project}"),
-        ])
-        .output()
-        .expect("the docker CLI runs");
-    String::from_utf8_lossy(&output.stdout)
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect()
+    support::docker_words(&[
+        "volume",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("label=com.docker.compose.project={project}"),
+    ])
 }
 
 /// What the compose file promises about isolation, checked on the running containers (the

@@ -277,14 +277,19 @@ fn signal(pid: u32, sig: &str) {
 
 /// Ids of every container (running or not) labelled with `instance`.
 pub fn containers_of(instance: &str) -> Vec<String> {
+    docker_words(&[
+        "ps",
+        "-aq",
+        "--no-trunc",
+        "--filter",
+        &format!("label=sandgate.instance={instance}"),
+    ])
+}
+
+/// What `docker <args>` prints, split on white space (the ids of `ps -q`, `volume ls -q` …).
+pub fn docker_words(args: &[&str]) -> Vec<String> {
     let output = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--no-trunc",
-            "--filter",
-            &format!("label=sandgate.instance={instance}"),
-        ])
+        .args(args)
         .output()
         .expect("the docker CLI runs");
     String::from_utf8_lossy(&output.stdout)

@@ -13,7 +13,7 @@
 # The root is assembled, not debootstrapped: the files of the Debian packages in packages.txt
 # (glibc, libgcc_s, CA certificates; `apt-get download` of this machine's candidate versions,
 # unpacked with dpkg-deb, no maintainer scripts), the CA bundle made from them, /etc/passwd with
-# user sandgate (uid/gid 10001) and the binary. No shell, no package manager: ~50 MB with a release
+# user sandgate (uid/gid 10001) and the binary. No shell, no package manager: 33 MiB with a release
 # binary. Before importing, build.sh checks with ldd that every library the binary needs is in the
 # root.
 #

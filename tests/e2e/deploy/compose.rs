@@ -12,31 +12,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{repo_root, run, run_ok};
+use super::{gateway_image, postgres_image, repo_root, run, run_ok};
 use crate::mcp_client::{Client, Era};
-use crate::support::{self, BIN};
+use crate::support;
 
-/// A cold build of the Postgres image is a debootstrap and an apt-get install: minutes.
-const BUILD_DEADLINE: Duration = Duration::from_secs(1200);
 const COMPOSE_DEADLINE: Duration = Duration::from_secs(300);
-
-/// Builds an image with one of the `deploy/*/build.sh` scripts; returns the tag (its last line).
-async fn build_image(script: &str, args: &[&str]) -> String {
-    let path = repo_root().join(script);
-    let stdout = run_ok(
-        script,
-        path.to_str().expect("a UTF-8 path"),
-        args,
-        BUILD_DEADLINE,
-    )
-    .await;
-    stdout
-        .lines()
-        .last()
-        .unwrap_or_else(|| panic!("{script} printed a tag"))
-        .trim()
-        .to_owned()
-}
 
 /// The local socket of the engine the stack uses.
 fn docker_socket() -> PathBuf {
@@ -300,10 +280,7 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
 
 #[tokio::test]
 async fn compose_up_serves_mcp_on_loopback_and_down_leaves_nothing() {
-    let (gateway_image, postgres_image) = tokio::join!(
-        build_image("deploy/gateway/build.sh", &["--binary", BIN]),
-        build_image("deploy/postgres/build.sh", &[]),
-    );
+    let (gateway_image, postgres_image) = tokio::join!(gateway_image(), postgres_image());
     let mut project = Project::new(&gateway_image, &postgres_image);
     project.compose(&["up", "-d", "--no-color"]).await;
     project.wait_ready().await;

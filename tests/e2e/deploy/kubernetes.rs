@@ -193,3 +193,70 @@ async fn a_broken_manifest_is_rejected() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `sandgate --config <config.toml of the ConfigMap, edited by `edit`> migrate` against a
+/// database that is not there; returns stderr. The configuration is validated as a whole before
+/// the command runs, so an accepted one fails only later, at the database.
+async fn migrate_with_configmap(edit: impl Fn(String) -> String) -> String {
+    let dir = std::env::temp_dir().join(format!("sgk8s-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let config = dir.join("config.toml");
+    let extracted = run(
+        &python(),
+        &[
+            "-c",
+            "import sys, yaml; sys.stdout.write(yaml.safe_load(open(sys.argv[1]))['data']['config.toml'])",
+            manifests_dir()
+                .join("configmap.yaml")
+                .to_str()
+                .expect("a UTF-8 path"),
+        ],
+        DEADLINE,
+    )
+    .await;
+    assert!(
+        extracted.status.success(),
+        "configmap.yaml has config.toml: {extracted:?}"
+    );
+    let toml = String::from_utf8(extracted.stdout).expect("UTF-8");
+    std::fs::write(&config, edit(toml)).expect("the configuration is written");
+    // What the Deployment and DaemonSet give as environment (the secrets), with a database
+    // nobody listens on.
+    let output = crate::support::sandgate_command()
+        .args([
+            "--config",
+            config.to_str().expect("a UTF-8 path"),
+            "migrate",
+        ])
+        .env_remove("SANDGATE_SANDBOX__IMAGE")
+        .env("SANDGATE_LISTEN", "0.0.0.0:8080")
+        .env(
+            "SANDGATE_DATABASE__URL",
+            "postgres://nobody@127.0.0.1:1/none",
+        )
+        .env("SANDGATE_DATABASE__ACQUIRE_TIMEOUT_MS", "100")
+        .env("SANDGATE_KEYS__SECRET", "k".repeat(48))
+        .env("SANDGATE_OAUTH__COOKIE_SECRET", "c".repeat(48))
+        .output()
+        .await
+        .expect("the sandgate binary runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!output.status.success(), "there is no database to migrate");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// The ConfigMap's config.toml is a configuration sandgate accepts (it refuses unknown keys and
+/// bad values at start-up, which on Kubernetes would be a crash loop), and the check can fail.
+#[tokio::test]
+async fn the_configmap_is_a_configuration_sandgate_accepts() {
+    let accepted = migrate_with_configmap(|toml| toml).await;
+    assert!(
+        accepted.contains("migrating") && !accepted.contains("invalid configuration"),
+        "the ConfigMap's configuration passes validation (and only the database is missing):\n{accepted}"
+    );
+    let typo = migrate_with_configmap(|toml| toml.replace("min_ready = 2", "min_readdy = 2")).await;
+    assert!(
+        typo.contains("invalid configuration") && typo.contains("min_readdy"),
+        "a typo in the ConfigMap is refused naming the key:\n{typo}"
+    );
+}

@@ -3,6 +3,7 @@
 //! Kubernetes schemas.
 
 mod compose;
+mod images;
 mod kubernetes;
 
 use std::path::PathBuf;
@@ -46,4 +47,40 @@ pub async fn run(program: &str, args: &[&str], deadline: Duration) -> std::proce
         .await
         .unwrap_or_else(|_| panic!("{program} {args:?} finished within {deadline:?}"))
         .expect("its output can be read")
+}
+
+/// A cold build of the Postgres image is a debootstrap and an apt-get install: minutes.
+const BUILD_DEADLINE: Duration = Duration::from_secs(1200);
+
+/// Builds an image with one of the `deploy/*/build.sh` scripts (nothing when it is there);
+/// returns the tag (its last line).
+pub async fn build_image(script: &str, args: &[&str]) -> String {
+    let path = repo_root().join(script);
+    let stdout = run_ok(
+        script,
+        path.to_str().expect("a UTF-8 path"),
+        args,
+        BUILD_DEADLINE,
+    )
+    .await;
+    stdout
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("{script} printed a tag"))
+        .trim()
+        .to_owned()
+}
+
+/// The gateway/node image of the binary under test.
+pub async fn gateway_image() -> String {
+    build_image(
+        "deploy/gateway/build.sh",
+        &["--binary", crate::support::BIN],
+    )
+    .await
+}
+
+/// The Postgres image.
+pub async fn postgres_image() -> String {
+    build_image("deploy/postgres/build.sh", &[]).await
 }

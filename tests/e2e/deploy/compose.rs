@@ -20,11 +20,16 @@ const COMPOSE_DEADLINE: Duration = Duration::from_secs(300);
 
 /// The local socket of the engine the stack uses.
 fn docker_socket() -> PathBuf {
-    match std::env::var("DOCKER_HOST") {
-        Ok(host) if !host.is_empty() => PathBuf::from(host.strip_prefix("unix://").unwrap_or_else(
-            || panic!("DOCKER_HOST={host}: the compose test mounts the engine's socket, so it needs a unix:// one"),
-        )),
-        _ => PathBuf::from("/var/run/docker.sock"),
+    let host = std::env::var("DOCKER_HOST").unwrap_or_default();
+    if host.is_empty() {
+        return PathBuf::from("/var/run/docker.sock");
+    }
+    match host.strip_prefix("unix://") {
+        Some(path) => PathBuf::from(path),
+        None => panic!(
+            "DOCKER_HOST={host}: the compose test mounts the engine's socket, so it needs a \
+             unix:// one"
+        ),
     }
 }
 

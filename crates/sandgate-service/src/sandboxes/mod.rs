@@ -105,6 +105,32 @@ impl SandboxService {
         self.busy.lock().expect("busy map").contains_key(id)
     }
 
+    /// Which of `ids` have a call in flight on any replica: here, or marked in Postgres by a
+    /// call elsewhere that outlived [`busy::MARK_AFTER`].
+    pub(crate) async fn busy_anywhere(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::HashSet<String>, ServiceError> {
+        let mut busy: std::collections::HashSet<String> =
+            ids.iter().filter(|id| self.is_busy(id)).cloned().collect();
+        let rest: Vec<String> = ids.iter().filter(|id| !busy.contains(*id)).cloned().collect();
+        if !rest.is_empty() {
+            let mut conn = self.db.acquire().await?;
+            busy.extend(sandgate_store::call_marks::marked(&mut conn, &rest, Utc::now()).await?);
+        }
+        Ok(busy)
+    }
+
+    /// Whether the sandbox of `row` may be ended for its clock: overdue, and no call runs on it
+    /// on any replica.
+    pub(crate) async fn due_and_unused(&self, row: &SandboxRow) -> Result<bool, ServiceError> {
+        if !overdue(row, Utc::now()) {
+            return Ok(false);
+        }
+        let ids = [row.id.clone()];
+        Ok(self.busy_anywhere(&ids).await?.is_empty())
+    }
+
     /// The idle timeout for a call that asked for `keep_alive` seconds (bounded by the limits).
     fn idle_timeout(limits: &Limits, keep_alive: Option<u32>) -> Result<i32, ServiceError> {
         match keep_alive {
@@ -183,8 +209,9 @@ impl SandboxService {
             return Err(ended_error(&row));
         }
         let now = Utc::now();
-        // A sandbox with a call in flight here is in use, whatever its clock says.
-        if overdue(&row, now) && !self.is_busy(&row.id) {
+        // A sandbox with a call in flight (here or on another replica) is in use, whatever its
+        // clock says.
+        if self.due_and_unused(&row).await? {
             // The reaper has not got to it yet: end it now rather than serve past its time.
             let reason = if row.expires_at.is_some_and(|e| e <= now) {
                 CloseReason::Lifetime
@@ -199,6 +226,7 @@ impl SandboxService {
             &self.busy,
             &self.db,
             self.limits.max_calls_per_sandbox,
+            self.limits.call_slot_ttl_seconds,
         )?;
         let mut conn = self.db.acquire().await?;
         let touched = sandboxes::touch(&mut conn, caller.tenant, &row.id, new_idle).await?;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
-use sandgate_sandbox::{Sandbox, SandboxError, SandboxManager, SandboxProfile};
+use sandgate_sandbox::{ContainerFate, Sandbox, SandboxError, SandboxManager, SandboxProfile};
 use sandgate_store::PgPool;
 use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
 use uuid::Uuid;
@@ -258,11 +258,15 @@ impl SandboxService {
                 return Ok(sandbox);
             }
             self.live.lock().expect("live map").remove(&row.id);
-            let why = match sandbox.fate().await {
-                Ok(fate) => describe_fate(&fate),
-                Err(err) => format!("its connection broke: {err}"),
-            };
-            return Err(self.lose(&row.id, why).await);
+            // The attach stream ended. A container that still runs (the engine restarted with
+            // live-restore, the connection dropped) keeps its kernel: re-attach below. Only one
+            // that stopped or vanished is lost; an engine that cannot say is retried later.
+            match sandbox.fate().await? {
+                ContainerFate::Running => {
+                    tracing::info!(sandbox_id = %row.id, "the attach stream of a running sandbox ended; re-attaching");
+                }
+                fate => return Err(self.lose(&row.id, describe_fate(&fate)).await),
+            }
         }
         match self.manager.adopt(&row.container_id).await {
             Ok(sandbox) => {

@@ -15,5 +15,6 @@ mod packages;
 mod pool;
 mod python_sdk;
 mod quotas;
+mod replicas;
 mod support;
 mod webdriver;

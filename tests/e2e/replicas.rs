@@ -159,7 +159,10 @@ async fn stopping_a_replica_leaves_running_what_another_replica_leased_from_its_
     let id = sandbox_id(&created);
     assert_eq!(id, warm, "B leased the warm sandbox A's pool started");
     client
-        .ok("execute_code", json!({"sandbox_id": id, "code": "kept = 7"}))
+        .ok(
+            "execute_code",
+            json!({"sandbox_id": id, "code": "kept = 7"}),
+        )
         .await;
     assert!(a.terminate().await, "A stops cleanly on SIGTERM");
     let after = client
@@ -193,12 +196,19 @@ async fn a_dropped_attach_connection_is_reattached_and_the_kernel_kept() {
     let gateway = Gateway::start(&database, &[("SANDGATE_DOCKER__HOST", engine.as_str())]).await;
     let tenant = gateway.create_tenant().await;
     let client = Arc::new(
-        Client::connect(&gateway.mcp_url(), &gateway.token(&tenant).await, Era::Stateless)
-            .await
-            .expect("connects"),
+        Client::connect(
+            &gateway.mcp_url(),
+            &gateway.token(&tenant).await,
+            Era::Stateless,
+        )
+        .await
+        .expect("connects"),
     );
     let created = client
-        .ok("execute_code", json!({"conversation_id": "cut", "code": "x = 41"}))
+        .ok(
+            "execute_code",
+            json!({"conversation_id": "cut", "code": "x = 41"}),
+        )
         .await;
     let id = sandbox_id(&created);
     let running = tokio::spawn({
@@ -251,7 +261,11 @@ async fn count_up(client: &Client, conversation: Option<&str>, times: u32) -> St
     let id = sandbox_id(&first);
     for i in 1..=times {
         let next = client.ok("execute_code", args("n += 1\nn")).await;
-        assert_eq!(plain(&next), i.to_string(), "the kernel's state moved along");
+        assert_eq!(
+            plain(&next),
+            i.to_string(),
+            "the kernel's state moved along"
+        );
         assert_eq!(sandbox_id(&next), id, "the same sandbox, whichever replica");
     }
     id
@@ -321,7 +335,11 @@ async fn conversations_in_both_eras_move_between_replicas_and_survive_one_killed
         )
         .await;
     assert_eq!(sandbox_id(&after), stateless_sandbox);
-    assert_eq!(plain(&after), "14", "the cut-off cell ran to its end in the kernel");
+    assert_eq!(
+        plain(&after),
+        "14",
+        "the cut-off cell ran to its end in the kernel"
+    );
 
     let problems = eventually(WITHIN, "Postgres and the engine to agree", || async {
         let problems = ownership_problems(&deployment.database, &deployment.instance).await;
@@ -383,11 +401,19 @@ async fn a_session_taken_to_another_replica_still_belongs_to_its_principal_only(
     let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
     let (stolen, _) = post_mcp(&lb, &intruder, Some(&session), list.clone()).await;
     let (missing, _) = post_mcp(&lb, &intruder, Some("no-such-session"), list.clone()).await;
-    assert_eq!(stolen, StatusCode::NOT_FOUND, "another principal's session is not found");
+    assert_eq!(
+        stolen,
+        StatusCode::NOT_FOUND,
+        "another principal's session is not found"
+    );
     assert_eq!(missing, StatusCode::NOT_FOUND);
     // Its owner's next request works on B: the session was taken over, not refused.
     let (owned, _) = post_mcp(&lb, &owner, Some(&session), list).await;
-    assert_eq!(owned, StatusCode::OK, "the owner's session works on another replica");
+    assert_eq!(
+        owned,
+        StatusCode::OK,
+        "the owner's session works on another replica"
+    );
     // The id itself is nowhere in Postgres.
     let mut conn = db(&deployment.database).await;
     let stored: i64 = sqlx::query_scalar(
@@ -404,7 +430,10 @@ async fn a_session_taken_to_another_replica_still_belongs_to_its_principal_only(
         .fetch_one(&mut conn)
         .await
         .expect("count");
-    assert_eq!(states, 1, "the session's state is stored, keyed by its hash");
+    assert_eq!(
+        states, 1,
+        "the session's state is stored, keyed by its hash"
+    );
 }
 
 #[tokio::test]
@@ -440,9 +469,14 @@ async fn a_login_cookie_from_one_replica_is_accepted_by_another_and_refused_unde
     )
     .await;
     let tenant = a.create_tenant().await;
-    let email = format!("ana-{}@example.com", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let email = format!(
+        "ana-{}@example.com",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
     a.cli_stdin(
-        &["admin", "user", "create", "--tenant", &tenant, "--email", &email],
+        &[
+            "admin", "user", "create", "--tenant", &tenant, "--email", &email,
+        ],
         &format!("{PASSWORD}\n"),
     )
     .await;
@@ -467,7 +501,9 @@ async fn a_login_cookie_from_one_replica_is_accepted_by_another_and_refused_unde
         "a replica with another cookie key refuses the cookie"
     );
     assert!(
-        on_c.location.as_deref().is_some_and(|l| l.contains("/login")),
+        on_c.location
+            .as_deref()
+            .is_some_and(|l| l.contains("/login")),
         "and sends the browser to log in: {:?}",
         on_c.location
     );

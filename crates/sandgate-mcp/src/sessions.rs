@@ -131,7 +131,11 @@ async fn close(state: &AppState, id: &HeaderValue) {
     {
         tracing::warn!(error = %err, "closing a refused MCP session failed");
     }
-    if let Err(err) = state.sessions.delete_state(state.sessions.hash(id.as_bytes())).await {
+    if let Err(err) = state
+        .sessions
+        .delete_state(state.sessions.hash(id.as_bytes()))
+        .await
+    {
         tracing::warn!(error = %err, "forgetting a refused MCP session's state failed");
     }
 }

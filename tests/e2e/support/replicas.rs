@@ -96,7 +96,9 @@ struct Balancer {
 impl RoundRobin {
     /// Binds a free loopback port; no upstream yet (requests get 502 until [`Self::route`]).
     pub async fn start() -> RoundRobin {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a loopback port");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
         let addr = listener.local_addr().expect("bound");
         let upstreams = Arc::new(Mutex::new(Vec::new()));
         let balancer = Balancer {
@@ -104,9 +106,7 @@ impl RoundRobin {
             next: Arc::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
         };
-        let app = axum::Router::new()
-            .fallback(forward)
-            .with_state(balancer);
+        let app = axum::Router::new().fallback(forward).with_state(balancer);
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -162,7 +162,8 @@ async fn forward(State(lb): State<Balancer>, request: Request) -> Response {
             Ok(response) => return response.map(Body::new),
             Err(err) if err.is_connect() => continue,
             Err(err) => {
-                return (StatusCode::BAD_GATEWAY, format!("upstream failed: {err}")).into_response();
+                return (StatusCode::BAD_GATEWAY, format!("upstream failed: {err}"))
+                    .into_response();
             }
         }
     }
@@ -175,17 +176,18 @@ pub async fn ownership_problems(database: &str, instance: &str) -> Vec<String> {
     let mut conn = sqlx::PgConnection::connect(database)
         .await
         .expect("the test database answers");
-    let live: Vec<(String, String)> = sqlx::query_as(
-        "SELECT id, container_id FROM sandboxes WHERE state IN ('warm', 'leased')",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .expect("rows");
+    let live: Vec<(String, String)> =
+        sqlx::query_as("SELECT id, container_id FROM sandboxes WHERE state IN ('warm', 'leased')")
+            .fetch_all(&mut conn)
+            .await
+            .expect("rows");
     let mut problems = Vec::new();
     let mut seen = HashSet::new();
     for (id, container) in &live {
         if !seen.insert(container.clone()) {
-            problems.push(format!("container {container} is owned twice (also by {id})"));
+            problems.push(format!(
+                "container {container} is owned twice (also by {id})"
+            ));
         }
     }
     let containers: HashSet<String> = super::containers_of(instance).into_iter().collect();

@@ -703,13 +703,22 @@ mod tests {
             let first = load_in(jail).expect("valid").cookie_key();
             let second = load_in(jail).expect("valid").cookie_key();
             assert!(first.is_some(), "a key derived from keys.secret");
-            assert_eq!(first, second, "two replicas with one keys.secret share the key");
+            assert_eq!(
+                first, second,
+                "two replicas with one keys.secret share the key"
+            );
             jail.set_env("SANDGATE_KEYS__SECRET", "b".repeat(40));
             let other = load_in(jail).expect("valid").cookie_key();
-            assert_ne!(first, other, "another deployment's secret gives another key");
+            assert_ne!(
+                first, other,
+                "another deployment's secret gives another key"
+            );
             jail.set_env("SANDGATE_OAUTH__COOKIE_SECRET", "c".repeat(40));
             let own = load_in(jail).expect("valid").cookie_key();
-            assert!(own.is_some() && own != other, "oauth.cookie_secret wins when set");
+            assert!(
+                own.is_some() && own != other,
+                "oauth.cookie_secret wins when set"
+            );
             Ok(())
         });
     }
@@ -734,7 +743,10 @@ mod tests {
                 err.contains("oauth.cookie_secret") || err.contains("keys.secret"),
                 "the refusal names the setting: {err}"
             );
-            assert!(err.contains("SANDGATE_KEYS__SECRET"), "and says how to set it: {err}");
+            assert!(
+                err.contains("SANDGATE_KEYS__SECRET"),
+                "and says how to set it: {err}"
+            );
             Ok(())
         });
     }

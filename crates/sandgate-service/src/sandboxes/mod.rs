@@ -113,7 +113,11 @@ impl SandboxService {
     ) -> Result<std::collections::HashSet<String>, ServiceError> {
         let mut busy: std::collections::HashSet<String> =
             ids.iter().filter(|id| self.is_busy(id)).cloned().collect();
-        let rest: Vec<String> = ids.iter().filter(|id| !busy.contains(*id)).cloned().collect();
+        let rest: Vec<String> = ids
+            .iter()
+            .filter(|id| !busy.contains(*id))
+            .cloned()
+            .collect();
         if !rest.is_empty() {
             let mut conn = self.db.acquire().await?;
             busy.extend(sandgate_store::call_marks::marked(&mut conn, &rest, Utc::now()).await?);

@@ -11,41 +11,15 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use sqlx::Connection;
+use tokio::task::JoinHandle;
 
+use crate::lifecycle::{FAST, db, plain, row_state, sandbox_id};
 use crate::mcp_client::{Client, Era, ToolResult};
 use crate::support::oauth::{Browser, PASSWORD};
 use crate::support::replicas::{Deployment, RoundRobin, ownership_problems, spawn_replica};
 use crate::support::{self, Gateway, TcpProxy, eventually};
 
-/// Fast lifecycle timing: the reaper every 500 ms, reconciliation every 2 s, orphans after 20 s.
-const FAST: [(&str, &str); 3] = [
-    ("SANDGATE_LIFECYCLE__REAPER_INTERVAL_MS", "500"),
-    ("SANDGATE_LIFECYCLE__RECONCILE_INTERVAL_SECONDS", "2"),
-    ("SANDGATE_LIFECYCLE__ORPHAN_GRACE_SECONDS", "20"),
-];
-
 const WITHIN: Duration = Duration::from_secs(60);
-
-fn sandbox_id(result: &ToolResult) -> String {
-    result.structured["sandbox_id"]
-        .as_str()
-        .expect("the result names a sandbox id")
-        .to_owned()
-}
-
-fn plain(result: &ToolResult) -> String {
-    result.structured["result"]["text/plain"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
-async fn db(url: &str) -> sqlx::PgConnection {
-    sqlx::PgConnection::connect(url)
-        .await
-        .expect("the test database answers")
-}
 
 /// How many live call marks the sandbox has (a call on it has run for over a second).
 async fn call_marks(database: &str, sandbox_id: &str) -> i64 {
@@ -58,13 +32,20 @@ async fn call_marks(database: &str, sandbox_id: &str) -> i64 {
     .expect("count")
 }
 
-/// (state, close_reason) of a sandbox row.
-async fn row_state(database: &str, sandbox_id: &str) -> (String, Option<String>) {
-    sqlx::query_as("SELECT state, close_reason FROM sandboxes WHERE id = $1")
-        .bind(sandbox_id)
-        .fetch_one(&mut db(database).await)
-        .await
-        .expect("the sandbox has a row")
+/// Runs `execute_code` with `args` on a task of its own (the test meanwhile does something to
+/// the deployment); `Err` is a protocol or transport error. Panics when no answer comes within a
+/// minute.
+fn execute_in_background(
+    client: &Arc<Client>,
+    args: Value,
+) -> JoinHandle<Result<ToolResult, String>> {
+    let client = client.clone();
+    tokio::spawn(async move {
+        tokio::time::timeout(WITHIN, client.call("execute_code", args))
+            .await
+            .expect("the call ends within a minute")
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// Waits until a call on `sandbox_id` has been running for over a second (its mark is there).
@@ -100,19 +81,13 @@ async fn a_long_cell_through_one_replica_is_not_closed_by_another_replicas_reape
         .await;
     let id = sandbox_id(&created);
     // The cell runs three times the idle timeout.
-    let cell = tokio::spawn({
-        let (client, id) = (client.clone(), id.clone());
-        async move {
-            client
-                .ok(
-                    "execute_code",
-                    json!({"sandbox_id": id, "code": "import time\ntime.sleep(6)\n'finished'"}),
-                )
-                .await
-        }
-    });
+    let cell = execute_in_background(
+        &client,
+        json!({"sandbox_id": id, "code": "import time\ntime.sleep(6)\n'finished'"}),
+    );
     running_on(&deployment.database, &id).await;
-    let cell = cell.await.expect("the call task");
+    let cell = cell.await.expect("the call task").expect("a tool result");
+    assert!(!cell.is_error, "the long cell succeeded: {}", cell.text);
     assert_eq!(
         plain(&cell),
         "'finished'",
@@ -211,22 +186,17 @@ async fn a_dropped_attach_connection_is_reattached_and_the_kernel_kept() {
         )
         .await;
     let id = sandbox_id(&created);
-    let running = tokio::spawn({
-        let (client, id) = (client.clone(), id.clone());
-        async move {
-            client
-                .call(
-                    "execute_code",
-                    json!({"sandbox_id": id, "code": "import time\ntime.sleep(4)\nx += 1\nx"}),
-                )
-                .await
-                .expect("a tool result")
-        }
-    });
+    let running = execute_in_background(
+        &client,
+        json!({"sandbox_id": id, "code": "import time\ntime.sleep(4)\nx += 1\nx"}),
+    );
     running_on(&database, &id).await;
     proxy.stop().await;
     let proxy = TcpProxy::start_on(addr, upstream).await;
-    let interrupted = running.await.expect("the call task");
+    let interrupted = running
+        .await
+        .expect("the call task")
+        .expect("a tool result");
     assert!(
         interrupted.is_error
             && interrupted.text.contains("connection to sandbox")
@@ -297,29 +267,19 @@ async fn conversations_in_both_eras_move_between_replicas_and_survive_one_killed
     // call, so the caller learns at once that it broke off).
     lb.route(&[&a]);
     let stateless = Arc::new(stateless);
-    let slow = tokio::spawn({
-        let client = stateless.clone();
-        let call = async move {
-            client
-                .call(
-                    "execute_code",
-                    json!({"conversation_id": "ticket-7",
-                           "code": "import time\ntime.sleep(3)\nn += 10\nn"}),
-                )
-                .await
-        };
-        tokio::time::timeout(WITHIN, call)
-    });
+    let slow = execute_in_background(
+        &stateless,
+        json!({"conversation_id": "ticket-7", "code": "import time\ntime.sleep(3)\nn += 10\nn"}),
+    );
     running_on(&deployment.database, &stateless_sandbox).await;
     lb.route(&[&a, &b]);
     a.kill().await;
-    let answer = slow
+    let err = slow
         .await
         .expect("the call task")
-        .expect("the call cut off with its replica ends within a minute");
-    let err = answer.expect_err("a call running on a killed replica fails, and says so");
+        .expect_err("a call running on a killed replica fails, and says so");
     assert!(
-        err.to_string().contains("Transport"),
+        err.contains("Transport"),
         "the failure is the connection's, which the caller retries: {err}"
     );
 

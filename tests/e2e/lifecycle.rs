@@ -17,7 +17,7 @@ use crate::support::{self, Gateway, TcpProxy};
 /// Fast lifecycle timing for tests: the reaper every 500 ms, reconciliation every 2 s, and
 /// containers unknown to Postgres (and not started by the process itself) taken for orphans
 /// after 20 s.
-const FAST: [(&str, &str); 3] = [
+pub(crate) const FAST: [(&str, &str); 3] = [
     ("SANDGATE_LIFECYCLE__REAPER_INTERVAL_MS", "500"),
     ("SANDGATE_LIFECYCLE__RECONCILE_INTERVAL_SECONDS", "2"),
     ("SANDGATE_LIFECYCLE__ORPHAN_GRACE_SECONDS", "20"),
@@ -63,28 +63,28 @@ impl Counted {
     }
 }
 
-fn sandbox_id(result: &ToolResult) -> String {
+pub(crate) fn sandbox_id(result: &ToolResult) -> String {
     result.structured["sandbox_id"]
         .as_str()
         .expect("the result names a sandbox id")
         .to_owned()
 }
 
-fn plain(result: &ToolResult) -> String {
+pub(crate) fn plain(result: &ToolResult) -> String {
     result.structured["result"]["text/plain"]
         .as_str()
         .unwrap_or_default()
         .to_owned()
 }
 
-async fn db(url: &str) -> PgConnection {
+pub(crate) async fn db(url: &str) -> PgConnection {
     PgConnection::connect(url)
         .await
         .expect("the test database answers")
 }
 
 /// (state, close_reason) of a sandbox row.
-async fn row_state(url: &str, sandbox_id: &str) -> (String, Option<String>) {
+pub(crate) async fn row_state(url: &str, sandbox_id: &str) -> (String, Option<String>) {
     let row = sqlx::query("SELECT state, close_reason FROM sandboxes WHERE id = $1")
         .bind(sandbox_id)
         .fetch_one(&mut db(url).await)

@@ -16,5 +16,6 @@ mod packages;
 mod pool;
 mod python_sdk;
 mod quotas;
+mod replicas;
 mod support;
 mod webdriver;

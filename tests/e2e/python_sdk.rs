@@ -19,21 +19,22 @@ const SCRIPT: &str = concat!(
 
 /// The Python interpreter that has the `mcp` SDK. Deliberately a hard failure when unset: a
 /// skipped interop test looks exactly like a passing one.
-fn python() -> String {
+pub(crate) fn python() -> String {
     std::env::var("SANDGATE_TEST_PYTHON").expect(
         "SANDGATE_TEST_PYTHON is not set: it must name a Python with the `mcp` 2.x SDK \
          (scripts/test.sh sets it from scripts/py-venv.sh, which installs tests/python-requirements.txt)",
     )
 }
 
-/// Runs the script in `mode`; panics with its output unless it exits 0.
-async fn run_script(python: &str, gateway: &Gateway, token: &str, mode: &str) {
+/// Runs the script in `mode` against the MCP endpoint `mcp_url`; panics with its output unless it
+/// exits 0.
+pub(crate) async fn run_script(python: &str, mcp_url: &str, token: &str, mode: &str) {
     let script = Path::new(SCRIPT);
     assert!(script.is_file(), "{} exists", script.display());
     let child = Command::new(python)
         .arg(script)
         .args(["--mode", mode])
-        .env("SANDGATE_MCP_URL", gateway.mcp_url())
+        .env("SANDGATE_MCP_URL", mcp_url)
         .env("SANDGATE_MCP_TOKEN", token)
         .env("PYTHONUNBUFFERED", "1")
         .stdin(Stdio::null())
@@ -69,7 +70,7 @@ async fn official_python_sdk_plays_the_support_analyst_conversation() {
     // `legacy`: 2025-11-25 with an Mcp-Session-Id session; `2026-07-28`: stateless, pinned;
     // `auto`: the SDK's default, which probes server/discover and must land on 2026-07-28.
     for mode in ["legacy", "2026-07-28", "auto"] {
-        run_script(&python, &gateway, &token, mode).await;
+        run_script(&python, &gateway.mcp_url(), &token, mode).await;
     }
 }
 

@@ -169,7 +169,7 @@ pub(super) fn public_message(err: &ServiceError) -> String {
         }
         ServiceError::Sandbox(inner) => match inner {
             SandboxError::Channel(ch) => ch.to_string(),
-            SandboxError::Died { .. } => inner.to_string(),
+            SandboxError::Died { .. } | SandboxError::ConnectionLost { .. } => inner.to_string(),
             SandboxError::Launch(_) | SandboxError::AgentStart { .. } => {
                 "starting a sandbox failed; retry in a few seconds".into()
             }

@@ -15,6 +15,7 @@
 //! - [`refusal`]: HTTP refusals of `/mcp` requests (RFC 6750 bodies and challenges).
 //! - [`metrics`]: tool calls by tool and outcome, and their durations.
 //! - [`sessions`]: MCP sessions bound to their principal (the middleware in front of rmcp).
+//! - [`session_store`]: MCP sessions any replica can take over (rmcp's session store on Postgres).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +56,7 @@ pub mod refusal;
 mod render;
 pub mod resources;
 pub mod routes;
+pub mod session_store;
 pub mod sessions;
 mod state;
 pub mod tools;
@@ -89,6 +91,7 @@ pub fn service(
     links: sandgate_service::links::DownloadLinks,
     transcripts: crate::transcripts::Transcripts,
     sessions: Arc<LocalSessionManager>,
+    bindings: sandgate_service::sessions::SessionBindings,
     shutdown: CancellationToken,
 ) -> StreamableHttpService<McpServer, LocalSessionManager> {
     let server = McpServer {
@@ -115,7 +118,7 @@ pub fn service(
             .iter()
             .map(|o| o.trim_end_matches('/').to_owned()),
     );
-    let http_config = StreamableHttpServerConfig::default()
+    let mut http_config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(true)
         .with_sse_keep_alive(Some(Duration::from_secs(
             config.mcp.sse_keep_alive_seconds.max(1),
@@ -126,6 +129,8 @@ pub fn service(
         .with_allowed_origins(origins)
         .with_max_request_body_bytes(config.mcp.max_request_bytes)
         .with_cancellation_token(shutdown);
+    // A session opened on another replica (or before a restart) is taken over, not refused.
+    http_config.session_store = Some(Arc::new(session_store::PgSessionStore::new(bindings)));
     StreamableHttpService::new(move || Ok(server.clone()), sessions, http_config)
 }
 

@@ -18,6 +18,7 @@ pub fn endpoint(state: AppState, shutdown: CancellationToken) -> Router {
         state.links.clone(),
         state.transcripts.clone(),
         state.mcp_sessions.clone(),
+        state.sessions.clone(),
         shutdown,
     );
     Router::new()

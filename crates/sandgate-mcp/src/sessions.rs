@@ -122,12 +122,21 @@ async fn opened_session(
     response
 }
 
-/// Closes a session rmcp opened but nobody may use (it has no recorded owner).
+/// Closes a session rmcp opened but nobody may use (it has no recorded owner), and forgets the
+/// state rmcp saved for other replicas (unusable without an owner anyway; purged later if this
+/// fails).
 async fn close(state: &AppState, id: &HeaderValue) {
     if let Ok(id) = id.to_str()
         && let Err(err) = state.mcp_sessions.close_session(&id.into()).await
     {
         tracing::warn!(error = %err, "closing a refused MCP session failed");
+    }
+    if let Err(err) = state
+        .sessions
+        .delete_state(state.sessions.hash(id.as_bytes()))
+        .await
+    {
+        tracing::warn!(error = %err, "forgetting a refused MCP session's state failed");
     }
 }
 

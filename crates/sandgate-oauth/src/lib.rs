@@ -20,7 +20,6 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use sandgate_store::StoreError;
-use secrecy::ExposeSecret;
 
 pub use crate::state::AppState;
 // The configuration lives in the service crate; `crate::config` keeps the modules' paths.
@@ -103,17 +102,16 @@ pub enum SetupError {
 impl OAuthState {
     /// Builds the state from the configuration.
     pub fn new(config: &Config) -> Result<Self, SetupError> {
-        let secret = config.oauth.cookie_secret.expose_secret();
-        let cookie_key: [u8; 32] = if secret.is_empty() {
+        // Shared by every replica configured alike (validation refuses a deployment off
+        // loopback without one); random only for a loopback development run.
+        let cookie_key: [u8; 32] = config.cookie_key().unwrap_or_else(|| {
             tracing::warn!(
-                "oauth.cookie_secret is empty: using a random key, so login sessions end when \
-                 this process stops and are not shared between replicas"
+                "oauth.cookie_secret and keys.secret are empty: using a random login-cookie \
+                 key, so login sessions end when this process stops and are not shared \
+                 between replicas"
             );
             rand_key()
-        } else {
-            use sha2::Digest;
-            sha2::Sha256::digest(secret.as_bytes()).into()
-        };
+        });
         if !session::CookiePolicy::of(config).secure {
             tracing::warn!(
                 public_url = %config.public_url(),

@@ -96,7 +96,11 @@ pub fn start_purge(
 
 async fn purge_once(db: &PgPool, default_seconds: i64) -> Result<u64, StoreError> {
     let mut conn = db.acquire().await?;
-    transcripts::purge_expired(&mut conn, default_seconds).await
+    let purged = transcripts::purge_expired(&mut conn, default_seconds).await?;
+    // MCP session states whose session ended (closed, expired, refused at the cap); ten minutes
+    // old at least, so that a state saved just before its binding is never taken for one.
+    sandgate_store::mcp_session_states::purge_unbound(&mut conn, 600).await?;
+    Ok(purged)
 }
 
 /// What `sandgate admin tenant purge` removed.

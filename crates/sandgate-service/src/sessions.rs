@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use hmac::{Hmac, Mac};
+use sandgate_store::mcp_session_states;
 use sandgate_store::mcp_sessions::{self, SessionOwner};
 use sandgate_store::{PgPool, StoreError};
 use sha2::Sha256;
@@ -188,6 +189,38 @@ impl SessionBindings {
         self.seen.lock().expect("session cache").pop(&session);
         let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
         mcp_sessions::delete(&mut conn, &session.0).await?;
+        Ok(())
+    }
+
+    /// Records what another replica needs to take the session over (rmcp's session state: the
+    /// client's `initialize` parameters, as JSON), under the session's keyed hash.
+    #[tracing::instrument(skip_all)]
+    pub async fn save_state(
+        &self,
+        session: SessionHash,
+        state: &serde_json::Value,
+    ) -> Result<(), SessionError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        mcp_session_states::save(&mut conn, &session.0, state).await?;
+        Ok(())
+    }
+
+    /// The state [`Self::save_state`] recorded, while the session is open; `None` for a closed,
+    /// expired or unknown session (rmcp then answers 404 and the client starts a new one).
+    #[tracing::instrument(skip_all)]
+    pub async fn load_state(
+        &self,
+        session: SessionHash,
+    ) -> Result<Option<serde_json::Value>, SessionError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        Ok(mcp_session_states::load(&mut conn, &session.0).await?)
+    }
+
+    /// Forgets a session's state (it was closed, or refused at its tenant's cap).
+    #[tracing::instrument(skip_all)]
+    pub async fn delete_state(&self, session: SessionHash) -> Result<(), SessionError> {
+        let mut conn = self.db.acquire().await.map_err(StoreError::from)?;
+        mcp_session_states::delete(&mut conn, &session.0).await?;
         Ok(())
     }
 

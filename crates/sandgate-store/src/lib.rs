@@ -12,11 +12,13 @@ pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 pub mod admin_tokens;
 pub mod audit;
+pub mod call_marks;
 pub mod clients;
 pub mod downloads;
 pub mod grants;
 pub mod hygiene;
 pub mod keys;
+pub mod mcp_session_states;
 pub mod mcp_sessions;
 pub mod packages;
 pub mod quotas;

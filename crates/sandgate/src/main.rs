@@ -281,7 +281,11 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             let app = App::build(config).await.context("starting the gateway")?;
             let mcp_url = app.mcp_url();
             tracing::info!(addr = %app.local_addr(), mcp_url, "sandgate is serving");
-            println!("sandgate serving MCP at {mcp_url}");
+            // The address too: behind a load balancer the MCP URL is the balancer's.
+            println!(
+                "sandgate listening on http://{}, serving MCP at {mcp_url}",
+                app.local_addr()
+            );
             app.run(sandgate_gateway::shutdown_signal()).await?;
         }
         Command::Migrate => {

@@ -12,6 +12,7 @@ use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 
 pub mod oauth;
+pub mod replicas;
 
 /// The `sandgate` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
@@ -151,10 +152,21 @@ impl Gateway {
             .next()
             .filter(|u| u.starts_with("http://"))
             .unwrap_or_else(|| panic!("unexpected first line from sandgate serve: {line:?}"));
-        let base_url = mcp_url.trim_end_matches("/mcp").to_owned();
+        // This process's own address (the MCP URL is a load balancer's when one is in front).
+        let base_url = line
+            .split(' ')
+            .find(|w| w.starts_with("http://") && w.ends_with(','))
+            .map_or_else(
+                || mcp_url.trim_end_matches("/mcp").to_owned(),
+                |w| w.trim_end_matches(',').to_owned(),
+            );
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        env.push(("SANDGATE_PUBLIC_URL".into(), base_url.clone()));
+        // The CLI issues tokens for the public URL: the one given (a load balancer in front of
+        // replicas), else this process's own.
+        if !env.iter().any(|(k, _)| k == "SANDGATE_PUBLIC_URL") {
+            env.push(("SANDGATE_PUBLIC_URL".into(), base_url.clone()));
+        }
         Gateway {
             child: Some(child),
             base_url,
@@ -313,7 +325,8 @@ impl Drop for Gateway {
     }
 }
 
-/// A TCP proxy on a free loopback port that forwards to `upstream` until stopped.
+/// A TCP proxy on a free loopback port that forwards to `upstream` (`host:port`, or
+/// `unix:<path>` for a Unix socket) until stopped.
 #[derive(Debug)]
 pub struct TcpProxy {
     /// Where clients connect.
@@ -340,7 +353,13 @@ impl TcpProxy {
                 };
                 let upstream = upstream.clone();
                 connections.spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(upstream).await {
+                    // `unix:<path>`: a Unix socket (the Docker engine's), else host:port.
+                    if let Some(path) = upstream.strip_prefix("unix:") {
+                        if let Ok(mut outbound) = tokio::net::UnixStream::connect(path).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    } else if let Ok(mut outbound) = TcpStream::connect(upstream).await {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                     }
                 });

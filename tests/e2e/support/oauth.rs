@@ -231,6 +231,19 @@ pub struct Browser {
 }
 
 impl Browser {
+    /// A browser whose relative redirects resolve against `base` (a gateway's base URL). It
+    /// sends every cookie it holds to every URL, whichever gateway set it.
+    pub fn at(base: &str) -> Browser {
+        Browser {
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .expect("an HTTP client"),
+            base: base.to_owned(),
+            cookies: HashMap::new(),
+        }
+    }
+
     pub fn new(stack: &Stack) -> Browser {
         Browser {
             http: stack.http.clone(),

@@ -48,6 +48,21 @@ pub enum SandboxError {
         /// What happened to its container.
         fate: ContainerFate,
     },
+    /// The attach stream to a container that still runs ended while the call was in flight
+    /// (the engine restarted with live-restore, the connection dropped): the call's outcome is
+    /// unknown, the kernel and files are intact, and the next call re-attaches
+    /// ([`SandboxManager::adopt`]).
+    #[error(
+        "the connection to sandbox {sandbox_id} was lost while this call ran ({reason}); the \
+         sandbox, its variables and files are intact and it is reconnected on the next call: \
+         retry the call (it may or may not have run to the end)"
+    )]
+    ConnectionLost {
+        /// The sandbox.
+        sandbox_id: String,
+        /// What the channel saw.
+        reason: String,
+    },
     /// Talking to the agent failed.
     #[error(transparent)]
     Channel(#[from] ChannelError),

@@ -99,20 +99,31 @@ impl Sandbox {
         Ok(fate)
     }
 
-    /// Turns a lost connection into the reason the container stopped.
+    /// Turns a lost connection into the reason the container stopped, or, when it still runs
+    /// (or the engine cannot say yet), into [`SandboxError::ConnectionLost`]: the caller
+    /// re-attaches (see [`SandboxManager::adopt`]) and the sandbox is never given up on a
+    /// connection alone.
     async fn explain(&self, err: ChannelError) -> SandboxError {
-        if !matches!(err, ChannelError::AttachLost { .. }) {
+        let ChannelError::AttachLost { reason } = err else {
             return SandboxError::Channel(err);
-        }
+        };
         let fate = match self.inner.death.get() {
             Some(fate) => fate.clone(),
             None => match settled_fate(self.inner.backend.as_ref(), &self.inner.container_id).await
             {
-                Ok(ContainerFate::Running) => return SandboxError::Channel(err),
+                Ok(ContainerFate::Running) => {
+                    return SandboxError::ConnectionLost {
+                        sandbox_id: self.inner.id.clone(),
+                        reason,
+                    };
+                }
                 Ok(fate) => self.inner.death.get_or_init(|| fate).clone(),
                 Err(inspect) => {
                     tracing::warn!(error = %inspect, "inspecting a lost sandbox failed");
-                    return SandboxError::Channel(err);
+                    return SandboxError::ConnectionLost {
+                        sandbox_id: self.inner.id.clone(),
+                        reason,
+                    };
                 }
             },
         };

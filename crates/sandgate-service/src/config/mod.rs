@@ -498,6 +498,18 @@ impl Config {
                 "must be empty or at least 32 characters".into(),
             ));
         }
+        // A per-process random cookie key would log users out at every replica change.
+        if !self.is_loopback() && self.cookie_key().is_none() {
+            return Err(invalid(
+                "oauth.cookie_secret",
+                "is required when the public URL is not loopback, unless keys.secret is set (the \
+                 cookie key is then derived from it): a key of its own per process would not \
+                 let one replica read another's login cookies. Set SANDGATE_KEYS__SECRET (or \
+                 SANDGATE_OAUTH__COOKIE_SECRET) to at least 32 random characters, the same on \
+                 every replica"
+                    .into(),
+            ));
+        }
         if o.client_metadata.max_bytes < 512 {
             return Err(invalid(
                 "oauth.client_metadata.max_bytes",
@@ -578,6 +590,28 @@ impl Config {
             .is_some_and(|u| u.scheme() == "https")
     }
 
+    /// The key that signs login-session cookies, the same on every replica configured alike:
+    /// from `oauth.cookie_secret` when set, else derived from `keys.secret` (domain-separated,
+    /// so it is no other key derived from it). `None` only when neither is set, which
+    /// validation allows on a loopback deployment alone: the caller then uses a random key per
+    /// process (sessions end at a restart and are not shared between replicas).
+    pub fn cookie_key(&self) -> Option<[u8; 32]> {
+        use hmac::{Hmac, Mac};
+        use sha2::Digest;
+        let cookie_secret = self.oauth.cookie_secret.expose_secret();
+        if !cookie_secret.is_empty() {
+            return Some(sha2::Sha256::digest(cookie_secret.as_bytes()).into());
+        }
+        let secret = self.keys.secret.expose_secret();
+        if secret.is_empty() {
+            return None;
+        }
+        let mut mac =
+            Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key");
+        mac.update(b"sandgate login session cookies v1");
+        Some(mac.finalize().into_bytes().into())
+    }
+
     /// Whether the public host is a loopback address or `localhost`.
     pub fn is_loopback(&self) -> bool {
         match &self.public_url {
@@ -656,6 +690,63 @@ mod tests {
             let config = load_in(jail).expect("defaults are valid");
             assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
             assert_eq!(config.mcp_url(), "http://127.0.0.1:8080/mcp");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn replicas_configured_alike_share_the_cookie_key_and_off_loopback_one_is_required() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_PUBLIC_URL", "https://mcp.example.com");
+            jail.set_env("SANDGATE_KEYS__SECRET", "a".repeat(40));
+            let first = load_in(jail).expect("valid").cookie_key();
+            let second = load_in(jail).expect("valid").cookie_key();
+            assert!(first.is_some(), "a key derived from keys.secret");
+            assert_eq!(
+                first, second,
+                "two replicas with one keys.secret share the key"
+            );
+            jail.set_env("SANDGATE_KEYS__SECRET", "b".repeat(40));
+            let other = load_in(jail).expect("valid").cookie_key();
+            assert_ne!(
+                first, other,
+                "another deployment's secret gives another key"
+            );
+            jail.set_env("SANDGATE_OAUTH__COOKIE_SECRET", "c".repeat(40));
+            let own = load_in(jail).expect("valid").cookie_key();
+            assert!(
+                own.is_some() && own != other,
+                "oauth.cookie_secret wins when set"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn on_loopback_without_secrets_the_cookie_key_is_left_to_the_process() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            let config = load_in(jail).expect("defaults are valid");
+            assert_eq!(config.cookie_key(), None);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn off_loopback_without_secrets_start_up_is_refused_naming_a_setting() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_PUBLIC_URL", "https://mcp.example.com");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("oauth.cookie_secret") || err.contains("keys.secret"),
+                "the refusal names the setting: {err}"
+            );
+            assert!(
+                err.contains("SANDGATE_KEYS__SECRET"),
+                "and says how to set it: {err}"
+            );
             Ok(())
         });
     }

@@ -4,12 +4,22 @@
 //!
 //! The cap is counted where the sandbox's attach channel lives (this process): every call into
 //! a sandbox goes through its channel here (and, with scale-out, through its node).
+//!
+//! Other replicas see a call only through Postgres: a call that outlives [`MARK_AFTER`] marks its
+//! sandbox (`sandbox_call_marks`), renewed every third of `limits.call_slot_ttl_seconds` and
+//! removed when it ends, so every replica's reaper leaves the sandbox alone; the mark of a
+//! replica that died expires by itself. Short calls never write a mark.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use chrono::Utc;
 use sandgate_store::PgPool;
-use sandgate_store::sandboxes;
+use sandgate_store::{call_marks, sandboxes};
+use tokio::task::AbortHandle;
+use uuid::Uuid;
 
 use super::ServiceError;
 use super::error::Quota;
@@ -17,12 +27,71 @@ use super::error::Quota;
 /// Sandboxes with calls in flight in this process, by id, with how many.
 pub(crate) type BusyMap = Arc<Mutex<HashMap<String, usize>>>;
 
+/// How long a call runs before it marks its sandbox busy in Postgres for the other replicas.
+pub(crate) const MARK_AFTER: Duration = Duration::from_secs(1);
+
 /// Held while a call uses a sandbox; see [`Resolved::busy`].
 #[derive(Debug)]
 pub struct BusyGuard {
     id: String,
     busy: BusyMap,
     db: PgPool,
+    mark: CallMark,
+}
+
+/// A call's mark in Postgres: written by a task once the call has run [`MARK_AFTER`], renewed
+/// while it runs, removed when the guard drops.
+#[derive(Debug)]
+struct CallMark {
+    id: Uuid,
+    /// Set before the mark is first written: whether there may be a row to remove.
+    written: Arc<AtomicBool>,
+    task: Option<AbortHandle>,
+}
+
+impl CallMark {
+    fn start(db: &PgPool, sandbox_id: &str, ttl_seconds: u32) -> Self {
+        let id = Uuid::new_v4();
+        let written = Arc::new(AtomicBool::new(false));
+        let task = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+            runtime
+                .spawn(renew_mark(
+                    db.clone(),
+                    id,
+                    sandbox_id.to_owned(),
+                    ttl_seconds,
+                    written.clone(),
+                ))
+                .abort_handle()
+        });
+        Self { id, written, task }
+    }
+}
+
+/// Marks the call after [`MARK_AFTER`], then renews the mark every third of its time to live.
+async fn renew_mark(
+    db: PgPool,
+    mark: Uuid,
+    sandbox_id: String,
+    ttl_seconds: u32,
+    written: Arc<AtomicBool>,
+) {
+    let ttl = Duration::from_secs(u64::from(ttl_seconds.max(3)));
+    tokio::time::sleep(MARK_AFTER).await;
+    loop {
+        written.store(true, Ordering::SeqCst);
+        let until = Utc::now() + ttl;
+        let renewed = async {
+            let mut conn = db.acquire().await?;
+            call_marks::renew(&mut conn, mark, &sandbox_id, until).await
+        }
+        .await;
+        if let Err(err) = renewed {
+            // The next renewal retries; meanwhile only this replica knows the call runs.
+            tracing::warn!(error = %err, sandbox_id = %sandbox_id, "marking a running call in Postgres failed");
+        }
+        tokio::time::sleep(ttl / 3).await;
+    }
 }
 
 impl BusyGuard {
@@ -32,6 +101,7 @@ impl BusyGuard {
         busy: &BusyMap,
         db: &PgPool,
         cap: u32,
+        ttl_seconds: u32,
     ) -> Result<Arc<Self>, ServiceError> {
         {
             let mut map = busy.lock().expect("busy map");
@@ -52,10 +122,11 @@ impl BusyGuard {
             id: id.to_owned(),
             busy: busy.clone(),
             db: db.clone(),
+            mark: CallMark::start(db, id, ttl_seconds),
         }))
     }
 
-    pub(super) fn new(id: &str, busy: &BusyMap, db: &PgPool) -> Arc<Self> {
+    pub(super) fn new(id: &str, busy: &BusyMap, db: &PgPool, ttl_seconds: u32) -> Arc<Self> {
         *busy
             .lock()
             .expect("busy map")
@@ -65,6 +136,7 @@ impl BusyGuard {
             id: id.to_owned(),
             busy: busy.clone(),
             db: db.clone(),
+            mark: CallMark::start(db, id, ttl_seconds),
         })
     }
 }
@@ -80,6 +152,16 @@ impl Drop for BusyGuard {
                 }
             }
         }
+        if let Some(task) = self.mark.task.take() {
+            task.abort();
+        }
+        // A renewal aborted mid-statement may still land after this removal; that mark then
+        // expires by itself within the slot's time to live.
+        let mark = self
+            .mark
+            .written
+            .load(Ordering::SeqCst)
+            .then_some(self.mark.id);
         // The end of a call is use too: a long cell must not leave its sandbox already idle.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let db = self.db.clone();
@@ -87,7 +169,12 @@ impl Drop for BusyGuard {
             runtime.spawn(async move {
                 let result = async {
                     let mut conn = db.acquire().await?;
-                    sandboxes::touch_live(&mut conn, &ids).await
+                    // The clock first: between the two no reaper may find the sandbox idle.
+                    sandboxes::touch_live(&mut conn, &ids).await?;
+                    if let Some(mark) = mark {
+                        call_marks::remove(&mut conn, mark).await?;
+                    }
+                    Ok::<_, sandgate_store::StoreError>(())
                 }
                 .await;
                 if let Err(err) = result {

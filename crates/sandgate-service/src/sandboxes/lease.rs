@@ -100,7 +100,12 @@ impl SandboxService {
             .lock()
             .expect("live map")
             .insert(row.id.clone(), sandbox.clone());
-        let busy = BusyGuard::new(&row.id, &self.busy, &self.db);
+        let busy = BusyGuard::new(
+            &row.id,
+            &self.busy,
+            &self.db,
+            self.limits.call_slot_ttl_seconds,
+        );
         Resolved {
             sandbox,
             row,

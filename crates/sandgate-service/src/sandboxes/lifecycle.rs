@@ -63,16 +63,22 @@ impl From<sqlx::Error> for LifecycleError {
 
 impl SandboxService {
     /// Closes every leased sandbox of this node past its idle timeout or lifetime (skipping those
-    /// with a call in flight here); returns how many it closed.
+    /// with a call in flight on any replica); returns how many it closed.
     #[tracing::instrument(skip_all)]
     pub async fn reap(&self) -> Result<usize, LifecycleError> {
         let now = Utc::now();
         let mut conn = self.db.acquire().await?;
         let due = sandboxes::overdue(&mut conn, &self.node, now).await?;
         drop(conn);
+        if due.is_empty() {
+            return Ok(0);
+        }
+        // A long call through another replica holds its sandbox as much as one through this.
+        let ids: Vec<String> = due.iter().map(|r| r.id.clone()).collect();
+        let busy = self.busy_anywhere(&ids).await?;
         let mut closed = 0;
         for row in due {
-            if self.is_busy(&row.id) {
+            if busy.contains(&row.id) {
                 continue;
             }
             let reason = if row.expires_at.is_some_and(|e| e <= now) {
@@ -110,6 +116,9 @@ impl SandboxService {
             .await?;
         self.adopt_leased(adopt, &mut done).await;
         self.sync_pool().await?;
+        // Marks of calls whose replica died: expired, so ignored, but not worth keeping.
+        let mut conn = self.db.acquire().await?;
+        sandgate_store::call_marks::purge_expired(&mut conn, Utc::now()).await?;
         Ok(done)
     }
 

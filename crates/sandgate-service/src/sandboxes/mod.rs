@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
-use sandgate_sandbox::{Sandbox, SandboxError, SandboxManager, SandboxProfile};
+use sandgate_sandbox::{ContainerFate, Sandbox, SandboxError, SandboxManager, SandboxProfile};
 use sandgate_store::PgPool;
 use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
 use uuid::Uuid;
@@ -105,6 +105,36 @@ impl SandboxService {
         self.busy.lock().expect("busy map").contains_key(id)
     }
 
+    /// Which of `ids` have a call in flight on any replica: here, or marked in Postgres by a
+    /// call elsewhere that outlived [`busy::MARK_AFTER`].
+    pub(crate) async fn busy_anywhere(
+        &self,
+        ids: &[String],
+    ) -> Result<std::collections::HashSet<String>, ServiceError> {
+        let mut busy: std::collections::HashSet<String> =
+            ids.iter().filter(|id| self.is_busy(id)).cloned().collect();
+        let rest: Vec<String> = ids
+            .iter()
+            .filter(|id| !busy.contains(*id))
+            .cloned()
+            .collect();
+        if !rest.is_empty() {
+            let mut conn = self.db.acquire().await?;
+            busy.extend(sandgate_store::call_marks::marked(&mut conn, &rest, Utc::now()).await?);
+        }
+        Ok(busy)
+    }
+
+    /// Whether the sandbox of `row` may be ended for its clock: overdue, and no call runs on it
+    /// on any replica.
+    pub(crate) async fn due_and_unused(&self, row: &SandboxRow) -> Result<bool, ServiceError> {
+        if !overdue(row, Utc::now()) {
+            return Ok(false);
+        }
+        let ids = [row.id.clone()];
+        Ok(self.busy_anywhere(&ids).await?.is_empty())
+    }
+
     /// The idle timeout for a call that asked for `keep_alive` seconds (bounded by the limits).
     fn idle_timeout(limits: &Limits, keep_alive: Option<u32>) -> Result<i32, ServiceError> {
         match keep_alive {
@@ -183,8 +213,9 @@ impl SandboxService {
             return Err(ended_error(&row));
         }
         let now = Utc::now();
-        // A sandbox with a call in flight here is in use, whatever its clock says.
-        if overdue(&row, now) && !self.is_busy(&row.id) {
+        // A sandbox with a call in flight (here or on another replica) is in use, whatever its
+        // clock says.
+        if self.due_and_unused(&row).await? {
             // The reaper has not got to it yet: end it now rather than serve past its time.
             let reason = if row.expires_at.is_some_and(|e| e <= now) {
                 CloseReason::Lifetime
@@ -199,6 +230,7 @@ impl SandboxService {
             &self.busy,
             &self.db,
             self.limits.max_calls_per_sandbox,
+            self.limits.call_slot_ttl_seconds,
         )?;
         let mut conn = self.db.acquire().await?;
         let touched = sandboxes::touch(&mut conn, caller.tenant, &row.id, new_idle).await?;
@@ -230,11 +262,15 @@ impl SandboxService {
                 return Ok(sandbox);
             }
             self.live.lock().expect("live map").remove(&row.id);
-            let why = match sandbox.fate().await {
-                Ok(fate) => describe_fate(&fate),
-                Err(err) => format!("its connection broke: {err}"),
-            };
-            return Err(self.lose(&row.id, why).await);
+            // The attach stream ended. A container that still runs (the engine restarted with
+            // live-restore, the connection dropped) keeps its kernel: re-attach below. Only one
+            // that stopped or vanished is lost; an engine that cannot say is retried later.
+            match sandbox.fate().await? {
+                ContainerFate::Running => {
+                    tracing::info!(sandbox_id = %row.id, "the attach stream of a running sandbox ended; re-attaching");
+                }
+                fate => return Err(self.lose(&row.id, describe_fate(&fate)).await),
+            }
         }
         match self.manager.adopt(&row.container_id).await {
             Ok(sandbox) => {

@@ -2,7 +2,6 @@
 //! encodes the call and the answer.
 
 use bytes::Bytes;
-use chrono::Utc;
 use sandgate_sandbox::{EntryKind, FileChunks, FileInfo, Job, Listing, SandboxError};
 use sandgate_store::sandboxes::{self, SandboxState};
 use uuid::Uuid;
@@ -98,9 +97,7 @@ impl SandboxService {
             .await?
             .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
         drop(conn);
-        if row.state != SandboxState::Leased
-            || (super::overdue(&row, Utc::now()) && !self.is_busy(&row.id))
-        {
+        if row.state != SandboxState::Leased || self.due_and_unused(&row).await? {
             return Err(super::ended_error(&row));
         }
         let sandbox = self.handle(&row).await?;

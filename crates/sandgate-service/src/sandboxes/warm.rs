@@ -4,7 +4,7 @@
 //! pool or writes warm rows: recording them as they become ready, leasing one, checking the
 //! pool against the rows, and leaving them for the next start at shutdown.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use sandgate_sandbox::{ContainerFate, Sandbox, SandboxError};
@@ -236,9 +236,13 @@ impl SandboxService {
         }
     }
 
-    /// At shutdown: stops the pool and leaves the warm sandboxes that have rows running for the
-    /// next start (or another replica) to lease, removing the rest. Leased sandboxes stay
-    /// running for the next start to re-attach to.
+    /// At shutdown: stops the pool and touches only what this process alone owns. A warm
+    /// sandbox with a `warm` row stays running for the next start (or another replica) to lease;
+    /// one whose row another replica leased meanwhile is that replica's now (this pool had not let
+    /// go of it yet) and is left alone; only a sandbox with no row (nobody else can know it) or an
+    /// ended row is removed. When Postgres cannot say, everything is left running: reconciliation
+    /// removes what turns out to be an orphan. Leased sandboxes stay running for the next start
+    /// to re-attach to.
     #[tracing::instrument(skip_all)]
     pub async fn shutdown(&self) {
         // Closes that already answered finish removing their containers first.
@@ -248,20 +252,24 @@ impl SandboxService {
             return;
         }
         let ids: Vec<String> = warm.iter().map(|s| s.id().to_owned()).collect();
-        let recorded: HashSet<String> = async {
+        let rows = async {
             let mut conn = self.db.acquire().await?;
             sandboxes::by_ids(&mut conn, &ids).await
         }
-        .await
-        .map(|rows| {
-            rows.into_iter()
-                .filter(|r| r.state == SandboxState::Warm)
-                .map(|r| r.id)
-                .collect()
-        })
-        .unwrap_or_default();
-        for sandbox in warm.into_iter().filter(|s| !recorded.contains(s.id())) {
-            if let Err(err) = self.manager.close(sandbox).await {
+        .await;
+        let states: HashMap<String, SandboxState> = match rows {
+            Ok(rows) => rows.into_iter().map(|r| (r.id, r.state)).collect(),
+            Err(err) => {
+                tracing::warn!(error = %err, "checking the warm pool at shutdown failed; leaving its sandboxes running");
+                return;
+            }
+        };
+        for sandbox in warm {
+            let remove = match states.get(sandbox.id()) {
+                None | Some(SandboxState::Closed | SandboxState::Lost) => true,
+                Some(SandboxState::Warm | SandboxState::Leased) => false,
+            };
+            if remove && let Err(err) = self.manager.close(sandbox).await {
                 tracing::warn!(error = %err, "removing an unrecorded warm sandbox failed");
             }
         }

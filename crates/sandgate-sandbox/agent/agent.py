@@ -3,13 +3,14 @@
 It speaks the newline-delimited JSON protocol described in PROTOCOL.md (next to this file) over the
 container's attached stdin/stdout. The same source runs in two roles:
 
-* the **agent** (started by the gateway as ``python3 -u -c <source>``, as root with only the
-  capabilities SETUID, SETGID and KILL): owns the protocol descriptors, answers ``ping``, runs
-  ``command`` (shell commands and background jobs), the file operations, ``interrupt`` and
-  ``restart``, supervises the kernel, and ends every process a call leaves behind;
-* the **kernel** (``python3 -u -c <source> kernel``, started by the agent as uid 1000 with no
-  capabilities): runs the Python cells (an IPython ``InteractiveShell`` when IPython is importable,
-  plain ``exec`` otherwise) and talks to the agent over a private pair of pipes.
+* the **agent** (started by the gateway as ``python3 -u -c <bootstrap.py> <source>``, as root with
+  only the capabilities SETUID, SETGID and KILL): owns the protocol descriptors, answers
+  ``ping``, runs ``command`` (shell commands and background jobs), the file operations,
+  ``interrupt`` and ``restart``, supervises the kernel, and ends every process a call leaves
+  behind;
+* the **kernel** (``python3 -u -c <bootstrap.py> <source> kernel``, started by the agent as uid 1000
+  with no capabilities): runs the Python cells (an IPython ``InteractiveShell`` when IPython is
+  importable, plain ``exec`` otherwise) and talks to the agent over a private pair of pipes.
 
 User code (cells and commands) runs as uid 1000 and therefore can neither open the agent's
 descriptors under /proc, nor signal it, nor write a frame the gateway reads: the agent only relays
@@ -2347,7 +2348,7 @@ def take_protocol_fds():
 def own_argv():
     """The command line that started this process, usable from any directory.
 
-    sys.orig_argv holds it in full (`-c <source>` included); a script path given relative to the
+    sys.orig_argv holds it in full (`-c <bootstrap.py> <source>` included); a script path given relative to the
     start directory is made absolute.
     """
     argv = [sys.executable] + [a for a in sys.orig_argv[1:] if a != "kernel"]

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 AGENT = Path(__file__).resolve().with_name("agent.py")
+BOOTSTRAP = AGENT.with_name("bootstrap.py")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 MIB = 1 << 20
 
@@ -67,7 +68,7 @@ KERNELS = _kernels()
 class AgentProcess:
     """A running agent and a minimal client of its protocol."""
 
-    def __init__(self, python, home, hide_ipython, workdir, via_c=False):
+    def __init__(self, python, home, hide_ipython, workdir, via_c=False, bootstrap=True):
         env = dict(os.environ)
         env["SANDGATE_AGENT_HOME"] = str(home)
         env["HOME"] = str(home)
@@ -84,9 +85,15 @@ class AgentProcess:
             )
             env["PYTHONPATH"] = str(stub)
         self.stderr_path = home.parent / f"agent-stderr-{uuid.uuid4().hex[:8]}.log"
+        if not via_c:
+            argv = [python, "-u", str(AGENT)]
+        elif bootstrap:
+            # The gateway starts the agent as `python3 -u -c <bootstrap.py> <agent.py>`.
+            argv = [python, "-u", "-c", BOOTSTRAP.read_text(), AGENT.read_text()]
+        else:
+            argv = [python, "-u", "-c", AGENT.read_text()]
         self.proc = subprocess.Popen(
-            # The gateway starts the agent as `python3 -u -c <source>`.
-            [python, "-u", "-c", AGENT.read_text()] if via_c else [python, "-u", str(AGENT)],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=open(self.stderr_path, "wb"),
@@ -525,6 +532,35 @@ def test_restart_when_started_with_dash_c(kernel, tmp_path, workdir):
         assert result["result"]["text/plain"] == "False"
     finally:
         agent.close()
+
+
+def anonymous_kib(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no Anonymous line for pid {pid}")
+
+
+def test_the_bootstrap_keeps_no_parse_tree_alive(kernel, tmp_path, workdir):
+    # `python3 -c <agent.py>` keeps agent.py's parse tree for the process's whole life; the
+    # bootstrap compiles it and lets it go. Same interpreter, same agent, measured side by side.
+    sizes = {}
+    for bootstrap in (False, True):
+        home = tmp_path / f"home-{bootstrap}"
+        home.mkdir()
+        agent = AgentProcess(kernel[1], home, kernel[2], workdir, via_c=True, bootstrap=bootstrap)
+        try:
+            result, _ = agent.run("import sys; sys.argv")
+            assert result["result"]["text/plain"] == "['-c', 'kernel']", result
+            agent.ok("ping")
+            sizes[bootstrap] = anonymous_kib(agent.ready["pid"])
+        finally:
+            agent.close()
+    assert sizes[True] < sizes[False] - 1024, (
+        f"the agent started through bootstrap.py should hold at least 1 MiB less anonymous memory "
+        f"than one started as `-c <agent.py>` (KiB: {sizes})"
+    )
 
 
 def test_frames_after_restart_are_not_lost(agent):

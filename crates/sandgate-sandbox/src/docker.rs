@@ -20,8 +20,13 @@ use crate::backend::{
 use crate::config::SandboxProfile;
 
 /// The agent, embedded in the binary and handed to `python3 -c` (DESIGN §3: any image with
-/// python3 can be a profile).
+/// python3 can be a profile), as the argument of [`AGENT_BOOTSTRAP`].
 pub const AGENT_SOURCE: &str = include_str!("../agent/agent.py");
+
+/// The `-c` program that compiles and runs [`AGENT_SOURCE`] (its first argument). Running the agent
+/// as the `-c` program itself would keep its whole parse tree alive in every sandbox's agent and
+/// kernel (~4.5 MB each; `agent/bootstrap.py` says why).
+pub const AGENT_BOOTSTRAP: &str = include_str!("../agent/bootstrap.py");
 
 /// The sandbox user's home; the only writable place besides /tmp.
 const HOME: &str = "/home/user";
@@ -187,6 +192,7 @@ pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
             "python3".into(),
             "-u".into(),
             "-c".into(),
+            AGENT_BOOTSTRAP.into(),
             AGENT_SOURCE.into(),
         ]),
         entrypoint: Some(Vec::new()),

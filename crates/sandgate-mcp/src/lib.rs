@@ -289,7 +289,8 @@ impl ServerHandler for McpServer {
                 return Err(CallError::Service(ServiceError::DatabaseAway));
             }
             let caller = self.caller(&claims).await?;
-            // The tenant's calls per minute and in flight: one statement now, one at the end.
+            // The tenant's calls per minute and in flight: one statement now, one behind the
+            // answer.
             let permit = self.inner.sandboxes.admit(&caller).await?;
             let answer = self
                 .dispatch(
@@ -300,7 +301,7 @@ impl ServerHandler for McpServer {
                     &ctx,
                 )
                 .await;
-            permit.release().await;
+            permit.release();
             answer
         }
         .instrument(span)

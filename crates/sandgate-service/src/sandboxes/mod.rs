@@ -61,6 +61,9 @@ pub struct SandboxService {
     pub(crate) packages: Option<crate::packages::PackageIndex>,
     /// Container removals running behind closes that already answered; drained at shutdown.
     pub(crate) removals: tokio_util::task::TaskTracker,
+    /// Other work running behind calls that already answered (freeing their quota slots);
+    /// drained at shutdown.
+    pub(crate) after_answer: tokio_util::task::TaskTracker,
 }
 
 impl SandboxService {
@@ -82,6 +85,7 @@ impl SandboxService {
             busy: Arc::default(),
             packages: None,
             removals: tokio_util::task::TaskTracker::new(),
+            after_answer: tokio_util::task::TaskTracker::new(),
         }
     }
 
@@ -346,11 +350,15 @@ impl SandboxService {
         });
     }
 
-    /// Waits for the container removals still running behind answered closes.
+    /// Waits for the container removals still running behind answered closes, and for the
+    /// other work behind answered calls (quota slot releases).
     pub async fn drain_removals(&self) {
         self.removals.close();
         self.removals.wait().await;
+        self.after_answer.close();
+        self.after_answer.wait().await;
         self.removals.reopen();
+        self.after_answer.reopen();
     }
 
     /// Closes every live sandbox leased under `grant_id` (its app was disconnected). Returns

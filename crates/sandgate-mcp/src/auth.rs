@@ -69,7 +69,7 @@ pub async fn require_bearer(
         );
         // With Postgres away the refusal cannot be audited either.
         if verified {
-            audit_refusal(&state, &claims, None, ErrorKind::RequestTooLarge).await;
+            audit_refusal(&state, &claims, None, ErrorKind::RequestTooLarge);
         }
         return too_large(max);
     }
@@ -91,7 +91,7 @@ pub async fn require_bearer(
             tool = tool.as_str(),
             "refused a call outside the token's scopes"
         );
-        audit_refusal(&state, &claims, Some(tool), ErrorKind::InsufficientScope).await;
+        audit_refusal(&state, &claims, Some(tool), ErrorKind::InsufficientScope);
         return insufficient_scope(&state, &claims, tool);
     }
     let mut request = request;
@@ -138,7 +138,7 @@ async fn check_grant(state: &AppState, claims: &AccessClaims) -> Result<bool, Re
 
 /// Audits a request refused after its token was verified (the caller is known): outcome
 /// `refused`, the tool when one was named (else `mcp`), and why.
-pub async fn audit_refusal(
+pub fn audit_refusal(
     state: &AppState,
     claims: &AccessClaims,
     tool: Option<ToolName>,
@@ -156,7 +156,7 @@ pub async fn audit_refusal(
         error_kind: Some(kind),
         duration_ms: 0,
     };
-    state.audit.record(event, false).await;
+    state.audit.record(event);
 }
 
 /// The tool a `tools/call` request names, if it is one of ours. Under 2026-07-28 the

@@ -31,7 +31,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use sandgate_auth::AccessClaims;
 use sandgate_service::sessions::SessionHash;
-use sandgate_store::audit::{AuditEvent, ErrorKind};
+use sandgate_store::audit::AuditEvent;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -326,8 +326,7 @@ impl ServerHandler for McpServer {
             error_kind: settled.kind,
             duration_ms: i32::try_from(elapsed.as_millis()).unwrap_or(i32::MAX),
         };
-        let db_down = event.error_kind == Some(ErrorKind::Unavailable);
-        self.inner.audit.record(event, db_down).await;
+        self.inner.audit.record(event);
         settled.response
     }
 }

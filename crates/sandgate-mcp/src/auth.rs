@@ -102,11 +102,10 @@ pub async fn require_bearer(
 /// Whether the token's grant is live (`true`), or could not be checked because Postgres is
 /// away (`false`); a revoked token or another failure is refused with the response to send.
 async fn check_grant(state: &AppState, claims: &AccessClaims) -> Result<bool, Response> {
-    let active = async {
-        let mut conn = state.db.acquire().await?;
-        sandgate_store::grants::token_is_active(&mut conn, claims.grant, &claims.jti).await
-    }
-    .await;
+    let active = state
+        .sandboxes
+        .token_is_active(claims.grant, &claims.jti)
+        .await;
     match active {
         Ok(true) => Ok(true),
         Ok(false) => {

@@ -64,6 +64,8 @@ pub struct SandboxService {
     /// Other work running behind calls that already answered (freeing their quota slots);
     /// drained at shutdown.
     pub(crate) after_answer: tokio_util::task::TaskTracker,
+    /// Live tokens and tenant limits, cached while its listener hears every change.
+    pub(crate) cache: crate::cache::ChangeCache,
 }
 
 impl SandboxService {
@@ -86,6 +88,7 @@ impl SandboxService {
             packages: None,
             removals: tokio_util::task::TaskTracker::new(),
             after_answer: tokio_util::task::TaskTracker::new(),
+            cache: crate::cache::ChangeCache::default(),
         }
     }
 
@@ -97,11 +100,27 @@ impl SandboxService {
     /// The limits in force for `tenant`: its own where set, else the configured defaults.
     #[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
     pub async fn limits(&self, tenant: Uuid) -> Result<Limits, ServiceError> {
-        let mut conn = self.db.acquire().await?;
-        let own = sandgate_store::tenants::limits(&mut conn, tenant)
+        let own = self
+            .cache
+            .tenant_limits(&self.db, tenant)
             .await?
             .unwrap_or_default();
         Ok(Limits::effective(&own, &self.limits, &self.profile))
+    }
+
+    /// Whether an access token may still be used: its grant (if any) live and its `jti` not
+    /// revoked (cached; a revocation on any replica takes effect at once, see [`crate::cache`]).
+    pub async fn token_is_active(
+        &self,
+        grant: Option<Uuid>,
+        jti: &str,
+    ) -> Result<bool, sandgate_store::StoreError> {
+        self.cache.token_is_active(&self.db, grant, jti).await
+    }
+
+    /// The cache of live tokens and tenant limits (its listener is started with the service).
+    pub fn cache(&self) -> &crate::cache::ChangeCache {
+        &self.cache
     }
 
     /// Whether a call on the sandbox is in flight in this process.

@@ -2,6 +2,7 @@
 //! sandbox image), started by `scripts/stack.sh`.
 
 mod cli;
+mod gateway_share;
 mod handoff;
 mod hostile;
 mod jobs;

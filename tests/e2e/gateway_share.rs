@@ -37,7 +37,10 @@ async fn token_through(stack: &Stack, client_id: &str) -> (String, Browser) {
     let mut browser = Browser::new(stack);
     let pkce = Pkce::new();
     let (query, _) = connect(stack, &mut browser, client_id, &pkce, "sandbox execute").await;
-    (exchange(stack, client_id, &query["code"], &pkce).await, browser)
+    (
+        exchange(stack, client_id, &query["code"], &pkce).await,
+        browser,
+    )
 }
 
 /// Another access token under the same grant, for `stack`'s MCP URL: the user already approved
@@ -179,7 +182,10 @@ async fn no_audit_event_is_lost_when_the_gateway_stops_right_after_its_calls() {
         let client = client.clone();
         calls.spawn(async move {
             client
-                .call("list_files", json!({"sandbox_id": format!("sbx_missing{i}")}))
+                .call(
+                    "list_files",
+                    json!({"sandbox_id": format!("sbx_missing{i}")}),
+                )
                 .await
                 .expect("a tool result")
         });

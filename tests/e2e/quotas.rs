@@ -540,7 +540,10 @@ async fn a_burst_of_long_calls_is_refused_at_the_in_flight_cap_while_another_ten
     .await;
     assert!(!free.is_error, "{free:?}");
     let refused = quota_refusals(&stack, "max_calls_in_flight").await;
-    assert!(refused >= 8, "8 refusals expected at least, {refused} counted");
+    assert!(
+        refused >= 8,
+        "8 refusals expected at least, {refused} counted"
+    );
     let rows = eventually(
         Duration::from_secs(10),
         "the refusals' audit rows",

@@ -230,7 +230,10 @@ mod tests {
         cache.apply(&Change::Token("b".into()));
         assert!(cache.state().tokens.is_empty(), "the revoked token is gone");
         cache.apply(&Change::Tenant(tenant));
-        assert!(cache.state().limits.is_empty(), "the tenant's limits are gone");
+        assert!(
+            cache.state().limits.is_empty(),
+            "the tenant's limits are gone"
+        );
     }
 
     #[test]

@@ -161,7 +161,10 @@ pub async fn record(conn: &mut PgConnection, event: &AuditEvent) -> Result<(), S
 /// Appends `events` in one statement, each with its own `at` (when its call ended), in order.
 /// Audit rows are the record of what happened, so this commit waits for the WAL like any other.
 #[tracing::instrument(skip_all, fields(events = events.len()))]
-pub async fn record_batch(conn: &mut PgConnection, events: &[AuditEvent]) -> Result<(), StoreError> {
+pub async fn record_batch(
+    conn: &mut PgConnection,
+    events: &[AuditEvent],
+) -> Result<(), StoreError> {
     if events.is_empty() {
         return Ok(());
     }

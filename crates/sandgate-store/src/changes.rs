@@ -57,11 +57,7 @@ impl ChangeListener {
     /// was notified in between is unknown. An error: the connection was lost and could not be
     /// made again.
     pub async fn next(&mut self) -> Result<Option<Change>, StoreError> {
-        Ok(self
-            .0
-            .try_recv()
-            .await?
-            .map(|n| Change::parse(n.payload())))
+        Ok(self.0.try_recv().await?.map(|n| Change::parse(n.payload())))
     }
 }
 
@@ -75,7 +71,10 @@ mod tests {
         assert_eq!(Change::parse(&format!("grant:{id}")), Change::Grant(id));
         assert_eq!(Change::parse("token:abc:d"), Change::Token("abc:d".into()));
         assert_eq!(Change::parse(&format!("tenant:{id}")), Change::Tenant(id));
-        assert_eq!(Change::parse("grant:nope"), Change::Unknown("grant:nope".into()));
+        assert_eq!(
+            Change::parse("grant:nope"),
+            Change::Unknown("grant:nope".into())
+        );
         assert_eq!(Change::parse("other"), Change::Unknown("other".into()));
     }
 }

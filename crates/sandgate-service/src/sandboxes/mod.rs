@@ -15,6 +15,7 @@ use crate::config::LimitsConfig;
 
 mod busy;
 mod error;
+mod idle_clock;
 mod lease;
 pub mod lifecycle;
 mod limits;
@@ -66,6 +67,8 @@ pub struct SandboxService {
     pub(crate) after_answer: tokio_util::task::TaskTracker,
     /// Live tokens and tenant limits, cached while its listener hears every change.
     pub(crate) cache: crate::cache::ChangeCache,
+    /// When this process last wrote each sandbox's idle clock (writes are coalesced).
+    pub(crate) idle_clock: idle_clock::IdleClock,
 }
 
 impl SandboxService {
@@ -89,6 +92,7 @@ impl SandboxService {
             removals: tokio_util::task::TaskTracker::new(),
             after_answer: tokio_util::task::TaskTracker::new(),
             cache: crate::cache::ChangeCache::default(),
+            idle_clock: idle_clock::IdleClock::default(),
         }
     }
 
@@ -183,13 +187,15 @@ impl SandboxService {
         match sandbox_id {
             Some(id) => {
                 let idle = Self::idle_timeout(&caller.limits, keep_alive)?;
-                let mut conn = self.db.acquire().await?;
-                let row = sandboxes::get(&mut conn, caller.tenant, id)
-                    .await?
-                    .ok_or_else(|| ServiceError::NotFound(id.to_owned()))?;
-                drop(conn);
-                self.resolve_row(caller, row, keep_alive.map(|_| idle))
-                    .await
+                let new_idle = keep_alive.map(|_| idle);
+                // The common case in one statement: found, owned, live, clock refreshed.
+                match self.touch_for_call(caller.tenant, id, new_idle).await? {
+                    idle_clock::Touched::Live(row) => self.resolve_touched(row).await,
+                    idle_clock::Touched::Untouched(row) => {
+                        let row = row.ok_or_else(|| ServiceError::NotFound(id.to_owned()))?;
+                        self.resolve_row(caller, row, new_idle).await
+                    }
+                }
             }
             None => self.create(caller, conversation, keep_alive).await,
         }
@@ -236,6 +242,25 @@ impl SandboxService {
             }
         };
         drop(conn);
+        let sandbox = self.handle(&row).await?;
+        Ok(Resolved {
+            sandbox,
+            row,
+            created: false,
+            busy,
+        })
+    }
+
+    /// A live row whose clock [`Self::touch_for_call`] refreshed: the call's busy mark and
+    /// handle.
+    async fn resolve_touched(&self, row: SandboxRow) -> Result<Resolved, ServiceError> {
+        tracing::Span::current().record("sandbox_id", &row.id);
+        let busy = BusyGuard::try_new(
+            &row.id,
+            &self.busy,
+            &self.db,
+            self.limits.max_calls_per_sandbox,
+        )?;
         let sandbox = self.handle(&row).await?;
         Ok(Resolved {
             sandbox,

@@ -9,7 +9,11 @@
 //! and then everything is dropped once more, since notifications of the gap are lost. A lookup
 //! racing a change never stores its (possibly stale) answer: every change and reconnection
 //! bumps a generation, and an answer is kept only if the generation did not move while it was
-//! read. [`TTL`] bounds what a missed notification could cost.
+//! read. [`TTL`] bounds what a missed notification could cost. The replica that makes a change
+//! also drops the entries itself right after its commit ([`ChangeCache::forget`]); another
+//! replica drops them when the notification arrives, which Postgres sends at the commit, before
+//! the changing call has answered (its delivery and handling are asynchronous, so a call that
+//! reaches another replica within that fraction of a millisecond may still be served).
 //!
 //! Only "the token is active" is cached: a refusal goes to Postgres every time (rare, and it
 //! must never be cached past a re-approval).
@@ -115,6 +119,12 @@ impl ChangeCache {
                 .insert(tenant, (limits.clone(), Instant::now() + TTL));
         }
         Ok(limits)
+    }
+
+    /// Drops what `change` names, now: a replica that makes a change calls this after its
+    /// commit, so its own next call never waits for the notification to come back.
+    pub fn forget(&self, change: &Change) {
+        self.apply(change);
     }
 
     /// Drops what `change` names.

@@ -243,17 +243,7 @@ pub async fn touch(
     id: &str,
     idle_timeout_seconds: Option<i32>,
 ) -> Result<Option<SandboxRow>, StoreError> {
-    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
-        "UPDATE sandboxes SET last_used_at = now(),
-                idle_timeout_seconds = COALESCE($3, idle_timeout_seconds)
-         WHERE id = $1 AND tenant_id = $2 AND state = 'leased'
-         RETURNING {COLUMNS}"
-    )))
-    .bind(id)
-    .bind(tenant_id)
-    .bind(idle_timeout_seconds)
-    .fetch_optional(conn)
-    .await?)
+    touch_where(conn, tenant_id, id, idle_timeout_seconds, "TRUE").await
 }
 
 /// Lookup, ownership check and idle touch in one statement: refreshes `last_used_at` (and, if
@@ -267,14 +257,26 @@ pub async fn touch_in_time(
     id: &str,
     idle_timeout_seconds: Option<i32>,
 ) -> Result<Option<SandboxRow>, StoreError> {
+    let in_time = "(expires_at IS NULL OR expires_at > now())
+           AND (idle_timeout_seconds IS NULL OR coalesce(last_used_at, leased_at) IS NULL
+                OR coalesce(last_used_at, leased_at)
+                   + make_interval(secs => idle_timeout_seconds) > now())";
+    touch_where(conn, tenant_id, id, idle_timeout_seconds, in_time).await
+}
+
+/// The touch of a tenant's leased sandbox where `condition` (a constant SQL expression of
+/// ours, never input) holds too.
+async fn touch_where(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    id: &str,
+    idle_timeout_seconds: Option<i32>,
+    condition: &str,
+) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET last_used_at = now(),
                 idle_timeout_seconds = COALESCE($3, idle_timeout_seconds)
-         WHERE id = $1 AND tenant_id = $2 AND state = 'leased'
-           AND (expires_at IS NULL OR expires_at > now())
-           AND (idle_timeout_seconds IS NULL OR coalesce(last_used_at, leased_at) IS NULL
-                OR coalesce(last_used_at, leased_at)
-                   + make_interval(secs => idle_timeout_seconds) > now())
+         WHERE id = $1 AND tenant_id = $2 AND state = 'leased' AND {condition}
          RETURNING {COLUMNS}"
     )))
     .bind(id)

@@ -223,12 +223,7 @@ impl SandboxService {
             let ended = self.end(&row, reason).await?.unwrap_or(row);
             return Err(ended_error(&ended));
         }
-        let busy = BusyGuard::try_new(
-            &row.id,
-            &self.busy,
-            &self.db,
-            self.limits.max_calls_per_sandbox,
-        )?;
+        let busy = self.mark_busy(&row.id)?;
         let mut conn = self.db.acquire().await?;
         let touched = sandboxes::touch(&mut conn, caller.tenant, &row.id, new_idle).await?;
         let row = match touched {
@@ -255,12 +250,7 @@ impl SandboxService {
     /// handle.
     async fn resolve_touched(&self, row: SandboxRow) -> Result<Resolved, ServiceError> {
         tracing::Span::current().record("sandbox_id", &row.id);
-        let busy = BusyGuard::try_new(
-            &row.id,
-            &self.busy,
-            &self.db,
-            self.limits.max_calls_per_sandbox,
-        )?;
+        let busy = self.mark_busy(&row.id)?;
         let sandbox = self.handle(&row).await?;
         Ok(Resolved {
             sandbox,
@@ -268,6 +258,11 @@ impl SandboxService {
             created: false,
             busy,
         })
+    }
+
+    /// Marks a call on the sandbox (see [`Resolved::busy`]), unless it runs its most already.
+    fn mark_busy(&self, id: &str) -> Result<Arc<BusyGuard>, ServiceError> {
+        BusyGuard::try_new(id, &self.busy, &self.db, self.limits.max_calls_per_sandbox)
     }
 
     /// The live handle for a leased row: from this process, else adopted from the engine.

@@ -3,6 +3,7 @@
 
 mod cli;
 mod deploy;
+mod gateway_share;
 mod handoff;
 mod hostile;
 mod jobs;

@@ -311,8 +311,12 @@ async fn support_analyst(era: Era) {
         assert!(metrics.contains(line), "/metrics has {line}:\n{metrics}");
     }
 
-    // The audit trail holds one event per call.
-    let audit = gateway_audit_count(&gateway).await;
+    // The audit trail holds one event per call (written in batches behind the answers).
+    let audit = support::eventually(Duration::from_secs(10), "16 audit events", || async {
+        let n = gateway_audit_count(&gateway).await;
+        (n >= 16).then_some(n)
+    })
+    .await;
     assert_eq!(audit, 16, "one audit event per tool call");
 }
 

@@ -143,6 +143,12 @@ impl Metrics {
             "Times a sandbox's output was paused for sending frames or bytes faster than its budget",
             sandbox.output_throttled.clone(),
         );
+        registry.register(
+            "audit_dropped",
+            "Audit events dropped: the queue was full (Postgres away for long), Postgres was still \
+             away at shutdown, or the database refused them",
+            sandgate_service::audit::dropped_counter().clone(),
+        );
         let refusals = Family::<RefusalLabels, Counter>::default();
         registry.register(
             "http_refusals",

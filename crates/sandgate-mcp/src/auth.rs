@@ -69,7 +69,7 @@ pub async fn require_bearer(
         );
         // With Postgres away the refusal cannot be audited either.
         if verified {
-            audit_refusal(&state, &claims, None, ErrorKind::RequestTooLarge).await;
+            audit_refusal(&state, &claims, None, ErrorKind::RequestTooLarge);
         }
         return too_large(max);
     }
@@ -91,7 +91,7 @@ pub async fn require_bearer(
             tool = tool.as_str(),
             "refused a call outside the token's scopes"
         );
-        audit_refusal(&state, &claims, Some(tool), ErrorKind::InsufficientScope).await;
+        audit_refusal(&state, &claims, Some(tool), ErrorKind::InsufficientScope);
         return insufficient_scope(&state, &claims, tool);
     }
     let mut request = request;
@@ -102,11 +102,10 @@ pub async fn require_bearer(
 /// Whether the token's grant is live (`true`), or could not be checked because Postgres is
 /// away (`false`); a revoked token or another failure is refused with the response to send.
 async fn check_grant(state: &AppState, claims: &AccessClaims) -> Result<bool, Response> {
-    let active = async {
-        let mut conn = state.db.acquire().await?;
-        sandgate_store::grants::token_is_active(&mut conn, claims.grant, &claims.jti).await
-    }
-    .await;
+    let active = state
+        .sandboxes
+        .token_is_active(claims.grant, &claims.jti)
+        .await;
     match active {
         Ok(true) => Ok(true),
         Ok(false) => {
@@ -138,7 +137,7 @@ async fn check_grant(state: &AppState, claims: &AccessClaims) -> Result<bool, Re
 
 /// Audits a request refused after its token was verified (the caller is known): outcome
 /// `refused`, the tool when one was named (else `mcp`), and why.
-pub async fn audit_refusal(
+pub fn audit_refusal(
     state: &AppState,
     claims: &AccessClaims,
     tool: Option<ToolName>,
@@ -156,7 +155,7 @@ pub async fn audit_refusal(
         error_kind: Some(kind),
         duration_ms: 0,
     };
-    state.audit.record(event, false).await;
+    state.audit.record(event);
 }
 
 /// The tool a `tools/call` request names, if it is one of ours. Under 2026-07-28 the

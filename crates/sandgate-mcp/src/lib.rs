@@ -32,7 +32,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use sandgate_auth::AccessClaims;
 use sandgate_service::sessions::SessionHash;
-use sandgate_store::audit::{AuditEvent, ErrorKind};
+use sandgate_store::audit::AuditEvent;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -294,7 +294,8 @@ impl ServerHandler for McpServer {
                 return Err(CallError::Service(ServiceError::DatabaseAway));
             }
             let caller = self.caller(&claims).await?;
-            // The tenant's calls per minute and in flight: one statement now, one at the end.
+            // The tenant's calls per minute and in flight: one statement now, one behind the
+            // answer.
             let permit = self.inner.sandboxes.admit(&caller).await?;
             let answer = self
                 .dispatch(
@@ -305,7 +306,7 @@ impl ServerHandler for McpServer {
                     &ctx,
                 )
                 .await;
-            permit.release().await;
+            permit.release();
             answer
         }
         .instrument(span)
@@ -330,8 +331,7 @@ impl ServerHandler for McpServer {
             error_kind: settled.kind,
             duration_ms: i32::try_from(elapsed.as_millis()).unwrap_or(i32::MAX),
         };
-        let db_down = event.error_kind == Some(ErrorKind::Unavailable);
-        self.inner.audit.record(event, db_down).await;
+        self.inner.audit.record(event);
         settled.response
     }
 }

@@ -113,7 +113,7 @@ async fn opened_session(
         close(state, &id).await;
         if let SessionError::OverCap { .. } = err {
             state.metrics.record_quota_refusal("max_sessions");
-            crate::auth::audit_refusal(state, claims, None, ErrorKind::SessionLimit).await;
+            crate::auth::audit_refusal(state, claims, None, ErrorKind::SessionLimit);
         } else {
             tracing::warn!(error = %err, "recording an MCP session's owner failed");
         }

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use sandgate_auth::Scope;
 use sandgate_store::StoreError;
+use sandgate_store::changes::Change;
 use sandgate_store::grants;
 use serde::Deserialize;
 use uuid::Uuid;
@@ -136,6 +137,10 @@ pub async fn disconnect(
     match revoked {
         Ok(true) => {
             tracing::info!(grant_id = %form.grant_id, user_id = %session.user_id, "app disconnected");
+            state
+                .sandboxes
+                .cache()
+                .forget(&Change::Grant(form.grant_id));
             match state.sandboxes.close_grant(form.grant_id).await {
                 Ok(n) => {
                     tracing::info!(grant_id = %form.grant_id, closed = n, "closed the app's sandboxes")

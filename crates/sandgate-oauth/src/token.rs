@@ -13,6 +13,7 @@ use chrono::Utc;
 use sandgate_auth::secret::{self, SecretKind};
 use sandgate_auth::{Scope, pkce};
 use sandgate_store::StoreError;
+use sandgate_store::changes::Change;
 use sandgate_store::clients::Client;
 use sandgate_store::grants::{self, Grant, NewRefreshToken};
 use serde::Deserialize;
@@ -281,6 +282,7 @@ async fn authorization_code(
         // OAuth 2.1 §4.1.3: a code used twice means it leaked; what it issued is revoked.
         grants::revoke(&mut tx, row.grant_id, None, "authorization code replayed").await?;
         sandgate_store::commit(tx).await?;
+        state.sandboxes.cache().forget(&Change::Grant(row.grant_id));
         tracing::warn!(grant_id = %row.grant_id, client_id = %client.id, "authorization code replayed; grant revoked");
         return Err(TokenEndpointError::InvalidGrant(
             "the authorization code was already used; the tokens issued with it are revoked".into(),
@@ -501,6 +503,10 @@ pub async fn revoke(
         {
             let expires = chrono::DateTime::from_timestamp(claims.exp, 0).unwrap_or_else(Utc::now);
             grants::revoke_access_token(&mut conn, &claims.jti, expires).await?;
+            state
+                .sandboxes
+                .cache()
+                .forget(&Change::Token(claims.jti.clone()));
             tracing::info!(jti = %claims.jti, "access token revoked");
         }
         Ok::<_, TokenEndpointError>(())

@@ -1206,6 +1206,9 @@ INDEX_FRAME_TIMEOUT_S = 120.0
 INDEX_MAX_PENDING = 16
 # Notes the relay keeps for the pip wrapper (what the gateway refused and why).
 INDEX_MAX_NOTES = 50
+# How long a pip request waits for the gateway to open the relay after the agent asked for it
+# (an `index_wanted` event on a running call); the gateway opens it in milliseconds.
+INDEX_WANTED_WAIT_S = 10.0
 # What pip hears when no call holds the relay open (a background job, or a gateway without it).
 INDEX_NOT_SERVING = (
     "package installs work only inside a call (run_terminal_command, execute_code, "
@@ -1251,7 +1254,11 @@ class IndexRelay:
 
     def __init__(self):
         self.lock = threading.Lock()
+        self.served = threading.Condition(self.lock)  # notified when a serve call opens
         self.serving = None  # request id of the open index_serve call
+        # Returns the id of a running exec or command (whose gateway call can open the relay on
+        # demand), or None; set by the agent.
+        self.call_for_index = lambda: None
         self.pending = {}  # relay request id -> queue of chunk frames
         self.next_rid = 1
         self.notes = collections.deque(maxlen=INDEX_MAX_NOTES)  # (seq, text)
@@ -1275,6 +1282,7 @@ class IndexRelay:
         """A gateway call opens the relay; a newer call replaces an older one (answered at once)."""
         with self.lock:
             old, self.serving = self.serving, req_id
+            self.served.notify_all()
         if old is not None:
             WRITER.ok(old, {"served": False, "replaced": True})
 
@@ -1312,9 +1320,26 @@ class IndexRelay:
         with self.lock:
             return self.note_seq, [text for n, text in self.notes if n > seq]
 
+    def ask_for_serving(self):
+        """Has the gateway open the relay on demand: it opens no `index_serve` beside a call until
+        pip asks (a plain cell costs no extra op). The ask is an `index_wanted` event on a running
+        exec or command, whose gateway call then opens the relay; True once it is open. Without a
+        running call (pip in a background job between calls) there is nobody to ask."""
+        with self.lock:
+            if self.serving is not None:
+                return True
+        call = self.call_for_index()
+        if call is None:
+            return False
+        WRITER.event(call, "index_wanted")
+        with self.lock:
+            return self.served.wait_for(lambda: self.serving is not None, INDEX_WANTED_WAIT_S)
+
     def relay(self, path):
         """Sends one request to the gateway; returns (rid, queue of its answer frames) or an error
         (status, text) when it cannot be sent."""
+        if not self.ask_for_serving():
+            return None, (503, INDEX_NOT_SERVING)
         with self.lock:
             if self.serving is None:
                 return None, (503, INDEX_NOT_SERVING)
@@ -1549,6 +1574,15 @@ class Agent(FrameServer):
         self.uploads = {}  # request id -> queue of chunk frames of a running write_file
         self.upload_tmp = {}  # request id -> temporary file of a running write_file
         self.index = IndexRelay()
+        self.index.call_for_index = self.call_for_index
+
+    def call_for_index(self):
+        """A running exec or command, whose gateway call can open the package index relay when pip
+        asks for it (PROTOCOL.md, `index_wanted`); None when none runs."""
+        with self.state_lock:
+            if self.running is not None:
+                return self.running.id
+            return next(iter(self.commands), None)
 
     def start(self):
         prepare_user_site()

@@ -981,6 +981,44 @@ def test_the_index_relay_forwards_pip_requests_to_the_open_serve_call(agent):
     assert any("only inside a call" in n for n in json.loads(notes)["notes"]), notes
 
 
+def test_pip_asks_a_running_call_to_open_the_relay_on_demand(agent):
+    """The gateway opens no relay beside a call up front: pip's first request makes the agent send
+    `index_wanted` on a running call, and the request goes through once a serve call opens."""
+    mark = uuid.uuid4().hex
+    cmd = agent.start(
+        "command", command=f"export SANDGATE_TEST_MARK={mark}; sleep 1000", timeout_ms=100_000
+    )
+    wait_until(lambda: pids_with_mark(mark), 10, "command never started")
+    got = {}
+
+    def fetch():
+        got["answer"] = relay_get(agent, "/simple/sgdemo/")
+
+    client = threading.Thread(target=fetch)
+    client.start()
+    wanted = agent._queue(cmd).get(timeout=30)
+    assert wanted == {"id": cmd, "event": "index_wanted"}, wanted
+    serve = agent.start("index_serve")
+    request = agent._queue(serve).get(timeout=30)
+    assert request["event"] == "index_request" and request["path"] == "/simple/sgdemo/", request
+    body = b"ok"
+    agent.send(
+        {"id": serve, "op": "chunk", "rid": request["rid"], "last": True, "status": 200,
+         "content_type": "text/plain", "length": len(body), "data": base64.b64encode(body).decode()}
+    )
+    client.join(30)
+    assert got.get("answer") == (200, "OK", body), got
+    agent.ok("interrupt", target=serve)
+    agent.ok("interrupt", target=cmd)
+    agent.wait(cmd)
+
+
+def test_pip_without_a_running_call_hears_503_at_once(agent):
+    """Nobody to ask (pip in a background job between calls): refused without waiting."""
+    status, _, text = relay_get(agent, "/simple/sgdemo/", timeout=5)
+    assert status == 503 and b"only inside a call" in text, (status, text)
+
+
 def test_the_index_relay_forwards_nothing_but_index_paths(agent):
     serve = agent.start("index_serve")
     for path in ("/etc/passwd", "/simple/../../x/", "/files/abc/x.whl", "/simple/a%20b/", "/" + "a" * 3000):

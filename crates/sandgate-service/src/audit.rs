@@ -1,28 +1,51 @@
-//! The audit trail's writer. A call's event is written before its answer goes out, so a gateway
-//! killed right after answering loses nothing; when that write fails (Postgres away) the event
-//! goes to a queue that a background task writes when Postgres returns, so calls refused during
-//! an outage are still on the record. While the queue is not empty, new events join it (keeping
-//! the trail in order) rather than being written directly.
+//! The audit trail's writer. A call's event is queued (never waited for) and a background task
+//! writes the queue in batches: every few milliseconds, or as soon as a batch is full, one
+//! `INSERT` carries every event waiting. The request path costs a channel send.
+//!
+//! - Graceful shutdown drains the queue: every event of a call that answered is written
+//!   before the process exits (while Postgres answers; see below).
+//! - While Postgres is away, events stay queued (up to [`QUEUE_EVENTS`]) and the batch in hand
+//!   is retried until Postgres returns, in order. Past the bound, or at shutdown with Postgres
+//!   still away after [`FLUSH_AT_SHUTDOWN`], events are dropped: each is counted in
+//!   `sandgate_audit_dropped_total` and logged.
+//! - A process killed without warning (SIGKILL) loses the few milliseconds of events not yet
+//!   flushed; that is the price of not waiting for a commit on every call.
+//!
+//! Nothing else depends on audit rows: quotas and rate limits keep their own counters
+//! (`sandgate_store::quotas`), so a delayed or dropped audit row never lets a call through.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use sandgate_store::PgPool;
 use sandgate_store::audit::{self, AuditEvent};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Most events waiting to be written; beyond, new events are dropped (and logged).
-const QUEUE_EVENTS: usize = 100_000;
+/// Most events waiting to be written; beyond, new events are dropped (counted and logged).
+pub const QUEUE_EVENTS: usize = 100_000;
+/// Most events in one `INSERT` (10 parameters each, far below Postgres's 65,535).
+const BATCH_EVENTS: usize = 500;
+/// How long the writer gathers events after the first one before it writes them.
+const GATHER: Duration = Duration::from_millis(5);
 /// Pause between attempts while Postgres does not answer.
 const RETRY_EVERY: Duration = Duration::from_millis(500);
-/// How long shutdown waits for queued events to be written.
-const FLUSH_AT_SHUTDOWN: Duration = Duration::from_secs(5);
+/// How long shutdown waits for queued events to be written while Postgres does not answer.
+pub const FLUSH_AT_SHUTDOWN: Duration = Duration::from_secs(5);
+
+/// Audit events dropped (queue full, Postgres away through shutdown, or refused by the
+/// database): `sandgate_audit_dropped_total` in `/metrics`. Process-wide, like the sandbox
+/// crate's counters.
+pub fn dropped_counter() -> &'static Counter {
+    static DROPPED: OnceLock<Counter> = OnceLock::new();
+    DROPPED.get_or_init(Counter::default)
+}
 
 /// A handle to the audit writer. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AuditLog {
-    db: PgPool,
     queue: mpsc::Sender<AuditEvent>,
 }
 
@@ -30,75 +53,109 @@ impl AuditLog {
     /// Starts the writer on `tasks`; it drains what is queued when `stop` is cancelled.
     pub fn start(db: PgPool, stop: CancellationToken, tasks: &TaskTracker) -> Self {
         let (queue, events) = mpsc::channel(QUEUE_EVENTS);
-        tasks.spawn(write_events(db.clone(), events, stop));
-        Self { db, queue }
+        tasks.spawn(write_events(db, events, stop));
+        Self { queue }
     }
 
-    /// Writes an event, or queues it when Postgres does not take it now. `db_known_down` (the
-    /// call itself failed for want of Postgres) skips the direct attempt, which would only make
-    /// the caller wait for the pool's acquire timeout a second time.
-    #[tracing::instrument(skip_all)]
-    pub async fn record(&self, event: AuditEvent, db_known_down: bool) {
-        // Events queued earlier go first: the trail stays in order.
-        let queue_empty = self.queue.capacity() == self.queue.max_capacity();
-        if queue_empty && !db_known_down {
-            let written = async {
-                let mut conn = self.db.acquire().await?;
-                audit::record(&mut conn, &event).await
-            }
-            .await;
-            match written {
-                Ok(()) => return,
-                Err(err) if err.is_unavailable() => {}
-                Err(err) => {
-                    tracing::error!(error = %err, tool = %event.tool, "an audit event was refused by the database; dropped");
-                    return;
-                }
-            }
-        }
-        self.enqueue(event);
-    }
-
-    /// Queues an event for the background writer; never waits.
-    fn enqueue(&self, event: AuditEvent) {
+    /// Queues an event for the writer; never waits. A full queue (Postgres away for long)
+    /// drops it, counted and logged.
+    pub fn record(&self, event: AuditEvent) {
         if let Err(err) = self.queue.try_send(event) {
-            tracing::error!(error = %err, "the audit queue is full or closed; an audit event was dropped");
+            dropped(1, &format!("the audit queue is full or closed: {err}"));
         }
     }
 }
 
+fn dropped(n: usize, why: &str) {
+    dropped_counter().inc_by(n as u64);
+    tracing::error!(events = n, why, "audit events dropped");
+}
+
+/// The writer: gathers what is queued into batches and writes each, retrying while Postgres is
+/// away; at `stop`, drains the queue and ends.
 async fn write_events(db: PgPool, mut events: mpsc::Receiver<AuditEvent>, stop: CancellationToken) {
-    let mut flush_deadline = None;
+    let mut stopping = false;
+    let mut batch = Vec::with_capacity(BATCH_EVENTS);
     loop {
-        let event = tokio::select! {
-            event = events.recv() => event,
-            () = stop.cancelled(), if flush_deadline.is_none() => {
-                flush_deadline = Some(tokio::time::Instant::now() + FLUSH_AT_SHUTDOWN);
-                events.close();
-                continue;
-            }
-        };
-        let Some(event) = event else { return };
-        loop {
-            let written = async {
-                let mut conn = db.acquire().await?;
-                audit::record(&mut conn, &event).await
-            }
-            .await;
-            match written {
-                Ok(()) => break,
-                Err(err) if err.is_unavailable() => {
-                    if flush_deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-                        tracing::error!(error = %err, queued = events.len() + 1, "Postgres is away at shutdown; queued audit events are lost");
-                        return;
-                    }
-                    tracing::warn!(error = %err, "writing an audit event failed; retrying");
-                    tokio::time::sleep(RETRY_EVERY).await;
+        if batch.is_empty() {
+            let first = tokio::select! {
+                event = events.recv() => event,
+                () = stop.cancelled(), if !stopping => {
+                    // Every request has answered by now: take what is queued, then end.
+                    stopping = true;
+                    events.close();
+                    continue;
                 }
-                Err(err) => {
-                    tracing::error!(error = %err, tool = %event.tool, "an audit event was refused by the database; dropped");
-                    break;
+            };
+            let Some(first) = first else { return };
+            batch.push(first);
+            if !stopping {
+                gather(&mut events, &mut batch).await;
+            }
+        }
+        while batch.len() < BATCH_EVENTS {
+            match events.try_recv() {
+                Ok(event) => batch.push(event),
+                Err(_) => break,
+            }
+        }
+        if !write_batch(&db, &mut batch, &stop, stopping).await {
+            let left = batch.len() + events.len();
+            dropped(
+                left,
+                "Postgres is still away at shutdown; queued events are lost",
+            );
+            return;
+        }
+    }
+}
+
+/// Waits up to [`GATHER`] for more events to join `batch` (fewer, larger writes under load).
+async fn gather(events: &mut mpsc::Receiver<AuditEvent>, batch: &mut Vec<AuditEvent>) {
+    let until = tokio::time::Instant::now() + GATHER;
+    while batch.len() < BATCH_EVENTS {
+        match tokio::time::timeout_at(until, events.recv()).await {
+            Ok(Some(event)) => batch.push(event),
+            Ok(None) | Err(_) => return,
+        }
+    }
+}
+
+/// Writes `batch` (emptying it), retrying while Postgres is unavailable. `false` when it gave
+/// up: shutting down and Postgres away for [`FLUSH_AT_SHUTDOWN`].
+async fn write_batch(
+    db: &PgPool,
+    batch: &mut Vec<AuditEvent>,
+    stop: &CancellationToken,
+    stopping: bool,
+) -> bool {
+    let mut give_up_at = stopping.then(|| tokio::time::Instant::now() + FLUSH_AT_SHUTDOWN);
+    loop {
+        let written = async {
+            let mut conn = db.acquire().await?;
+            audit::record_batch(&mut conn, batch).await
+        }
+        .await;
+        match written {
+            Ok(()) => {
+                batch.clear();
+                return true;
+            }
+            Err(err) if err.is_unavailable() => {
+                if stop.is_cancelled() && give_up_at.is_none() {
+                    give_up_at = Some(tokio::time::Instant::now() + FLUSH_AT_SHUTDOWN);
                 }
+                if give_up_at.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                    return false;
+                }
+                tracing::warn!(error = %err, events = batch.len(), "writing audit events failed; kept and retried");
+                tokio::time::sleep(RETRY_EVERY).await;
+            }
+            Err(err) => {
+                // Not an outage (a constraint, a bad value): retrying would not help.
+                dropped(batch.len(), &format!("refused by the database: {err}"));
+                batch.clear();
+                return true;
             }
         }
     }

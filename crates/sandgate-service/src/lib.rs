@@ -5,6 +5,7 @@
 //! - [`sandboxes`]: tenant-scoped sandboxes ([`SandboxService`]): leasing, resolving, closing.
 //! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
+//! - [`cache`]: live tokens and tenant limits cached briefly, invalidated across replicas.
 //! - [`health`]: readiness (Postgres, Docker, the sandbox image).
 //! - [`keys`]: the signing-key ring (access tokens).
 //! - [`links`]: expiring download links (signed; opened by the gateway's `/files/` route).
@@ -18,6 +19,7 @@
 
 pub mod admin;
 pub mod audit;
+pub mod cache;
 pub mod config;
 pub mod health;
 pub mod keys;

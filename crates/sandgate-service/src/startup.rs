@@ -95,6 +95,9 @@ impl Services {
         sandboxes
             .start_lifecycle(&config.lifecycle, background_stop.clone(), &background)
             .await;
+        sandboxes
+            .cache()
+            .listen(db.clone(), background_stop.clone(), &background);
         let audit = AuditLog::start(db.clone(), background_stop.clone(), &background);
         crate::retention::start_purge(
             db.clone(),

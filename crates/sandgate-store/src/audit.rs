@@ -158,6 +158,36 @@ pub async fn record(conn: &mut PgConnection, event: &AuditEvent) -> Result<(), S
     Ok(())
 }
 
+/// Appends `events` in one statement, each with its own `at` (when its call ended), in order.
+/// Audit rows are the record of what happened, so this commit waits for the WAL like any other.
+#[tracing::instrument(skip_all, fields(events = events.len()))]
+pub async fn record_batch(
+    conn: &mut PgConnection,
+    events: &[AuditEvent],
+) -> Result<(), StoreError> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let mut insert = sqlx::QueryBuilder::<sqlx::Postgres>::new(
+        "INSERT INTO audit_events (at, tenant_id, token_id, subject, conversation_id, sandbox_id,
+                                   tool, outcome, error_kind, duration_ms) ",
+    );
+    insert.push_values(events, |mut row, event| {
+        row.push_bind(event.at)
+            .push_bind(event.tenant_id)
+            .push_bind(&event.token_id)
+            .push_bind(&event.subject)
+            .push_bind(&event.conversation_id)
+            .push_bind(&event.sandbox_id)
+            .push_bind(&event.tool)
+            .push_bind(event.outcome)
+            .push_bind(event.error_kind)
+            .push_bind(event.duration_ms);
+    });
+    insert.build().execute(conn).await?;
+    Ok(())
+}
+
 /// A tenant's most recent events, newest first.
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn recent(

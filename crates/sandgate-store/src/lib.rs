@@ -13,6 +13,7 @@ pub use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 pub mod admin_tokens;
 pub mod audit;
 pub mod call_marks;
+pub mod changes;
 pub mod clients;
 pub mod downloads;
 pub mod grants;

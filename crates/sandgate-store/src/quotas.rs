@@ -4,6 +4,11 @@
 //! start ([`admit`]) and one at its end ([`release`]), plus one per renewal while it runs longer
 //! than a third of the slot's time to live ([`renew`]).
 //!
+//! These counters are not durable data: each statement turns `synchronous_commit` off for its
+//! own transaction ([`NOT_DURABLE`]), so a call does not wait for the WAL flush at its start and
+//! end. A Postgres crash can lose the last few milliseconds of quota state (a few calls counted
+//! less, a slot freed twice); nothing else depends on it, and slots expire by themselves anyway.
+//!
 //! The calls-per-minute limit is GCRA (the generic cell rate algorithm, as `governor` uses):
 //! with a limit of N, a burst of N calls is admitted at once, and then one per 60/N seconds; a
 //! refused call does not count. Both limits are checked and taken in the same `INSERT … ON
@@ -40,6 +45,11 @@ pub enum Admission {
     /// The tenant has `in_flight` calls running already.
     OverInFlight,
 }
+
+/// `SET LOCAL synchronous_commit = off` as an expression: evaluated inside the statement, it
+/// holds until the statement's own (implicit) transaction commits, which then does not wait for
+/// the WAL to reach the disk. One statement, no extra round trip.
+const NOT_DURABLE: &str = "set_config('synchronous_commit', 'off', true)";
 
 /// Live slots of `q.in_flight` (expiry in the future), as a SQL expression.
 const LIVE_SLOTS: &str = "(SELECT coalesce(jsonb_object_agg(s.k, s.v), '{}'::jsonb)
@@ -79,9 +89,10 @@ pub async fn admit(
                  THEN {LIVE_SLOTS} || EXCLUDED.in_flight
                  ELSE q.in_flight END
          RETURNING q.in_flight ? $5::text,
-                   extract(epoch FROM (q.rate_tat - now()))::float8 - $3"
+                   extract(epoch FROM (q.rate_tat - now()))::float8 - $3,
+                   {NOT_DURABLE}"
     );
-    let (admitted, rate_wait): (bool, f64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let (admitted, rate_wait, _): (bool, f64, String) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(tenant)
         .bind(interval)
         .bind(tolerance)
@@ -107,7 +118,11 @@ pub async fn admit(
 /// Frees a call's slot (its start stays counted in the rate).
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn release(conn: &mut PgConnection, tenant: Uuid, slot: &str) -> Result<(), StoreError> {
-    sqlx::query("UPDATE call_quotas SET in_flight = in_flight - $2 WHERE tenant_id = $1")
+    let sql = format!(
+        "UPDATE call_quotas SET in_flight = in_flight - $2 WHERE tenant_id = $1
+         RETURNING {NOT_DURABLE}"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(tenant)
         .bind(slot)
         .execute(conn)

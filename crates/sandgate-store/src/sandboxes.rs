@@ -243,10 +243,40 @@ pub async fn touch(
     id: &str,
     idle_timeout_seconds: Option<i32>,
 ) -> Result<Option<SandboxRow>, StoreError> {
+    touch_where(conn, tenant_id, id, idle_timeout_seconds, "TRUE").await
+}
+
+/// Lookup, ownership check and idle touch in one statement: refreshes `last_used_at` (and, if
+/// given, the idle timeout) of a tenant's leased sandbox that is not past its idle deadline or
+/// its lifetime, and returns the row. `None` when it is not such a sandbox (missing, another
+/// tenant's, ended, or overdue): the caller reads the row to say which.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, sandbox_id = %id))]
+pub async fn touch_in_time(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    id: &str,
+    idle_timeout_seconds: Option<i32>,
+) -> Result<Option<SandboxRow>, StoreError> {
+    let in_time = "(expires_at IS NULL OR expires_at > now())
+           AND (idle_timeout_seconds IS NULL OR coalesce(last_used_at, leased_at) IS NULL
+                OR coalesce(last_used_at, leased_at)
+                   + make_interval(secs => idle_timeout_seconds) > now())";
+    touch_where(conn, tenant_id, id, idle_timeout_seconds, in_time).await
+}
+
+/// The touch of a tenant's leased sandbox where `condition` (a constant SQL expression of
+/// ours, never input) holds too.
+async fn touch_where(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    id: &str,
+    idle_timeout_seconds: Option<i32>,
+    condition: &str,
+) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET last_used_at = now(),
                 idle_timeout_seconds = COALESCE($3, idle_timeout_seconds)
-         WHERE id = $1 AND tenant_id = $2 AND state = 'leased'
+         WHERE id = $1 AND tenant_id = $2 AND state = 'leased' AND {condition}
          RETURNING {COLUMNS}"
     )))
     .bind(id)

@@ -85,23 +85,41 @@ impl AgentChannel {
     }
 
     /// Runs `call` (a cell or a command on this channel) with the package index served by
-    /// `handler` beside it, so that pip in that call can install; returns the call's output.
-    /// Serving ends with the call (or earlier, should the relay end; the call goes on).
+    /// `handler` on demand, so that pip in that call can install; returns the call's output.
+    ///
+    /// Nothing is opened up front: a cell that never runs pip costs no extra op. When pip asks
+    /// the agent's loopback index, the agent sends `index_wanted` on a running call, and one
+    /// call under `with_index` (at most one per channel at a time) opens the relay and serves it
+    /// until that call ends (or the relay ends earlier; the call goes on).
     pub async fn with_index<T>(
         &self,
         handler: &dyn IndexHandler,
         call: impl std::future::Future<Output = T>,
     ) -> T {
-        let serve = self.serve_index(handler);
-        tokio::pin!(call, serve);
-        let mut serving = true;
+        let shared = &self.inner.shared;
+        let mut wants = shared.index_wants.subscribe();
+        wants.borrow_and_update();
+        tokio::pin!(call);
         loop {
             tokio::select! {
                 out = &mut call => return out,
-                ended = &mut serve, if serving => {
-                    serving = false;
-                    if let Err(err) = ended {
-                        tracing::debug!(%err, "package index relay ended");
+                changed = wants.changed() => {
+                    if changed.is_err() {
+                        return call.await;
+                    }
+                    let Some(_serving) = ServingRelay::take(shared) else {
+                        // Another call serves it already.
+                        continue;
+                    };
+                    let serve = self.serve_index(handler);
+                    tokio::pin!(serve);
+                    tokio::select! {
+                        out = &mut call => return out,
+                        ended = &mut serve => {
+                            if let Err(err) = ended {
+                                tracing::debug!(%err, "package index relay ended");
+                            }
+                        }
                     }
                 }
             }
@@ -175,4 +193,23 @@ async fn read_full(file: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Resul
         filled += n;
     }
     Ok(filled)
+}
+
+/// The one call of a channel that serves the package index relay; freed when dropped.
+struct ServingRelay<'a>(&'a Shared);
+
+impl<'a> ServingRelay<'a> {
+    fn take(shared: &'a Shared) -> Option<Self> {
+        shared
+            .index_serving
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+            .then_some(Self(shared))
+    }
+}
+
+impl Drop for ServingRelay<'_> {
+    fn drop(&mut self) {
+        self.0.index_serving.store(false, Ordering::Release);
+    }
 }

@@ -37,6 +37,12 @@ pub(crate) struct Shared {
     pub(crate) label: String,
     pub(crate) routes: Mutex<Routes>,
     pub(crate) link: watch::Sender<Link>,
+    /// Counts the agent's `index_wanted` events: pip in the sandbox asked for the package index
+    /// relay, which a call running under [`AgentChannel::with_index`] then opens.
+    pub(crate) index_wants: watch::Sender<u64>,
+    /// Whether one of this channel's calls holds the relay open (at most one serves at a time,
+    /// since a newer `index_serve` replaces an older one in the agent).
+    pub(crate) index_serving: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -71,6 +77,11 @@ impl Shared {
                     l.readies += 1;
                     l.ready = Some(info);
                 });
+                return;
+            }
+            Inbound::Event { event, .. } if event == "index_wanted" => {
+                // Not the call's business: whichever call can serve the relay opens it.
+                self.index_wants.send_modify(|n| *n += 1);
                 return;
             }
             Inbound::Event { id, event, frame } => (id, Delivery::Event { event, frame }),

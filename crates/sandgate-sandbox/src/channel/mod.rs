@@ -100,6 +100,8 @@ impl AgentChannel {
             label,
             routes: Mutex::new(Routes::default()),
             link,
+            index_wants: watch::channel(0).0,
+            index_serving: std::sync::atomic::AtomicBool::new(false),
         });
         let (writer, frames) = mpsc::channel(WRITE_QUEUE_FRAMES);
         let reader = tokio::spawn(read_loop(shared.clone(), streams.output)).abort_handle();

@@ -15,6 +15,7 @@ use crate::config::LimitsConfig;
 
 mod busy;
 mod error;
+mod idle_clock;
 mod lease;
 pub mod lifecycle;
 mod limits;
@@ -61,6 +62,13 @@ pub struct SandboxService {
     pub(crate) packages: Option<crate::packages::PackageIndex>,
     /// Container removals running behind closes that already answered; drained at shutdown.
     pub(crate) removals: tokio_util::task::TaskTracker,
+    /// Other work running behind calls that already answered (freeing their quota slots);
+    /// drained at shutdown.
+    pub(crate) after_answer: tokio_util::task::TaskTracker,
+    /// Live tokens and tenant limits, cached while its listener hears every change.
+    pub(crate) cache: crate::cache::ChangeCache,
+    /// When this process last wrote each sandbox's idle clock (writes are coalesced).
+    pub(crate) idle_clock: idle_clock::IdleClock,
 }
 
 impl SandboxService {
@@ -82,6 +90,9 @@ impl SandboxService {
             busy: Arc::default(),
             packages: None,
             removals: tokio_util::task::TaskTracker::new(),
+            after_answer: tokio_util::task::TaskTracker::new(),
+            cache: crate::cache::ChangeCache::default(),
+            idle_clock: idle_clock::IdleClock::default(),
         }
     }
 
@@ -93,11 +104,27 @@ impl SandboxService {
     /// The limits in force for `tenant`: its own where set, else the configured defaults.
     #[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
     pub async fn limits(&self, tenant: Uuid) -> Result<Limits, ServiceError> {
-        let mut conn = self.db.acquire().await?;
-        let own = sandgate_store::tenants::limits(&mut conn, tenant)
+        let own = self
+            .cache
+            .tenant_limits(&self.db, tenant)
             .await?
             .unwrap_or_default();
         Ok(Limits::effective(&own, &self.limits, &self.profile))
+    }
+
+    /// Whether an access token may still be used: its grant (if any) live and its `jti` not
+    /// revoked (cached; a revocation on any replica takes effect at once, see [`crate::cache`]).
+    pub async fn token_is_active(
+        &self,
+        grant: Option<Uuid>,
+        jti: &str,
+    ) -> Result<bool, sandgate_store::StoreError> {
+        self.cache.token_is_active(&self.db, grant, jti).await
+    }
+
+    /// The cache of live tokens and tenant limits (its listener is started with the service).
+    pub fn cache(&self) -> &crate::cache::ChangeCache {
+        &self.cache
     }
 
     /// Whether a call on the sandbox is in flight in this process.
@@ -190,13 +217,15 @@ impl SandboxService {
         match sandbox_id {
             Some(id) => {
                 let idle = Self::idle_timeout(&caller.limits, keep_alive)?;
-                let mut conn = self.db.acquire().await?;
-                let row = sandboxes::get(&mut conn, caller.tenant, id)
-                    .await?
-                    .ok_or_else(|| ServiceError::NotFound(id.to_owned()))?;
-                drop(conn);
-                self.resolve_row(caller, row, keep_alive.map(|_| idle))
-                    .await
+                let new_idle = keep_alive.map(|_| idle);
+                // The common case in one statement: found, owned, live, clock refreshed.
+                match self.touch_for_call(caller.tenant, id, new_idle).await? {
+                    idle_clock::Touched::Live(row) => self.resolve_touched(row).await,
+                    idle_clock::Touched::Untouched(row) => {
+                        let row = row.ok_or_else(|| ServiceError::NotFound(id.to_owned()))?;
+                        self.resolve_row(caller, row, new_idle).await
+                    }
+                }
             }
             None => self.create(caller, conversation, keep_alive).await,
         }
@@ -225,13 +254,7 @@ impl SandboxService {
             let ended = self.end(&row, reason).await?.unwrap_or(row);
             return Err(ended_error(&ended));
         }
-        let busy = BusyGuard::try_new(
-            &row.id,
-            &self.busy,
-            &self.db,
-            self.limits.max_calls_per_sandbox,
-            self.limits.call_slot_ttl_seconds,
-        )?;
+        let busy = self.mark_busy(&row.id)?;
         let mut conn = self.db.acquire().await?;
         let touched = sandboxes::touch(&mut conn, caller.tenant, &row.id, new_idle).await?;
         let row = match touched {
@@ -252,6 +275,31 @@ impl SandboxService {
             created: false,
             busy,
         })
+    }
+
+    /// A live row whose clock [`Self::touch_for_call`] refreshed: the call's busy mark and
+    /// handle.
+    async fn resolve_touched(&self, row: SandboxRow) -> Result<Resolved, ServiceError> {
+        tracing::Span::current().record("sandbox_id", &row.id);
+        let busy = self.mark_busy(&row.id)?;
+        let sandbox = self.handle(&row).await?;
+        Ok(Resolved {
+            sandbox,
+            row,
+            created: false,
+            busy,
+        })
+    }
+
+    /// Marks a call on the sandbox (see [`Resolved::busy`]), unless it runs its most already.
+    fn mark_busy(&self, id: &str) -> Result<Arc<BusyGuard>, ServiceError> {
+        BusyGuard::try_new(
+            id,
+            &self.busy,
+            &self.db,
+            self.limits.max_calls_per_sandbox,
+            self.limits.call_slot_ttl_seconds,
+        )
     }
 
     /// The live handle for a leased row: from this process, else adopted from the engine.
@@ -382,11 +430,15 @@ impl SandboxService {
         });
     }
 
-    /// Waits for the container removals still running behind answered closes.
+    /// Waits for the container removals still running behind answered closes, and for the
+    /// other work behind answered calls (quota slot releases).
     pub async fn drain_removals(&self) {
         self.removals.close();
         self.removals.wait().await;
+        self.after_answer.close();
+        self.after_answer.wait().await;
         self.removals.reopen();
+        self.after_answer.reopen();
     }
 
     /// Closes every live sandbox leased under `grant_id` (its app was disconnected). Returns

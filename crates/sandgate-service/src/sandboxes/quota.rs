@@ -3,12 +3,19 @@
 //! call (both limits), one frees its slot when it ends; a call running longer than a third of
 //! the slot's time to live renews it, so a replica that dies mid-call frees its slots by
 //! themselves within `limits.call_slot_ttl_seconds`.
+//!
+//! Neither statement waits for the WAL flush (the counters are not durable data, see
+//! `sandgate_store::quotas`), and the release runs behind the answer: spawned on the service's
+//! tracker of work after answers, which shutdown drains. A call that follows the answer at once
+//! may still see the slot taken for the moment the release takes; at the in-flight cap it is
+//! refused with "retry in 1 s" like any call at the cap.
 
 use std::time::Duration;
 
 use sandgate_store::PgPool;
 use sandgate_store::quotas::{self, Admission, CallLimits};
 use tokio::task::JoinHandle;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::error::Quota;
@@ -25,6 +32,7 @@ pub struct CallPermit {
     slot: String,
     db: PgPool,
     renewer: Option<JoinHandle<()>>,
+    after_answer: TaskTracker,
 }
 
 impl SandboxService {
@@ -71,6 +79,7 @@ impl SandboxService {
             slot,
             db: self.db.clone(),
             renewer: Some(renewer),
+            after_answer: self.after_answer.clone(),
         })
     }
 }
@@ -98,12 +107,11 @@ async fn renew_until_dropped(db: PgPool, tenant: Uuid, slot: String, ttl: u32) {
 }
 
 impl CallPermit {
-    /// Frees the slot now (one statement). A failure is logged: the slot then expires by itself.
-    pub async fn release(mut self) {
-        if let Some(renewer) = self.renewer.take() {
-            renewer.abort();
-        }
-        release(&self.db, self.tenant, &self.slot).await;
+    /// Frees the slot behind the answer (one statement, spawned on the service's tracker that
+    /// shutdown drains). A failure is logged: the slot then expires by itself.
+    pub fn release(self) {
+        // Drop does it: it is the same whether the call ended or was cancelled.
+        drop(self);
     }
 }
 
@@ -119,16 +127,17 @@ async fn release(db: &PgPool, tenant: Uuid, slot: &str) {
 }
 
 impl Drop for CallPermit {
-    /// A call dropped without [`CallPermit::release`] (cancelled): free its slot in the
-    /// background.
+    /// Frees the slot in the background, whether the call ended ([`CallPermit::release`]) or
+    /// was cancelled (its future dropped).
     fn drop(&mut self) {
         let Some(renewer) = self.renewer.take() else {
             return;
         };
         renewer.abort();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        if tokio::runtime::Handle::try_current().is_ok() {
             let (db, tenant, slot) = (self.db.clone(), self.tenant, std::mem::take(&mut self.slot));
-            runtime.spawn(async move { release(&db, tenant, &slot).await });
+            self.after_answer
+                .spawn(async move { release(&db, tenant, &slot).await });
         }
     }
 }

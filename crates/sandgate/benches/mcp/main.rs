@@ -217,6 +217,10 @@ async fn run(opts: Options) -> Result<()> {
         rows.extend(series.rows);
         levels = series.levels;
     }
+    if opts.exec_only {
+        eprintln!("[bench] the sandbox crate directly (exec only)");
+        rows.extend(bench_crate(&opts, &backend, &image).await?);
+    }
     if !opts.exec_only && !opts.series_only {
         eprintln!("[bench] the sandbox crate directly");
         rows.extend(bench_crate(&opts, &backend, &image).await?);

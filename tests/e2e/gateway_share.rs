@@ -1,0 +1,237 @@
+//! The gateway's share of a call (issue 16): what it keeps off Postgres and how that stays
+//! correct. Live tokens and tenant limits are cached per replica and invalidated across
+//! replicas (LISTEN/NOTIFY): a disconnect through one gateway is refused at once by another,
+//! and an operator's change of a tenant's limits is seen by every replica. Audit events are
+//! written in batches behind the answers and never lost on graceful shutdown. (Events during a
+//! Postgres outage are kept: `lifecycle::calls_during_a_postgres_outage_…`.)
+
+use reqwest::StatusCode;
+use serde_json::json;
+use sqlx::Connection;
+
+use crate::mcp_client::{Client, Era};
+use crate::support::oauth::*;
+use crate::support::{self, Gateway};
+
+/// The stack's Postgres with two gateway processes on one database: the second shares the
+/// first's tenant and user.
+async fn two_replicas() -> (Stack, Stack) {
+    let first = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let gateway = Gateway::start(
+        &first.gateway.database_url,
+        &[("SANDGATE_POOL__MIN_READY", "0")],
+    )
+    .await;
+    let second = Stack {
+        gateway,
+        tenant: first.tenant.clone(),
+        email: first.email.clone(),
+        http: first.http.clone(),
+    };
+    (first, second)
+}
+
+/// An access token for `stack`'s MCP URL under the user's grant to `client_id`, through the
+/// consent page (the first approval).
+async fn token_through(stack: &Stack, client_id: &str) -> (String, Browser) {
+    let mut browser = Browser::new(stack);
+    let pkce = Pkce::new();
+    let (query, _) = connect(stack, &mut browser, client_id, &pkce, "sandbox execute").await;
+    (
+        exchange(stack, client_id, &query["code"], &pkce).await,
+        browser,
+    )
+}
+
+/// Another access token under the same grant, for `stack`'s MCP URL: the user already approved
+/// the client, so signing in on this replica redirects with a code at once (same grant).
+async fn token_again(stack: &Stack, client_id: &str) -> String {
+    let mut browser = Browser::new(stack);
+    let pkce = Pkce::new();
+    let url = authorize_url(stack, client_id, REDIRECT, &pkce, "st-2", "sandbox execute");
+    let start = browser.get(&url).await;
+    let login = start.location.expect("the authorize page asks to sign in");
+    let after = browser.log_in(&login, &stack.email, PASSWORD).await;
+    let back = browser
+        .get(after.location.as_deref().expect("login redirects back"))
+        .await;
+    let location = back
+        .location
+        .unwrap_or_else(|| panic!("an approved client is redirected at once: {}", back.body));
+    assert!(location.starts_with(REDIRECT), "{location}");
+    exchange(stack, client_id, &query_of(&location)["code"], &pkce).await
+}
+
+async fn exchange(stack: &Stack, client_id: &str, code: &str, pkce: &Pkce) -> String {
+    let (status, tokens) = stack.exchange(client_id, code, &pkce.verifier).await;
+    assert_eq!(status, StatusCode::OK, "{tokens}");
+    tokens["access_token"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_grant_disconnected_through_one_gateway_is_refused_at_once_by_another() {
+    let (a, b) = two_replicas().await;
+    let client_id = a.register("Two Replicas", REDIRECT).await["client_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (token_a, mut browser) = token_through(&a, &client_id).await;
+    let token_b = token_again(&b, &client_id).await;
+    // B serves calls with its token (and so holds the grant as live in its cache).
+    let client_b = Client::connect(&b.gateway.mcp_url(), &token_b, Era::Stateless)
+        .await
+        .expect("connects to B");
+    for _ in 0..3 {
+        let result = client_b
+            .call(
+                "execute_code",
+                json!({"sandbox_id": "sbx_missing", "code": "1"}),
+            )
+            .await
+            .expect("a tool result");
+        assert!(result.text.contains("no sandbox sbx_missing"), "{result:?}");
+    }
+    let (status, _, body) = b.mcp_status(&token_b).await;
+    assert_ne!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "B accepts the token before the disconnect: {body}"
+    );
+
+    // The person disconnects the app on A's page.
+    let apps = browser.get(&a.url("/apps")).await;
+    assert!(apps.body.contains("Two Replicas"), "{}", apps.body);
+    let grant = hidden(&apps.body, "grant_id").unwrap();
+    let csrf = hidden(&apps.body, "csrf").unwrap();
+    let done = browser
+        .post(
+            &a.url("/apps/disconnect"),
+            &[("csrf", &csrf), ("grant_id", &grant)],
+        )
+        .await;
+    assert_eq!(done.status, StatusCode::SEE_OTHER);
+
+    // The very next request to B is refused: no waiting, no retry.
+    let (status, _, body) = b.mcp_status(&token_b).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "B refuses the disconnected grant's token at once: {body}"
+    );
+    assert_eq!(
+        body["error_description"],
+        "the access token was revoked or its app was disconnected"
+    );
+    let (status, _, _) = a.mcp_status(&token_a).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "and so does A");
+}
+
+#[tokio::test]
+async fn a_tenant_limit_changed_by_the_operator_is_seen_by_every_replica() {
+    let (a, b) = two_replicas().await;
+    let token = b.gateway.token(&b.tenant).await;
+    let client = Client::connect(&b.gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("connects to B");
+    // B loads (and caches) the tenant's limits.
+    let first = client
+        .call("list_files", json!({"sandbox_id": "sbx_missing"}))
+        .await
+        .expect("a tool result");
+    assert!(first.text.contains("no sandbox sbx_missing"), "{first:?}");
+
+    // The operator lowers the longest idle timeout with A's configuration.
+    a.gateway
+        .cli(&[
+            "admin",
+            "tenant",
+            "limits",
+            &a.tenant,
+            "--max-idle-seconds",
+            "50",
+        ])
+        .await;
+
+    let refused = client
+        .call(
+            "create_sandbox",
+            json!({"conversation_id": "c-limits", "keep_alive_seconds": 100}),
+        )
+        .await
+        .expect("a tool result");
+    assert!(
+        refused.is_error && refused.text.contains("50 s"),
+        "B applies the new limit on the next call: {refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn no_audit_event_is_lost_when_the_gateway_stops_right_after_its_calls() {
+    const CALLS: usize = 40;
+    let database = support::fresh_database().await;
+    let mut gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = std::sync::Arc::new(
+        Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+            .await
+            .expect("connects"),
+    );
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..CALLS {
+        let client = client.clone();
+        calls.spawn(async move {
+            client
+                .call(
+                    "list_files",
+                    json!({"sandbox_id": format!("sbx_missing{i}")}),
+                )
+                .await
+                .expect("a tool result")
+        });
+    }
+    let answered = calls.join_all().await.len();
+    assert_eq!(answered, CALLS);
+    // SIGTERM at once: the events still queued are written before the process exits.
+    assert!(gateway.terminate().await, "the gateway stops cleanly");
+    let mut conn = sqlx::PgConnection::connect(&database)
+        .await
+        .expect("the test database");
+    let rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE tool = 'list_files' AND tenant_id = $1::uuid",
+    )
+    .bind(&tenant)
+    .fetch_one(&mut conn)
+    .await
+    .expect("count");
+    assert_eq!(
+        rows, CALLS as i64,
+        "one audit row per answered call, all written before exit"
+    );
+}
+
+/// The audit writer never drops an event while Postgres answers.
+#[tokio::test]
+async fn no_audit_event_is_counted_as_dropped_in_normal_operation() {
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("connects");
+    client
+        .call("list_files", json!({"sandbox_id": "sbx_missing"}))
+        .await
+        .expect("a tool result");
+    let metrics = reqwest::get(format!("{}/metrics", gateway.base_url))
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("sandgate_audit_dropped_total 0"),
+        "the dropped-events counter is exported and zero:\n{metrics}"
+    );
+}

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
-use sandgate_sandbox::{Sandbox, SandboxError, SandboxManager, SandboxProfile};
+use sandgate_node::{NodeHandle, SandboxHandle};
+use sandgate_sandbox::{SandboxError, SandboxManager, SandboxProfile};
 use sandgate_store::PgPool;
 use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
 use uuid::Uuid;
@@ -33,8 +34,8 @@ pub use quota::CallPermit;
 /// A sandbox resolved for a call: the live handle and its row.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    /// The live sandbox.
-    pub sandbox: Sandbox,
+    /// The live sandbox, on whichever node runs it.
+    pub sandbox: SandboxHandle,
     /// Its row after this call's touch.
     pub row: SandboxRow,
     /// Whether this call created it.
@@ -48,13 +49,15 @@ pub struct Resolved {
 #[derive(Debug, Clone)]
 pub struct SandboxService {
     pub(crate) db: PgPool,
-    pub(crate) manager: SandboxManager,
+    /// The node that runs this service's sandboxes (in this process, or remote).
+    pub(crate) node: NodeHandle,
     pub(crate) profile: SandboxProfile,
-    pub(crate) node: String,
+    /// The node's id as recorded on sandbox rows.
+    pub(crate) node_id: String,
     pub(crate) limits: LimitsConfig,
     /// Live handles of this process, by sandbox id. A leased sandbox missing here (after a
     /// restart, or leased by another replica) is adopted on first use.
-    pub(crate) live: Arc<Mutex<HashMap<String, Sandbox>>>,
+    pub(crate) live: Arc<Mutex<HashMap<String, SandboxHandle>>>,
     /// Sandboxes with calls in flight in this process.
     pub(crate) busy: BusyMap,
     /// Packages on demand, served to pip in cells and commands (none: installs are off).
@@ -64,19 +67,20 @@ pub struct SandboxService {
 }
 
 impl SandboxService {
-    /// A service over `manager`, leasing from `profile`'s pool, recording rows for `node`.
+    /// A service over the in-process node of `manager`, leasing from `profile`'s pool,
+    /// recording rows for `node_id`.
     pub fn new(
         db: PgPool,
         manager: SandboxManager,
         profile: SandboxProfile,
-        node: String,
+        node_id: String,
         limits: LimitsConfig,
     ) -> Self {
         Self {
             db,
-            manager,
+            node: NodeHandle::Local(manager),
             profile,
-            node,
+            node_id,
             limits,
             live: Arc::default(),
             busy: Arc::default(),
@@ -85,9 +89,9 @@ impl SandboxService {
         }
     }
 
-    /// The manager underneath.
-    pub fn manager(&self) -> &SandboxManager {
-        &self.manager
+    /// The node that runs this service's sandboxes.
+    pub fn node(&self) -> &NodeHandle {
+        &self.node
     }
 
     /// The limits in force for `tenant`: its own where set, else the configured defaults.
@@ -223,7 +227,7 @@ impl SandboxService {
     }
 
     /// The live handle for a leased row: from this process, else adopted from the engine.
-    async fn handle(&self, row: &SandboxRow) -> Result<Sandbox, ServiceError> {
+    async fn handle(&self, row: &SandboxRow) -> Result<SandboxHandle, ServiceError> {
         let cached = self.live.lock().expect("live map").get(&row.id).cloned();
         if let Some(sandbox) = cached {
             if !sandbox.is_lost() {
@@ -236,7 +240,7 @@ impl SandboxService {
             };
             return Err(self.lose(&row.id, why).await);
         }
-        match self.manager.adopt(&row.container_id).await {
+        match self.node.adopt(&row.container_id).await {
             Ok(sandbox) => {
                 self.live
                     .lock()
@@ -297,8 +301,8 @@ impl SandboxService {
     pub(crate) async fn remove_container(&self, sandbox_id: &str, container_id: Option<&str>) {
         let handle = self.live.lock().expect("live map").remove(sandbox_id);
         let result = match (handle, container_id) {
-            (Some(sandbox), _) => self.manager.close(sandbox).await,
-            (None, Some(container_id)) => self.manager.remove_container(container_id).await,
+            (Some(sandbox), _) => self.node.close(sandbox).await,
+            (None, Some(container_id)) => self.node.remove_container(container_id).await,
             (None, None) => Ok(()),
         };
         if let Err(err) = result {

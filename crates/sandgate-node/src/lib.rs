@@ -18,6 +18,8 @@ mod node;
 mod remote;
 mod server;
 pub mod status;
+#[cfg(feature = "test-pki")]
+pub mod test_pki;
 mod tls;
 
 /// The messages and tonic stubs generated from `proto/node.proto`.

@@ -405,17 +405,20 @@ impl node_server::Node for NodeService {
 #[error("the node RPC server failed")]
 pub struct ServeError(#[source] tonic::transport::Error);
 
-/// Serves `service` on `listener` over mutual TLS until `shutdown` resolves. Only clients with a
-/// certificate signed by the deployment's CA get past the handshake; plain HTTP/2 never does.
+/// Serves `service` on `listener` until `shutdown` resolves: over mutual TLS when `tls` is given
+/// (only clients with a certificate signed by the deployment's CA get past the handshake; plain
+/// HTTP/2 never does), else in cleartext (configuration allows that on loopback only).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: NodeService,
-    tls: &crate::NodeTls,
+    tls: Option<&crate::NodeTls>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    tonic::transport::Server::builder()
-        .tls_config(tls.server())
-        .map_err(ServeError)?
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls.server()).map_err(ServeError)?;
+    }
+    builder
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(

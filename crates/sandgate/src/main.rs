@@ -22,8 +22,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the gateway (migrates the database first).
+    /// Run the gateway with its in-process sandbox node (migrates the database first). With
+    /// `node.listen` set, the node also serves other gateways over the node RPC.
     Serve,
+    /// Run a sandbox node only: this host's containers, warm pool and attach channels, served
+    /// to gateways over the node RPC on `node.listen` (mutual TLS; docs/scale-out.md).
+    Node,
     /// Apply database migrations and exit.
     Migrate,
     /// Operator commands: tenants, users, clients, tokens, keys.
@@ -283,6 +287,17 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             tracing::info!(addr = %app.local_addr(), mcp_url, "sandgate is serving");
             println!("sandgate serving MCP at {mcp_url}");
             app.run(sandgate_gateway::shutdown_signal()).await?;
+        }
+        Command::Node => {
+            let node = sandgate_gateway::node::Node::build(config)
+                .await
+                .context("starting the sandbox node")?;
+            let addr = node
+                .local_addr()
+                .map_or_else(|| "?".to_owned(), |a| a.to_string());
+            tracing::info!(addr, "sandgate node is serving");
+            println!("sandgate node serving at {addr}");
+            node.run(sandgate_gateway::shutdown_signal()).await?;
         }
         Command::Migrate => {
             sandgate_gateway::migrate(&config)

@@ -5,67 +5,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
-use sandgate_node::{NodeService, NodeTls, RemoteNode};
+pub use sandgate_node::test_pki::Pki;
+use sandgate_node::{NodeService, RemoteNode};
 use sandgate_sandbox::{
     DockerBackend, ManagerConfig, OciRuntime, PoolConfig, SandboxBackend as _, SandboxManager,
     SandboxProfile,
 };
 use tokio_util::sync::CancellationToken;
-
-/// A deployment's private CA.
-pub struct Pki {
-    ca: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Pki {
-    /// A new CA named `name`.
-    pub fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let key = KeyPair::generate().expect("a CA key");
-        Self {
-            ca: CertifiedIssuer::self_signed(params, key).expect("a self-signed CA"),
-        }
-    }
-
-    /// The CA certificate in PEM.
-    pub fn ca_pem(&self) -> String {
-        self.ca.pem()
-    }
-
-    /// A certificate for 127.0.0.1 (server and client use), signed by this CA; with the CA as
-    /// the peer root.
-    pub fn tls(&self) -> NodeTls {
-        self.tls_trusting(&self.ca_pem())
-    }
-
-    /// Same, trusting `ca_pem` as the peer's root instead.
-    pub fn tls_trusting(&self, ca_pem: &str) -> NodeTls {
-        let mut params =
-            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-                .expect("leaf params");
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "sandgate test");
-        let key = KeyPair::generate().expect("a leaf key");
-        let cert = params.signed_by(&key, &self.ca).expect("a signed leaf");
-        NodeTls::from_pem(cert.pem(), key.serialize_pem(), ca_pem.to_owned())
-    }
-}
 
 /// The sandbox image under test (`scripts/stack.sh` writes `SANDGATE_SANDBOX_IMAGE`).
 pub fn image() -> String {
@@ -133,7 +79,7 @@ impl TestNode {
         let tls = pki.tls();
         let wait = stop.clone().cancelled_owned();
         tokio::spawn(async move {
-            sandgate_node::serve(listener, NodeService::new(manager), &tls, wait)
+            sandgate_node::serve(listener, NodeService::new(manager), Some(&tls), wait)
                 .await
                 .expect("the node serves");
         });

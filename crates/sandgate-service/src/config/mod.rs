@@ -13,10 +13,12 @@ use url::Url;
 
 mod http;
 mod keys;
+mod node;
 mod oauth_limits;
 
 pub use http::HttpConfig;
 pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig};
+pub use node::NodeConfig;
 pub use oauth_limits::OAuthLimitsConfig;
 
 /// The defaults, with a comment on every key (the repository's `config/default.toml`).
@@ -61,6 +63,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Packages on demand (`pip install` in a sandbox).
     pub packages: crate::packages::PackagesConfig,
+    /// The sandbox node: its RPC listener, certificates, heartbeat, capacity.
+    pub node: NodeConfig,
 }
 
 /// Postgres settings.
@@ -284,6 +288,7 @@ impl Config {
         self.validate_mcp()?;
         self.validate_oauth()?;
         self.validate_lifecycle()?;
+        self.node.validate()?;
         self.packages
             .validate()
             .map_err(|(key, message)| ConfigError::Invalid { key, message })

@@ -50,36 +50,9 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
     ] {
         std::fs::write(dir.join(name), pem).expect("a PEM file");
     }
-    let path = |name: &str| dir.join(name).display().to_string();
-    let mut child = support::sandgate_command()
-        .arg("node")
-        .env("SANDGATE_DATABASE__URL", &database)
-        .env("SANDGATE_INSTANCE", &instance)
-        .env("SANDGATE_POOL__MIN_READY", "0")
-        .env("SANDGATE_NODE__LISTEN", "127.0.0.1:0")
-        .env("SANDGATE_NODE__TLS_CERT", path("node.crt"))
-        .env("SANDGATE_NODE__TLS_KEY", path("node.key"))
-        .env("SANDGATE_NODE__TLS_CA", path("ca.crt"))
-        .stdout(Stdio::piped())
-        .stderr(if std::env::var_os("RUST_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        })
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the sandgate binary starts");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+    let (mut child, addr) = start_node(&database, &instance, &dir)
         .await
-        .expect("the node prints its address within 60 s")
-        .expect("stdout is readable")
-        .expect("the node printed a line before exiting (run with RUST_LOG=info to see why)");
-    let addr = line
-        .strip_prefix("sandgate node serving at ")
-        .unwrap_or_else(|| panic!("unexpected first line from sandgate node: {line:?}"))
-        .to_owned();
+        .unwrap_or_else(|stderr| panic!("the node did not start: {stderr}"));
     let url = format!("https://{addr}");
 
     let gateway = RemoteNode::connect_lazy(&url, &pki.tls()).expect("a client");
@@ -142,9 +115,135 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
         !support::containers_of(&instance).contains(&sandbox.container_id().to_owned()),
         "the container is gone"
     );
+
+    // The node is registered under its engine's id, with the URL it serves.
+    let engine = engine_id();
+    let listed = admin_cli(&database, &["nodes", "list"]).await;
+    assert!(
+        listed.contains(&engine) && listed.contains(&url) && listed.contains(" up "),
+        "`admin nodes list` shows the node {engine} at {url}, up; got:\n{listed}"
+    );
+
+    // A second node on the same engine is refused while the first one heartbeats.
+    let second = start_node(&database, &format!("{instance}-2"), &dir).await;
+    let stderr = second
+        .err()
+        .expect("a second node on the same engine must not start");
+    assert!(
+        stderr.contains("another sandgate node already serves this Docker engine")
+            && stderr.contains(&url),
+        "the refusal names the engine's node, got: {stderr}"
+    );
+
+    // Draining and taking back.
+    admin_cli(&database, &["nodes", "drain", &engine]).await;
+    let listed = admin_cli(&database, &["nodes", "list"]).await;
+    assert!(
+        listed.contains(" draining "),
+        "the node shows as draining:\n{listed}"
+    );
+    admin_cli(&database, &["nodes", "undrain", &engine]).await;
+    let listed = admin_cli(&database, &["nodes", "list"]).await;
+    assert!(
+        listed.contains(" up "),
+        "the node takes leases again:\n{listed}"
+    );
+    let unknown = admin_cli_fails(&database, &["nodes", "drain", "no-such-engine"]).await;
+    assert!(
+        unknown.contains("no sandbox node with id"),
+        "draining an unknown node says so, got: {unknown}"
+    );
+
     let _ = child.start_kill();
     let _ = child.wait().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Starts `sandgate node` on a free loopback port with the certificates in `dir`; its child and
+/// address once it serves, or its standard error when it exits first.
+async fn start_node(
+    database: &str,
+    instance: &str,
+    dir: &std::path::Path,
+) -> Result<(tokio::process::Child, String), String> {
+    let path = |name: &str| dir.join(name).display().to_string();
+    let mut child = support::sandgate_command()
+        .arg("node")
+        .env("SANDGATE_DATABASE__URL", database)
+        .env("SANDGATE_INSTANCE", instance)
+        .env("SANDGATE_POOL__MIN_READY", "0")
+        .env("SANDGATE_NODE__LISTEN", "127.0.0.1:0")
+        .env("SANDGATE_NODE__TLS_CERT", path("node.crt"))
+        .env("SANDGATE_NODE__TLS_KEY", path("node.key"))
+        .env("SANDGATE_NODE__TLS_CA", path("ca.crt"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the sandgate binary starts");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the node prints its address or exits within 60 s")
+        .expect("stdout is readable");
+    let Some(line) = line else {
+        let output = child.wait_with_output().await.expect("the node's output");
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    };
+    let addr = line
+        .strip_prefix("sandgate node serving at ")
+        .unwrap_or_else(|| panic!("unexpected first line from sandgate node: {line:?}"))
+        .to_owned();
+    // Keep draining both pipes so the node never blocks on a full one.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    if let Some(stderr) = child.stderr.take() {
+        let mut err = BufReader::new(stderr).lines();
+        tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    }
+    Ok((child, addr))
+}
+
+/// The engine's id, as `docker info` reports it.
+fn engine_id() -> String {
+    let output = std::process::Command::new("docker")
+        .args(["info", "--format", "{{.ID}}"])
+        .output()
+        .expect("the docker CLI runs");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// Runs `sandgate admin …` against `database`; its standard output (it must succeed).
+async fn admin_cli(database: &str, args: &[&str]) -> String {
+    let output = support::sandgate_command()
+        .arg("admin")
+        .args(args)
+        .env("SANDGATE_DATABASE__URL", database)
+        .output()
+        .await
+        .expect("the binary runs");
+    assert!(
+        output.status.success(),
+        "sandgate admin {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Runs `sandgate admin …` that must fail; its standard error.
+async fn admin_cli_fails(database: &str, args: &[&str]) -> String {
+    let output = support::sandgate_command()
+        .arg("admin")
+        .args(args)
+        .env("SANDGATE_DATABASE__URL", database)
+        .output()
+        .await
+        .expect("the binary runs");
+    assert!(
+        !output.status.success(),
+        "sandgate admin {args:?} must fail"
+    );
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 /// Removes the test's containers when it ends, passed or not (the node's warm pool follows

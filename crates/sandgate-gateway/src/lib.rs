@@ -111,6 +111,9 @@ pub enum StartError {
     /// The node RPC could not start.
     #[error("cannot serve the sandbox node")]
     Node(#[source] sandgate_service::node_rpc::NodeRpcError),
+    /// The node could not register in Postgres (e.g. another node serves the same engine).
+    #[error("cannot register the sandbox node")]
+    Registry(#[source] sandgate_service::node_registry::RegistryError),
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use sandgate_service::Services;
+use sandgate_service::node_registry::{self, Registration};
 use sandgate_service::node_rpc::{NodeRpc, NodeRpcError};
 
 use crate::{Config, StartError};
@@ -14,18 +15,52 @@ use crate::{Config, StartError};
 pub struct Node {
     rpc: NodeRpc,
     services: Services,
+    registration: Registration,
 }
 
 impl Node {
-    /// Binds `node.listen` (required), then starts the service layer: migrations, the sandbox
-    /// manager and its warm pool, the reaper and reconciliation.
+    /// Binds `node.listen` (required), then starts the service layer (migrations, the sandbox
+    /// manager and its warm pool, the reaper and reconciliation) and registers the node in
+    /// Postgres, heartbeating from then on. Refused while another node's heartbeat on the same
+    /// engine is live.
     pub async fn build(config: Config) -> Result<Self, StartError> {
         let rpc = NodeRpc::bind(&config.node)
             .await
             .map_err(StartError::Node)?
             .ok_or(StartError::Node(NodeRpcError::NoListen))?;
+        // With port 0 the kernel picked the port: advertise the real one.
+        let advertise = match (config.node.advertise_url.is_empty(), rpc.local_addr()) {
+            (true, Some(addr)) => {
+                let scheme = if config.node.has_tls() {
+                    "https"
+                } else {
+                    "http"
+                };
+                format!("{scheme}://{addr}")
+            }
+            _ => config.node.advertise_url().unwrap_or_default(),
+        };
+        let registration = node_registry::register_configured(&config, &advertise)
+            .await
+            .map_err(StartError::Registry)?;
         let services = Services::start(&config).await?;
-        Ok(Self { rpc, services })
+        node_registry::spawn_heartbeat(
+            &registration,
+            &config.node,
+            services.sandboxes.clone(),
+            services.background_stop.clone(),
+            &services.background,
+        );
+        Ok(Self {
+            rpc,
+            services,
+            registration,
+        })
+    }
+
+    /// The node's id (its engine's).
+    pub fn id(&self) -> &str {
+        &self.registration.row.id
     }
 
     /// The RPC address bound.
@@ -39,7 +74,7 @@ impl Node {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartError> {
-        let Self { rpc, services } = self;
+        let Self { rpc, services, .. } = self;
         let manager = services
             .sandboxes
             .node()

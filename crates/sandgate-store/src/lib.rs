@@ -18,6 +18,7 @@ pub mod grants;
 pub mod hygiene;
 pub mod keys;
 pub mod mcp_sessions;
+pub mod nodes;
 pub mod packages;
 pub mod quotas;
 pub mod sandboxes;

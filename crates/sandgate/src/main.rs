@@ -64,11 +64,30 @@ enum Admin {
         #[arg(long)]
         packages: bool,
     },
+    /// The sandbox nodes registered in Postgres: list, drain, undrain.
+    #[command(subcommand)]
+    Nodes(NodesCommand),
     /// List live sandboxes with owner, age and time left.
     Sandboxes {
         /// Only this tenant's.
         #[arg(long)]
         tenant: Option<uuid::Uuid>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NodesCommand {
+    /// List the nodes: id, name, URL, slots, live and warm sandboxes, state, heartbeat age.
+    List,
+    /// Drain a node: it gets no new leases; its sandboxes run until they end.
+    Drain {
+        /// The node's id (its engine's id; `nodes list` shows it).
+        id: String,
+    },
+    /// Take a drained node back: it gets new leases again.
+    Undrain {
+        /// The node's id.
+        id: String,
     },
 }
 
@@ -441,6 +460,21 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
         Admin::Audit { tenant, limit, .. } => {
             let events = admin::audit(&config, tenant, limit).await?;
             println!("{}", admin::render_audit(&events));
+        }
+        Admin::Nodes(NodesCommand::List) => {
+            let rows = admin::nodes(&config).await?;
+            println!(
+                "{}",
+                admin::render_nodes(&rows, config.node.lost_after_seconds)
+            );
+        }
+        Admin::Nodes(NodesCommand::Drain { id }) => {
+            let row = admin::set_node_draining(&config, &id, true).await?;
+            println!("node {} ({}) is draining", row.id, row.name);
+        }
+        Admin::Nodes(NodesCommand::Undrain { id }) => {
+            let row = admin::set_node_draining(&config, &id, false).await?;
+            println!("node {} ({}) takes new leases", row.id, row.name);
         }
         Admin::Sandboxes { tenant } => {
             let rows = admin::sandboxes(&config, tenant).await?;

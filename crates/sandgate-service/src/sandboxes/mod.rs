@@ -104,6 +104,29 @@ impl SandboxService {
         Ok(Limits::effective(&own, &self.limits, &self.profile))
     }
 
+    /// Leased sandboxes recorded on this node and warm ones waiting in its pool (for the node's
+    /// heartbeat; zeros when they cannot be counted).
+    pub async fn node_counts(&self) -> (i32, i32) {
+        let live = async {
+            let mut conn = self.db.acquire().await.ok()?;
+            sandboxes::live_on_node(&mut conn, &self.node_id).await.ok()
+        }
+        .await
+        .map_or(0, |rows| {
+            rows.iter()
+                .filter(|r| r.state == SandboxState::Leased)
+                .count()
+        });
+        let ready = self
+            .node
+            .local()
+            .map_or(0, |m| m.ready_count(&self.profile.name));
+        (
+            i32::try_from(live).unwrap_or(i32::MAX),
+            i32::try_from(ready).unwrap_or(i32::MAX),
+        )
+    }
+
     /// Whether a call on the sandbox is in flight in this process.
     pub(crate) fn is_busy(&self, id: &str) -> bool {
         self.busy.lock().expect("busy map").contains_key(id)

@@ -127,8 +127,8 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
     // A second node on the same engine is refused while the first one heartbeats.
     let second = start_node(&database, &format!("{instance}-2"), &dir).await;
     let stderr = second
-        .err()
-        .expect("a second node on the same engine must not start");
+        .map(|(child, addr)| (child.id(), addr))
+        .expect_err("a second node on the same engine must not start");
     assert!(
         stderr.contains("another sandgate node already serves this Docker engine")
             && stderr.contains(&url),

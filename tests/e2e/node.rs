@@ -215,23 +215,17 @@ fn engine_id() -> String {
 
 /// Runs `sandgate admin …` against `database`; its standard output (it must succeed).
 async fn admin_cli(database: &str, args: &[&str]) -> String {
-    let output = support::sandgate_command()
-        .arg("admin")
-        .args(args)
-        .env("SANDGATE_DATABASE__URL", database)
-        .output()
-        .await
-        .expect("the binary runs");
-    assert!(
-        output.status.success(),
-        "sandgate admin {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    admin_run(database, args, true).await
 }
 
 /// Runs `sandgate admin …` that must fail; its standard error.
 async fn admin_cli_fails(database: &str, args: &[&str]) -> String {
+    admin_run(database, args, false).await
+}
+
+/// Runs `sandgate admin …`, checks it succeeded or failed as `succeed` says, and returns its
+/// standard output (success) or standard error (failure).
+async fn admin_run(database: &str, args: &[&str], succeed: bool) -> String {
     let output = support::sandgate_command()
         .arg("admin")
         .args(args)
@@ -239,19 +233,14 @@ async fn admin_cli_fails(database: &str, args: &[&str]) -> String {
         .output()
         .await
         .expect("the binary runs");
-    assert!(
-        !output.status.success(),
-        "sandgate admin {args:?} must fail"
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
     );
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// Removes the test's containers when it ends, passed or not (the node's warm pool follows
-/// demand, so it may have started more than the test leased).
-struct RemoveOnDrop(String);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        support::remove_containers_of(&self.0);
-    }
+    assert_eq!(
+        output.status.success(),
+        succeed,
+        "sandgate admin {args:?}: unexpected exit; stderr: {stderr}"
+    );
+    if succeed { stdout } else { stderr }
 }

@@ -236,24 +236,17 @@ impl RemoteSandbox {
             stream: events.is_some(),
         };
         let deadline = options.timeout + STREAM_GRACE;
-        let mut stream = self
+        let answer = self
             .node
             .client()
             .exec(RemoteNode::request(req, deadline))
-            .await
-            .map_err(|s| self.error(&s))?
-            .into_inner();
-        while let Some(message) = stream.next().await {
-            let message = message.map_err(|s| self.error(&s))?;
-            match message.event {
-                Some(proto::exec_event::Event::Output(e)) => forward(&events, e).await,
-                Some(proto::exec_event::Event::Outcome(o)) => return Ok(o.into()),
-                None => {}
-            }
-        }
-        Err(self.error(&tonic::Status::unavailable(
-            "the stream ended without an outcome",
-        )))
+            .await;
+        self.finish(answer, &events, |m| match m.event {
+            Some(proto::exec_event::Event::Output(e)) => Step::Output(e),
+            Some(proto::exec_event::Event::Outcome(o)) => Step::Outcome(o.into()),
+            None => Step::Nothing,
+        })
+        .await
     }
 
     /// Runs a shell command on the node; see [`Self::exec`].
@@ -272,19 +265,32 @@ impl RemoteSandbox {
             stream: events.is_some(),
         };
         let deadline = options.timeout + STREAM_GRACE;
-        let mut stream = self
+        let answer = self
             .node
             .client()
             .command(RemoteNode::request(req, deadline))
-            .await
-            .map_err(|s| self.error(&s))?
-            .into_inner();
+            .await;
+        self.finish(answer, &events, |m| match m.event {
+            Some(proto::command_event::Event::Output(e)) => Step::Output(e),
+            Some(proto::command_event::Event::Outcome(o)) => Step::Outcome(o.into()),
+            None => Step::Nothing,
+        })
+        .await
+    }
+
+    /// Reads a streamed call's messages: output events forwarded to `events`, until the outcome.
+    async fn finish<M, O>(
+        &self,
+        answer: Result<tonic::Response<tonic::Streaming<M>>, tonic::Status>,
+        events: &Option<mpsc::Sender<OutputEvent>>,
+        step: impl Fn(M) -> Step<O>,
+    ) -> Result<O, SandboxError> {
+        let mut stream = answer.map_err(|s| self.error(&s))?.into_inner();
         while let Some(message) = stream.next().await {
-            let message = message.map_err(|s| self.error(&s))?;
-            match message.event {
-                Some(proto::command_event::Event::Output(e)) => forward(&events, e).await,
-                Some(proto::command_event::Event::Outcome(o)) => return Ok(o.into()),
-                None => {}
+            match step(message.map_err(|s| self.error(&s))?) {
+                Step::Output(e) => forward(events, e).await,
+                Step::Outcome(o) => return Ok(o),
+                Step::Nothing => {}
             }
         }
         Err(self.error(&tonic::Status::unavailable(
@@ -451,6 +457,13 @@ impl RemoteSandbox {
             .map_err(|s| self.error(&s))?;
         Ok(())
     }
+}
+
+/// One message of a streamed call.
+enum Step<O> {
+    Output(proto::OutputEvent),
+    Outcome(O),
+    Nothing,
 }
 
 /// Forwards one output event to the caller's progress channel (if it still listens).

@@ -684,6 +684,32 @@ mod tests {
     }
 
     #[test]
+    fn a_node_reachable_from_other_hosts_needs_tls_and_tls_comes_whole() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_NODE__LISTEN", "0.0.0.0:7443");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("node.listen") && err.contains("node.tls_ca"),
+                "a reachable node without TLS names the keys: {err}"
+            );
+            jail.set_env("SANDGATE_NODE__LISTEN", "127.0.0.1:7443");
+            let config = load_in(jail).expect("cleartext on loopback is allowed");
+            assert_eq!(
+                config.node.advertise_url().as_deref(),
+                Some("http://127.0.0.1:7443")
+            );
+            jail.set_env("SANDGATE_NODE__TLS_CERT", "/etc/sandgate/node.crt");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("set all three or none"),
+                "a partial TLS setting is refused: {err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
     fn out_of_range_profile_values_name_the_key() {
         Jail::expect_with(|jail| {
             jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");

@@ -244,3 +244,13 @@ async fn admin_run(database: &str, args: &[&str], succeed: bool) -> String {
     );
     if succeed { stdout } else { stderr }
 }
+
+/// Removes the test's containers when it ends, passed or not (the node's warm pool follows
+/// demand, so it may have started more than the test leased).
+struct RemoveOnDrop(String);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        support::remove_containers_of(&self.0);
+    }
+}

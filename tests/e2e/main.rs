@@ -12,6 +12,7 @@ mod links;
 mod login_form;
 mod mcp;
 mod mcp_client;
+mod node;
 mod oauth;
 mod packages;
 mod pool;

@@ -36,6 +36,7 @@ pub mod files;
 pub mod handoff;
 pub mod health;
 pub mod metrics;
+pub mod node;
 pub mod telemetry;
 
 // The service layer lives in its own crate; its modules stay reachable under the old paths so
@@ -107,6 +108,12 @@ pub enum StartError {
     /// The server failed while running.
     #[error("the HTTP server failed")]
     Serve(#[source] std::io::Error),
+    /// The node RPC could not start.
+    #[error("cannot serve the sandbox node")]
+    Node(#[source] sandgate_service::node_rpc::NodeRpcError),
+    /// The node could not register in Postgres (e.g. another node serves the same engine).
+    #[error("cannot register the sandbox node")]
+    Registry(#[source] sandgate_service::node_registry::RegistryError),
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -271,6 +278,8 @@ pub async fn migrate(config: &Config) -> Result<(), StartError> {
 pub struct App {
     listener: TcpListener,
     state: AppState,
+    /// The node RPC, when `node.listen` is set: other gateways reach this process's sandboxes.
+    node_rpc: Option<sandgate_service::node_rpc::NodeRpc>,
 }
 
 impl App {
@@ -285,8 +294,20 @@ impl App {
         config.listen = listener
             .local_addr()
             .map_err(|source| StartError::Bind { addr, source })?;
+        let node_rpc = sandgate_service::node_rpc::NodeRpc::bind(&config.node)
+            .await
+            .map_err(StartError::Node)?;
         let state = AppState::start(config).await?;
-        Ok(Self { listener, state })
+        Ok(Self {
+            listener,
+            state,
+            node_rpc,
+        })
+    }
+
+    /// The node RPC's address, when it serves one.
+    pub fn node_addr(&self) -> Option<SocketAddr> {
+        self.node_rpc.as_ref().and_then(|rpc| rpc.local_addr())
     }
 
     /// The MCP endpoint URL this gateway serves.
@@ -310,6 +331,18 @@ impl App {
     ) -> Result<(), StartError> {
         let state = self.state.clone();
         let stop = state.shutdown.clone();
+        let node_rpc = match (self.node_rpc, state.sandboxes.node().local()) {
+            (Some(rpc), Some(manager)) => {
+                let manager = manager.clone();
+                let stopped = stop.clone().cancelled_owned();
+                Some(tokio::spawn(async move {
+                    if let Err(err) = rpc.run(manager, stopped).await {
+                        tracing::error!(error = %err, "the node RPC stopped");
+                    }
+                }))
+            }
+            _ => None,
+        };
         let app = router(self.state);
         let http = state.config.http.clone();
         connections::serve(self.listener, app, &http, async move {
@@ -317,6 +350,9 @@ impl App {
             stop.cancel();
         })
         .await;
+        if let Some(node_rpc) = node_rpc {
+            let _ = node_rpc.await;
+        }
         // Stops the reaper and reconciliation first (nothing is closed while shutting down),
         // then the pool; the audit writer flushes what is still queued.
         state.background_stop.cancel();

@@ -217,8 +217,9 @@ pub async fn count_refusals(
 pub async fn metrics(State(state): State<AppState>) -> Response {
     let pool = state
         .sandboxes
-        .manager()
-        .pool_stats(&state.config.sandbox.name);
+        .node()
+        .pool_stats(&state.config.sandbox.name)
+        .await;
     match state.metrics.render(pool) {
         Ok(body) => (
             [(

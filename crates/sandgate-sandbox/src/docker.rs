@@ -61,6 +61,17 @@ pub enum DockerError {
     },
 }
 
+/// Who a Docker engine is (see [`DockerBackend::engine`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineInfo {
+    /// The engine's id.
+    pub id: String,
+    /// Its host's name.
+    pub name: String,
+    /// Its host's memory.
+    pub memory_bytes: u64,
+}
+
 /// A handle on one Docker engine.
 #[derive(Debug, Clone)]
 pub struct DockerBackend {
@@ -86,6 +97,18 @@ impl DockerBackend {
     /// The underlying client, for the rest of this crate and its tests.
     pub fn client(&self) -> &Docker {
         &self.docker
+    }
+
+    /// Who the engine is: its id (stable for its data root), host name and memory. A sandbox
+    /// node is keyed by the id, so two nodes never serve one engine.
+    #[tracing::instrument(skip_all)]
+    pub async fn engine(&self) -> Result<EngineInfo, DockerError> {
+        let info = self.docker.info().await.map_err(DockerError::Ping)?;
+        Ok(EngineInfo {
+            id: info.id.unwrap_or_default(),
+            name: info.name.unwrap_or_default(),
+            memory_bytes: info.mem_total.unwrap_or(0).max(0) as u64,
+        })
     }
 
     /// Checks that the engine answers.

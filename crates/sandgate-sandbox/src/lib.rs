@@ -34,5 +34,5 @@ pub use channel::{
 pub use config::{
     ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,
 };
-pub use docker::{DockerBackend, DockerError};
+pub use docker::{DockerBackend, DockerError, EngineInfo};
 pub use manager::{PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit};

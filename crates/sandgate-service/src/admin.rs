@@ -30,6 +30,9 @@ pub enum AdminError {
     /// The tenant does not exist.
     #[error("no tenant with id {0}; `sandgate admin tenant create <name>` makes one")]
     NoSuchTenant(Uuid),
+    /// No node has that id.
+    #[error("no sandbox node with id {0:?}; `sandgate admin nodes list` shows the ids")]
+    NoSuchNode(String),
     /// A tenant with that name exists.
     #[error("a tenant named {0:?} exists already")]
     TenantExists(String),
@@ -371,6 +374,58 @@ pub async fn sandboxes(
     let db = pool(config).await?;
     let mut conn = db.acquire().await?;
     Ok(sandgate_store::sandboxes::list_live(&mut conn, tenant).await?)
+}
+
+/// The registered sandbox nodes.
+pub async fn nodes(config: &Config) -> Result<Vec<sandgate_store::nodes::NodeRow>, AdminError> {
+    let db = pool(config).await?;
+    let mut conn = db.acquire().await?;
+    Ok(sandgate_store::nodes::list(&mut conn).await?)
+}
+
+/// Drains a node (no new leases; its sandboxes run out), or takes it back (`draining` false).
+pub async fn set_node_draining(
+    config: &Config,
+    id: &str,
+    draining: bool,
+) -> Result<sandgate_store::nodes::NodeRow, AdminError> {
+    let db = pool(config).await?;
+    let mut conn = db.acquire().await?;
+    sandgate_store::nodes::set_draining(&mut conn, id, draining)
+        .await?
+        .ok_or_else(|| AdminError::NoSuchNode(id.to_owned()))
+}
+
+/// Renders nodes as a table: id, name, URL, slots, live and warm sandboxes, state (`up`,
+/// `draining`, or `lost` once silent past `node.lost_after_seconds`), heartbeat age.
+pub fn render_nodes(rows: &[sandgate_store::nodes::NodeRow], lost_after_seconds: u64) -> String {
+    let now = Utc::now();
+    let mut out = format!(
+        "{:<40} {:<20} {:<28} {:>5} {:>5} {:>5} {:<9} {:>9}",
+        "NODE", "NAME", "URL", "SLOTS", "LIVE", "WARM", "STATE", "HEARTBEAT"
+    );
+    for row in rows {
+        let age = (now - row.heartbeat_at).num_seconds().max(0);
+        let state = if age > i64::try_from(lost_after_seconds).unwrap_or(i64::MAX) {
+            "lost"
+        } else if row.draining {
+            "draining"
+        } else {
+            "up"
+        };
+        out.push_str(&format!(
+            "\n{:<40} {:<20} {:<28} {:>5} {:>5} {:>5} {:<9} {:>8}s",
+            row.id,
+            row.name,
+            row.advertise_url,
+            row.slots,
+            row.live_sandboxes,
+            row.ready_sandboxes,
+            state,
+            age
+        ));
+    }
+    out
 }
 
 /// Renders live sandboxes as a table: owner, conversation, age, and the time left before the idle

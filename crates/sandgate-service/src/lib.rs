@@ -9,6 +9,8 @@
 //! - [`health`]: readiness (Postgres, Docker, the sandbox image).
 //! - [`keys`]: the signing-key ring (access tokens).
 //! - [`links`]: expiring download links (signed; opened by the gateway's `/files/` route).
+//! - [`node_rpc`]: serving this process's sandbox node to gateways (`[node]`).
+//! - [`node_registry`]: the node's row in Postgres: registration and heartbeat.
 //! - [`packages`]: packages on demand (the host side of `pip install` in a sandbox).
 //! - [`sessions`]: MCP sessions bound to the principal that opened them; the session cap.
 //! - [`startup`]: [`Services::start`]: the pool, keys, sandbox manager and background work.
@@ -24,6 +26,8 @@ pub mod config;
 pub mod health;
 pub mod keys;
 pub mod links;
+pub mod node_registry;
+pub mod node_rpc;
 pub mod packages;
 pub mod resource_uri;
 pub mod retention;

@@ -21,6 +21,7 @@ pub mod hygiene;
 pub mod keys;
 pub mod mcp_session_states;
 pub mod mcp_sessions;
+pub mod nodes;
 pub mod packages;
 pub mod quotas;
 pub mod sandboxes;

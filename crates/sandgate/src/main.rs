@@ -22,8 +22,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the gateway (migrates the database first).
+    /// Run the gateway with its in-process sandbox node (migrates the database first). With
+    /// `node.listen` set, the node also serves other gateways over the node RPC.
     Serve,
+    /// Run a sandbox node only: this host's containers, warm pool and attach channels, served
+    /// to gateways over the node RPC on `node.listen` (mutual TLS; docs/scale-out.md).
+    Node,
     /// Apply database migrations and exit.
     Migrate,
     /// Operator commands: tenants, users, clients, tokens, keys.
@@ -60,11 +64,30 @@ enum Admin {
         #[arg(long)]
         packages: bool,
     },
+    /// The sandbox nodes registered in Postgres: list, drain, undrain.
+    #[command(subcommand)]
+    Nodes(NodesCommand),
     /// List live sandboxes with owner, age and time left.
     Sandboxes {
         /// Only this tenant's.
         #[arg(long)]
         tenant: Option<uuid::Uuid>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum NodesCommand {
+    /// List the nodes: id, name, URL, slots, live and warm sandboxes, state, heartbeat age.
+    List,
+    /// Drain a node: it gets no new leases; its sandboxes run until they end.
+    Drain {
+        /// The node's id (its engine's id; `nodes list` shows it).
+        id: String,
+    },
+    /// Take a drained node back: it gets new leases again.
+    Undrain {
+        /// The node's id.
+        id: String,
     },
 }
 
@@ -288,6 +311,17 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             );
             app.run(sandgate_gateway::shutdown_signal()).await?;
         }
+        Command::Node => {
+            let node = sandgate_gateway::node::Node::build(config)
+                .await
+                .context("starting the sandbox node")?;
+            let addr = node
+                .local_addr()
+                .map_or_else(|| "?".to_owned(), |a| a.to_string());
+            tracing::info!(addr, "sandgate node is serving");
+            println!("sandgate node serving at {addr}");
+            node.run(sandgate_gateway::shutdown_signal()).await?;
+        }
         Command::Migrate => {
             sandgate_gateway::migrate(&config)
                 .await
@@ -430,6 +464,21 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
         Admin::Audit { tenant, limit, .. } => {
             let events = admin::audit(&config, tenant, limit).await?;
             println!("{}", admin::render_audit(&events));
+        }
+        Admin::Nodes(NodesCommand::List) => {
+            let rows = admin::nodes(&config).await?;
+            println!(
+                "{}",
+                admin::render_nodes(&rows, config.node.lost_after_seconds)
+            );
+        }
+        Admin::Nodes(NodesCommand::Drain { id }) => {
+            let row = admin::set_node_draining(&config, &id, true).await?;
+            println!("node {} ({}) is draining", row.id, row.name);
+        }
+        Admin::Nodes(NodesCommand::Undrain { id }) => {
+            let row = admin::set_node_draining(&config, &id, false).await?;
+            println!("node {} ({}) takes new leases", row.id, row.name);
         }
         Admin::Sandboxes { tenant } => {
             let rows = admin::sandboxes(&config, tenant).await?;

@@ -310,6 +310,17 @@ pub fn docker_words(args: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// Removes every container labelled with `instance` (a test's own, e.g. a killed node's).
+pub fn remove_containers_of(instance: &str) {
+    let ids = containers_of(instance);
+    if !ids.is_empty() {
+        let _ = std::process::Command::new("docker")
+            .args(["rm", "-f"])
+            .args(&ids)
+            .output();
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         if let Some(child) = self.child.as_mut() {

@@ -13,10 +13,12 @@ use url::Url;
 
 mod http;
 mod keys;
+mod node;
 mod oauth_limits;
 
 pub use http::HttpConfig;
 pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig};
+pub use node::NodeConfig;
 pub use oauth_limits::OAuthLimitsConfig;
 
 /// The defaults, with a comment on every key (the repository's `config/default.toml`).
@@ -61,6 +63,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Packages on demand (`pip install` in a sandbox).
     pub packages: crate::packages::PackagesConfig,
+    /// The sandbox node: its RPC listener, certificates, heartbeat, capacity.
+    pub node: NodeConfig,
 }
 
 /// Postgres settings.
@@ -284,6 +288,7 @@ impl Config {
         self.validate_mcp()?;
         self.validate_oauth()?;
         self.validate_lifecycle()?;
+        self.node.validate()?;
         self.packages
             .validate()
             .map_err(|(key, message)| ConfigError::Invalid { key, message })
@@ -764,6 +769,32 @@ mod tests {
             assert!(
                 err.contains("SANDGATE_"),
                 "error should say where the value came from: {err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_node_reachable_from_other_hosts_needs_tls_and_tls_comes_whole() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env("SANDGATE_NODE__LISTEN", "0.0.0.0:7443");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("node.listen") && err.contains("node.tls_ca"),
+                "a reachable node without TLS names the keys: {err}"
+            );
+            jail.set_env("SANDGATE_NODE__LISTEN", "127.0.0.1:7443");
+            let config = load_in(jail).expect("cleartext on loopback is allowed");
+            assert_eq!(
+                config.node.advertise_url().as_deref(),
+                Some("http://127.0.0.1:7443")
+            );
+            jail.set_env("SANDGATE_NODE__TLS_CERT", "/etc/sandgate/node.crt");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("set all three or none"),
+                "a partial TLS setting is refused: {err}"
             );
             Ok(())
         });

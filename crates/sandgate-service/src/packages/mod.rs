@@ -179,6 +179,6 @@ impl crate::SandboxService {
             return call.await;
         };
         let handler = index.for_call(tenant, &resolved.row.id);
-        resolved.sandbox.channel().with_index(&handler, call).await
+        resolved.sandbox.with_index(&handler, call).await
     }
 }

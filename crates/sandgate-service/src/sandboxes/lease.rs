@@ -2,7 +2,8 @@
 //! lease recorded in one transaction that also enforces the tenant's sandbox limit.
 
 use chrono::Utc;
-use sandgate_sandbox::{Sandbox, SandboxProfile, StartPermit, telemetry};
+use sandgate_node::{SandboxHandle, StartTicket};
+use sandgate_sandbox::{SandboxProfile, telemetry};
 use sandgate_store::StoreError;
 use sandgate_store::sandboxes::{self, NewLease, SandboxRow};
 
@@ -52,7 +53,7 @@ impl SandboxService {
                 // every container at once on the same few cores, until all of them miss their
                 // ready timeout. Queued leases take a warm container if a refill made one
                 // meanwhile.
-                match self.manager.start_permit(&profile.name).await {
+                match self.node.start_permit(&profile.name).await {
                     Ok(permit) => {
                         let rewarmed = if profile == self.profile {
                             self.lease_warm(caller, &lease).await
@@ -71,7 +72,7 @@ impl SandboxService {
             Err(err) => Err(err),
         };
         if leased.is_ok() {
-            self.manager.record_lease(&self.profile.name);
+            self.node.record_lease(&self.profile.name);
             telemetry::counters()
                 .lease_wait
                 .observe(waited.elapsed().as_secs_f64());
@@ -95,7 +96,7 @@ impl SandboxService {
     }
 
     /// A sandbox this call just leased: its handle kept as live here, and marked busy.
-    pub(super) fn newly_leased(&self, row: SandboxRow, sandbox: Sandbox) -> Resolved {
+    pub(super) fn newly_leased(&self, row: SandboxRow, sandbox: SandboxHandle) -> Resolved {
         self.live
             .lock()
             .expect("live map")
@@ -120,17 +121,17 @@ impl SandboxService {
         caller: &Caller,
         profile: &SandboxProfile,
         lease: &NewLease<'_>,
-        permit: StartPermit,
+        ticket: StartTicket,
     ) -> Result<Resolved, ServiceError> {
-        let sandbox = self.manager.launch_permitted(profile, permit).await?;
+        let sandbox = self.node.launch(profile, ticket).await?;
         tracing::Span::current().record("sandbox_id", sandbox.id());
         match self.record_lease(caller, &sandbox, lease).await {
             Ok(row) => Ok(self.newly_leased(row, sandbox)),
             Err(err) => {
                 // Nothing half-created is left behind: the container goes.
-                let manager = self.manager.clone();
+                let node = self.node.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = manager.close(sandbox).await {
+                    if let Err(e) = node.close(sandbox).await {
                         tracing::warn!(error = %e, "removing an unrecorded sandbox failed");
                     }
                 });
@@ -144,7 +145,7 @@ impl SandboxService {
     async fn record_lease(
         &self,
         caller: &Caller,
-        sandbox: &Sandbox,
+        sandbox: &SandboxHandle,
         lease: &NewLease<'_>,
     ) -> Result<SandboxRow, ServiceError> {
         let mut tx = self.db.begin().await?;
@@ -158,7 +159,7 @@ impl SandboxService {
             sandbox.id(),
             sandbox.profile(),
             sandbox.container_id(),
-            &self.node,
+            &self.node_id,
             lease,
         )
         .await?;

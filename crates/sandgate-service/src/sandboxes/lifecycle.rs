@@ -68,7 +68,7 @@ impl SandboxService {
     pub async fn reap(&self) -> Result<usize, LifecycleError> {
         let now = Utc::now();
         let mut conn = self.db.acquire().await?;
-        let due = sandboxes::overdue(&mut conn, &self.node, now).await?;
+        let due = sandboxes::overdue(&mut conn, &self.node_id, now).await?;
         drop(conn);
         if due.is_empty() {
             return Ok(0);
@@ -106,9 +106,13 @@ impl SandboxService {
         // listed really has no container (containers do not come back), while a container
         // without a row may just be newer than the read.
         let mut conn = self.db.acquire().await?;
-        let rows = sandboxes::live_on_node(&mut conn, &self.node).await?;
+        let rows = sandboxes::live_on_node(&mut conn, &self.node_id).await?;
         drop(conn);
-        let containers = self.manager.list_containers().await?;
+        // Reconciliation is the work of the process that runs the node (it lists its engine).
+        let Some(manager) = self.node.local() else {
+            return Ok(done);
+        };
+        let containers = manager.list_containers().await?;
         let adopt = self
             .settle_rows(&rows, &containers, startup, &mut done)
             .await?;
@@ -141,7 +145,7 @@ impl SandboxService {
                 None => Some(ContainerFate::Missing),
                 Some(c) if c.fate != ContainerFate::Running => {
                     // The listing does not say how it ended; inspecting does.
-                    Some(match self.manager.adopt(&row.container_id).await {
+                    Some(match self.node.adopt(&row.container_id).await {
                         Err(SandboxError::Died { fate, .. }) => fate,
                         _ => c.fate.clone(),
                     })
@@ -190,12 +194,17 @@ impl SandboxService {
             drop(conn);
             // This process's own: waiting in its pool, live here, or launched lately (maybe not
             // recorded yet: a start takes a while on a busy host).
-            let local: HashSet<String> = self
-                .manager
-                .ready_ids()
+            let manager = self.node.local();
+            let local: HashSet<String> = manager
+                .map(|m| m.ready_ids())
+                .unwrap_or_default()
                 .into_iter()
                 .chain(self.live.lock().expect("live map").keys().cloned())
-                .chain(self.manager.launched_within(LAUNCH_GRACE))
+                .chain(
+                    manager
+                        .map(|m| m.launched_within(LAUNCH_GRACE))
+                        .unwrap_or_default(),
+                )
                 .collect();
             let now = Utc::now().timestamp();
             let grace = i64::try_from(orphan_grace.as_secs()).unwrap_or(i64::MAX);
@@ -216,7 +225,7 @@ impl SandboxService {
                 };
                 if remove {
                     tracing::info!(container_id = %c.container_id, sandbox_id = %c.sandbox_id, "removing a container Postgres does not know as live");
-                    self.manager.remove_container(&c.container_id).await?;
+                    self.node.remove_container(&c.container_id).await?;
                     done.removed += 1;
                 }
             }
@@ -231,7 +240,7 @@ impl SandboxService {
             if self.live.lock().expect("live map").contains_key(&row.id) {
                 continue;
             }
-            match self.manager.adopt(&row.container_id).await {
+            match self.node.adopt(&row.container_id).await {
                 Ok(sandbox) => {
                     self.live
                         .lock()
@@ -283,7 +292,7 @@ impl SandboxService {
         tasks: &TaskTracker,
     ) {
         let grace = Duration::from_secs(config.orphan_grace_seconds);
-        let ready = self.manager.watch_ready();
+        let ready = self.node.local().map(|m| m.watch_ready());
         match self.reap().await {
             Ok(n) if n > 0 => tracing::info!(
                 closed = n,
@@ -301,7 +310,9 @@ impl SandboxService {
             ),
             Err(err) => tracing::warn!(error = %err, "start-up reconciliation failed"),
         }
-        tasks.spawn(self.clone().record_ready(ready, stop.clone()));
+        if let Some(ready) = ready {
+            tasks.spawn(self.clone().record_ready(ready, stop.clone()));
+        }
         self.spawn_trimmer(stop.clone(), tasks);
         let reaper = self.clone();
         let every = Duration::from_millis(config.reaper_interval_ms);

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
-use sandgate_sandbox::{ContainerFate, Sandbox, SandboxError, SandboxManager, SandboxProfile};
+use sandgate_node::{NodeHandle, SandboxHandle};
+use sandgate_sandbox::{ContainerFate, SandboxError, SandboxManager, SandboxProfile};
 use sandgate_store::PgPool;
 use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
 use uuid::Uuid;
@@ -34,8 +35,8 @@ pub use quota::CallPermit;
 /// A sandbox resolved for a call: the live handle and its row.
 #[derive(Debug, Clone)]
 pub struct Resolved {
-    /// The live sandbox.
-    pub sandbox: Sandbox,
+    /// The live sandbox, on whichever node runs it.
+    pub sandbox: SandboxHandle,
     /// Its row after this call's touch.
     pub row: SandboxRow,
     /// Whether this call created it.
@@ -49,13 +50,15 @@ pub struct Resolved {
 #[derive(Debug, Clone)]
 pub struct SandboxService {
     pub(crate) db: PgPool,
-    pub(crate) manager: SandboxManager,
+    /// The node that runs this service's sandboxes (in this process, or remote).
+    pub(crate) node: NodeHandle,
     pub(crate) profile: SandboxProfile,
-    pub(crate) node: String,
+    /// The node's id as recorded on sandbox rows.
+    pub(crate) node_id: String,
     pub(crate) limits: LimitsConfig,
     /// Live handles of this process, by sandbox id. A leased sandbox missing here (after a
     /// restart, or leased by another replica) is adopted on first use.
-    pub(crate) live: Arc<Mutex<HashMap<String, Sandbox>>>,
+    pub(crate) live: Arc<Mutex<HashMap<String, SandboxHandle>>>,
     /// Sandboxes with calls in flight in this process.
     pub(crate) busy: BusyMap,
     /// Packages on demand, served to pip in cells and commands (none: installs are off).
@@ -72,19 +75,20 @@ pub struct SandboxService {
 }
 
 impl SandboxService {
-    /// A service over `manager`, leasing from `profile`'s pool, recording rows for `node`.
+    /// A service over the in-process node of `manager`, leasing from `profile`'s pool,
+    /// recording rows for `node_id`.
     pub fn new(
         db: PgPool,
         manager: SandboxManager,
         profile: SandboxProfile,
-        node: String,
+        node_id: String,
         limits: LimitsConfig,
     ) -> Self {
         Self {
             db,
-            manager,
+            node: NodeHandle::Local(manager),
             profile,
-            node,
+            node_id,
             limits,
             live: Arc::default(),
             busy: Arc::default(),
@@ -96,9 +100,9 @@ impl SandboxService {
         }
     }
 
-    /// The manager underneath.
-    pub fn manager(&self) -> &SandboxManager {
-        &self.manager
+    /// The node that runs this service's sandboxes.
+    pub fn node(&self) -> &NodeHandle {
+        &self.node
     }
 
     /// The limits in force for `tenant`: its own where set, else the configured defaults.
@@ -125,6 +129,29 @@ impl SandboxService {
     /// The cache of live tokens and tenant limits (its listener is started with the service).
     pub fn cache(&self) -> &crate::cache::ChangeCache {
         &self.cache
+    }
+
+    /// Leased sandboxes recorded on this node and warm ones waiting in its pool (for the node's
+    /// heartbeat; zeros when they cannot be counted).
+    pub async fn node_counts(&self) -> (i32, i32) {
+        let live = async {
+            let mut conn = self.db.acquire().await.ok()?;
+            sandboxes::live_on_node(&mut conn, &self.node_id).await.ok()
+        }
+        .await
+        .map_or(0, |rows| {
+            rows.iter()
+                .filter(|r| r.state == SandboxState::Leased)
+                .count()
+        });
+        let ready = self
+            .node
+            .local()
+            .map_or(0, |m| m.ready_count(&self.profile.name));
+        (
+            i32::try_from(live).unwrap_or(i32::MAX),
+            i32::try_from(ready).unwrap_or(i32::MAX),
+        )
     }
 
     /// Whether a call on the sandbox is in flight in this process.
@@ -303,7 +330,7 @@ impl SandboxService {
     }
 
     /// The live handle for a leased row: from this process, else adopted from the engine.
-    async fn handle(&self, row: &SandboxRow) -> Result<Sandbox, ServiceError> {
+    async fn handle(&self, row: &SandboxRow) -> Result<SandboxHandle, ServiceError> {
         let cached = self.live.lock().expect("live map").get(&row.id).cloned();
         if let Some(sandbox) = cached {
             if !sandbox.is_lost() {
@@ -320,7 +347,7 @@ impl SandboxService {
                 fate => return Err(self.lose(&row.id, describe_fate(&fate)).await),
             }
         }
-        match self.manager.adopt(&row.container_id).await {
+        match self.node.adopt(&row.container_id).await {
             Ok(sandbox) => {
                 self.live
                     .lock()
@@ -381,8 +408,8 @@ impl SandboxService {
     pub(crate) async fn remove_container(&self, sandbox_id: &str, container_id: Option<&str>) {
         let handle = self.live.lock().expect("live map").remove(sandbox_id);
         let result = match (handle, container_id) {
-            (Some(sandbox), _) => self.manager.close(sandbox).await,
-            (None, Some(container_id)) => self.manager.remove_container(container_id).await,
+            (Some(sandbox), _) => self.node.close(sandbox).await,
+            (None, Some(container_id)) => self.node.remove_container(container_id).await,
             (None, None) => Ok(()),
         };
         if let Err(err) = result {

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use sandgate_node::SandboxHandle;
 use sandgate_sandbox::{ContainerFate, Sandbox, SandboxError};
 use sandgate_store::StoreError;
 use sandgate_store::sandboxes::{self, CloseReason, NewLease, SandboxRow, SandboxState};
@@ -26,8 +27,8 @@ enum Unusable {
     /// Its fate could not be learnt.
     #[error("warm container unreachable: {0}")]
     Unreachable(#[source] SandboxError),
-    /// Another process's container could not be taken over.
-    #[error("warm container could not be adopted: {0}")]
+    /// The node could not hand it over (out of its pool, or attached to).
+    #[error("warm container could not be claimed: {0}")]
     NotAdopted(#[source] SandboxError),
 }
 
@@ -54,13 +55,13 @@ impl SandboxService {
                 return Err(over_limit(&caller.limits));
             }
             let Some(row) =
-                sandboxes::lease_warm(&mut tx, &self.profile.name, &self.node, lease).await?
+                sandboxes::lease_warm(&mut tx, &self.profile.name, &self.node_id, lease).await?
             else {
                 return Ok(None);
             };
             tx.commit().await?;
             tracing::Span::current().record("sandbox_id", &row.id);
-            let _ = self.manager.refill(&self.profile.name);
+            let _ = self.node.refill(&self.profile.name);
             match self.warm_handle(&row).await {
                 Ok(sandbox) => return Ok(Some(self.newly_leased(row, sandbox))),
                 Err(why) => {
@@ -69,7 +70,7 @@ impl SandboxService {
                     let mut conn = self.db.acquire().await?;
                     sandboxes::end(&mut conn, &row.id, &CloseReason::Lost(why.to_string())).await?;
                     drop(conn);
-                    if let Err(err) = self.manager.remove_container(&row.container_id).await {
+                    if let Err(err) = self.node.remove_container(&row.container_id).await {
                         tracing::warn!(error = %err, "removing an unusable warm container failed");
                     }
                 }
@@ -80,20 +81,19 @@ impl SandboxService {
 
     /// The handle of a just-leased warm row's container: from this process's pool, else adopted.
     /// The error says why the container cannot serve.
-    async fn warm_handle(&self, row: &SandboxRow) -> Result<Sandbox, Unusable> {
-        if let Some(sandbox) = self.manager.take_ready_id(&row.id) {
-            if !sandbox.is_lost() {
-                return Ok(sandbox);
-            }
-            return Err(match sandbox.fate().await {
-                Ok(fate) => Unusable::Died(fate),
-                Err(err) => Unusable::Unreachable(err),
-            });
-        }
-        self.manager
-            .adopt(&row.container_id)
+    async fn warm_handle(&self, row: &SandboxRow) -> Result<SandboxHandle, Unusable> {
+        let sandbox = self
+            .node
+            .claim(&row.id, &row.container_id)
             .await
-            .map_err(Unusable::NotAdopted)
+            .map_err(Unusable::NotAdopted)?;
+        if !sandbox.is_lost() {
+            return Ok(sandbox);
+        }
+        Err(match sandbox.fate().await {
+            Ok(fate) => Unusable::Died(fate),
+            Err(err) => Unusable::Unreachable(err),
+        })
     }
 
     /// Records a ready warm sandbox as a `warm` row (idempotent).
@@ -105,7 +105,7 @@ impl SandboxService {
             sandbox.id(),
             sandbox.profile(),
             sandbox.container_id(),
-            &self.node,
+            &self.node_id,
         )
         .await
     }
@@ -115,7 +115,11 @@ impl SandboxService {
     /// connection died is removed, one without a row yet is recorded. Then refills.
     #[tracing::instrument(skip_all)]
     pub async fn sync_pool(&self) -> Result<(), LifecycleError> {
-        let ids = self.manager.ready_ids();
+        // The pool is the work of the process that runs the node.
+        let Some(manager) = self.node.local() else {
+            return Ok(());
+        };
+        let ids = manager.ready_ids();
         if !ids.is_empty() {
             let mut conn = self.db.acquire().await?;
             let rows: HashMap<String, SandboxState> = sandboxes::by_ids(&mut conn, &ids)
@@ -127,11 +131,11 @@ impl SandboxService {
             for id in ids {
                 match rows.get(&id) {
                     Some(SandboxState::Warm) => {
-                        let Some(sandbox) = self.manager.take_ready_id(&id) else {
+                        let Some(sandbox) = manager.take_ready_id(&id) else {
                             continue;
                         };
                         if !sandbox.is_lost() {
-                            let _ = self.manager.offer(sandbox);
+                            let _ = manager.offer(sandbox);
                             continue;
                         }
                         tracing::warn!(sandbox_id = %id, "a warm sandbox died while waiting");
@@ -139,31 +143,31 @@ impl SandboxService {
                         let why = CloseReason::Lost("its warm container died".into());
                         sandboxes::end(&mut conn, &id, &why).await?;
                         drop(conn);
-                        let _ = self.manager.close(sandbox).await;
+                        let _ = manager.close(sandbox).await;
                     }
                     Some(SandboxState::Leased) => {
                         // Another process leased it (and adopted the container): not ours to
                         // hand out any more, and not ours to remove.
-                        if self.manager.take_ready_id(&id).is_some() {
+                        if manager.take_ready_id(&id).is_some() {
                             tracing::debug!(sandbox_id = %id, "a warm sandbox was leased elsewhere");
                         }
                     }
                     Some(SandboxState::Closed | SandboxState::Lost) => {
-                        if let Some(sandbox) = self.manager.take_ready_id(&id) {
-                            let _ = self.manager.close(sandbox).await;
+                        if let Some(sandbox) = manager.take_ready_id(&id) {
+                            let _ = manager.close(sandbox).await;
                         }
                     }
                     None => {
-                        if let Some(sandbox) = self.manager.take_ready_id(&id) {
+                        if let Some(sandbox) = manager.take_ready_id(&id) {
                             let recorded = self.record_warm(&sandbox).await;
-                            let _ = self.manager.offer(sandbox);
+                            let _ = manager.offer(sandbox);
                             recorded?;
                         }
                     }
                 }
             }
         }
-        self.manager.refill(&self.profile.name)?;
+        manager.refill(&self.profile.name)?;
         Ok(())
     }
 
@@ -172,7 +176,10 @@ impl SandboxService {
     /// let go without touching its container. Returns how many were removed.
     #[tracing::instrument(skip_all)]
     pub async fn trim_pool(&self) -> Result<usize, StoreError> {
-        let surplus = self.manager.take_surplus(&self.profile.name);
+        let Some(manager) = self.node.local() else {
+            return Ok(0);
+        };
+        let surplus = manager.take_surplus(&self.profile.name);
         let mut removed = 0;
         for (at, sandbox) in surplus.iter().enumerate() {
             let retired = async {
@@ -183,7 +190,7 @@ impl SandboxService {
             match retired {
                 Ok(Some(_)) => {
                     tracing::debug!(sandbox_id = %sandbox.id(), "demand fell: removing a warm sandbox");
-                    if let Err(err) = self.manager.close(sandbox.clone()).await {
+                    if let Err(err) = manager.close(sandbox.clone()).await {
                         tracing::warn!(error = %err, "removing a surplus warm sandbox failed");
                     }
                     removed += 1;
@@ -192,12 +199,12 @@ impl SandboxService {
                 // the pool: the next pass of `sync_pool` lets go of one leased elsewhere and
                 // removes one that ended; one not recorded yet is recorded, then trimmed later.
                 Ok(None) => {
-                    let _ = self.manager.offer(sandbox.clone());
+                    let _ = manager.offer(sandbox.clone());
                 }
                 Err(err) => {
                     // Postgres is away: keep the rest in the pool, retry at the next tick.
                     for sandbox in surplus.into_iter().skip(at) {
-                        let _ = self.manager.offer(sandbox);
+                        let _ = manager.offer(sandbox);
                     }
                     return Err(err);
                 }
@@ -247,7 +254,10 @@ impl SandboxService {
     pub async fn shutdown(&self) {
         // Closes that already answered finish removing their containers first.
         self.drain_removals().await;
-        let warm = self.manager.stop().await;
+        let Some(manager) = self.node.local() else {
+            return;
+        };
+        let warm = manager.stop().await;
         if warm.is_empty() {
             return;
         }
@@ -269,7 +279,7 @@ impl SandboxService {
                 None | Some(SandboxState::Closed | SandboxState::Lost) => true,
                 Some(SandboxState::Warm | SandboxState::Leased) => false,
             };
-            if remove && let Err(err) = self.manager.close(sandbox).await {
+            if remove && let Err(err) = manager.close(sandbox).await {
                 tracing::warn!(error = %err, "removing an unrecorded warm sandbox failed");
             }
         }

@@ -1,0 +1,43 @@
+//! How the service reaches sandboxes: through a node. A node owns one engine's containers, warm
+//! pools and attach channels (`sandgate node`, or the node inside `sandgate serve`).
+//!
+//! - [`NodeHandle`]: the node-level operations a gateway needs (start a sandbox, claim a warm one,
+//!   re-attach, remove, pool numbers).
+//! - [`SandboxHandle`]: one live sandbox on a node (exec with streamed output, commands, jobs,
+//!   files, ping, restart, the package-index relay).
+//! - The node RPC (`proto/node.proto`, gRPC with tonic over mutual TLS): [`NodeService`] serves a
+//!   [`SandboxManager`]; [`RemoteNode`] and [`RemoteSandbox`] call it; [`status`] carries typed
+//!   errors across; [`NodeTls`] holds the certificates.
+//!
+//! Both handles are enums: the in-process variant calls the [`SandboxManager`] and [`Sandbox`]
+//! directly (no serialization, no extra task: the one-machine case pays one `match`).
+
+mod convert;
+mod handle;
+mod node;
+mod remote;
+mod server;
+pub mod status;
+#[cfg(feature = "test-pki")]
+pub mod test_pki;
+mod tls;
+
+/// The messages and tonic stubs generated from `proto/node.proto`.
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    missing_debug_implementations
+)] // generated
+pub mod proto {
+    tonic::include_proto!("sandgate.node.v1");
+}
+
+pub use handle::SandboxHandle;
+pub use node::{NodeHandle, StartTicket};
+pub use remote::{ConnectError, RemoteNode, RemoteSandbox};
+pub use server::{MAX_MESSAGE_BYTES, NodeService, ServeError, serve};
+pub use tls::{NodeTls, TlsError};
+
+#[doc(no_inline)]
+pub use sandgate_sandbox::{Sandbox, SandboxManager};

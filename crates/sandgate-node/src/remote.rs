@@ -1,0 +1,474 @@
+//! The gateway's side of the RPC: a node in another process, reached over mutual TLS.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use sandgate_sandbox::{
+    CommandOptions, CommandOutcome, ContainerFate, ExecOptions, ExecOutcome, FileChunks, FileInfo,
+    Job, Listing, OutputEvent, PingInfo, PoolStats, SandboxError, SandboxProfile,
+};
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::proto::{self, node_client::NodeClient};
+use crate::server::MAX_MESSAGE_BYTES;
+use crate::status::from_status;
+use crate::tls::NodeTls;
+
+/// How long a call other than a cell or command may take on the node (file transfers included).
+const CALL_DEADLINE: Duration = Duration::from_secs(300);
+
+/// How long past its own timeout a cell or command may take before the gateway gives up on the
+/// node (the node interrupts at the timeout, then restarts the kernel after a grace period).
+const STREAM_GRACE: Duration = Duration::from_secs(60);
+
+/// Why a node could not be set up as a client.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot use the sandbox node at {url}: {source}")]
+pub struct ConnectError {
+    url: String,
+    #[source]
+    source: tonic::transport::Error,
+}
+
+/// A sandbox node in another process. Cheap to clone; one HTTP/2 connection multiplexes every
+/// call.
+#[derive(Debug, Clone)]
+pub struct RemoteNode {
+    inner: Arc<RemoteInner>,
+}
+
+#[derive(Debug)]
+struct RemoteInner {
+    url: String,
+    client: NodeClient<Channel>,
+}
+
+impl RemoteNode {
+    /// A client of the node at `url` (`https://host:port`), connecting on first use.
+    pub fn connect_lazy(url: &str, tls: &NodeTls) -> Result<Self, ConnectError> {
+        let err = |source| ConnectError {
+            url: url.to_owned(),
+            source,
+        };
+        let channel = Endpoint::from_shared(url.to_owned())
+            .map_err(err)?
+            .tls_config(tls.client())
+            .map_err(err)?
+            .connect_timeout(Duration::from_secs(10))
+            .http2_keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+            .connect_lazy();
+        let client = NodeClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Ok(Self {
+            inner: Arc::new(RemoteInner {
+                url: url.to_owned(),
+                client,
+            }),
+        })
+    }
+
+    /// The node's address.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    fn client(&self) -> NodeClient<Channel> {
+        self.inner.client.clone()
+    }
+
+    fn error(&self, status: &tonic::Status) -> SandboxError {
+        from_status(&self.inner.url, status)
+    }
+
+    fn request<T>(message: T, deadline: Duration) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(deadline);
+        request
+    }
+
+    fn sandbox(&self, r: proto::SandboxRef) -> RemoteSandbox {
+        RemoteSandbox {
+            node: self.clone(),
+            inner: Arc::new(r),
+        }
+    }
+
+    /// Starts a sandbox from the node's profile of `profile`'s name, with its memory and CPUs.
+    pub async fn launch(&self, profile: &SandboxProfile) -> Result<RemoteSandbox, SandboxError> {
+        let req = proto::LaunchRequest {
+            profile: profile.name.clone(),
+            memory_mb: profile.memory_mb,
+            cpus: profile.cpus,
+        };
+        let r = self
+            .client()
+            .launch(Self::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(self.sandbox(r.into_inner()))
+    }
+
+    /// Takes the warm sandbox out of the node's pool, else attaches to its container.
+    pub async fn claim(
+        &self,
+        sandbox_id: &str,
+        container_id: &str,
+    ) -> Result<RemoteSandbox, SandboxError> {
+        let req = proto::ClaimRequest {
+            sandbox_id: sandbox_id.to_owned(),
+            container_id: container_id.to_owned(),
+        };
+        let r = self
+            .client()
+            .claim(Self::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(self.sandbox(r.into_inner()))
+    }
+
+    /// Attaches to a running container of the node.
+    pub async fn adopt(&self, container_id: &str) -> Result<RemoteSandbox, SandboxError> {
+        let req = proto::AdoptRequest {
+            container_id: container_id.to_owned(),
+        };
+        let r = self
+            .client()
+            .adopt(Self::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(self.sandbox(r.into_inner()))
+    }
+
+    /// Removes a container of the node.
+    pub async fn remove(&self, container_id: &str) -> Result<(), SandboxError> {
+        let req = proto::RemoveRequest {
+            container_id: container_id.to_owned(),
+        };
+        self.client()
+            .remove(Self::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(())
+    }
+
+    /// The node's pool numbers for `profile` (`None` when the node cannot be asked).
+    pub async fn pool_stats(&self, profile: &str) -> Option<PoolStats> {
+        let req = proto::PoolStatsRequest {
+            profile: profile.to_owned(),
+        };
+        let r = self
+            .client()
+            .pool_stats(Self::request(req, Duration::from_secs(5)))
+            .await
+            .ok()?;
+        r.into_inner().into_stats()
+    }
+}
+
+/// A sandbox on a remote node. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RemoteSandbox {
+    node: RemoteNode,
+    inner: Arc<proto::SandboxRef>,
+}
+
+impl RemoteSandbox {
+    /// The sandbox id.
+    pub fn id(&self) -> &str {
+        &self.inner.sandbox_id
+    }
+
+    /// The engine's container id on its node.
+    pub fn container_id(&self) -> &str {
+        &self.inner.container_id
+    }
+
+    /// The profile it was made from.
+    pub fn profile(&self) -> &str {
+        &self.inner.profile
+    }
+
+    /// The node it runs on.
+    pub fn node(&self) -> &RemoteNode {
+        &self.node
+    }
+
+    fn call(&self) -> proto::SandboxCall {
+        proto::SandboxCall {
+            sandbox_id: self.inner.sandbox_id.clone(),
+            container_id: self.inner.container_id.clone(),
+        }
+    }
+
+    fn error(&self, status: &tonic::Status) -> SandboxError {
+        self.node.error(status)
+    }
+
+    /// What became of the container.
+    pub async fn fate(&self) -> Result<ContainerFate, SandboxError> {
+        let r = self
+            .node
+            .client()
+            .fate(RemoteNode::request(self.call(), CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(r.into_inner().into())
+    }
+
+    /// Runs a cell on the node; output events are forwarded to `events` as they arrive. Dropping
+    /// the future cancels the RPC stream, and the node interrupts the cell.
+    pub async fn exec(
+        &self,
+        code: &str,
+        options: ExecOptions,
+        events: Option<mpsc::Sender<OutputEvent>>,
+    ) -> Result<ExecOutcome, SandboxError> {
+        let req = proto::ExecRequest {
+            sandbox: Some(self.call()),
+            code: code.to_owned(),
+            timeout_ms: u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
+            output_limit: options.output_limit as u64,
+            display_limit: options.display_limit as u64,
+            stream: events.is_some(),
+        };
+        let deadline = options.timeout + STREAM_GRACE;
+        let answer = self
+            .node
+            .client()
+            .exec(RemoteNode::request(req, deadline))
+            .await;
+        self.finish(answer, &events, |m| match m.event {
+            Some(proto::exec_event::Event::Output(e)) => Step::Output(e),
+            Some(proto::exec_event::Event::Outcome(o)) => Step::Outcome(o.into()),
+            None => Step::Nothing,
+        })
+        .await
+    }
+
+    /// Runs a shell command on the node; see [`Self::exec`].
+    pub async fn command(
+        &self,
+        command: &str,
+        options: CommandOptions,
+        events: Option<mpsc::Sender<OutputEvent>>,
+    ) -> Result<CommandOutcome, SandboxError> {
+        let req = proto::CommandRequest {
+            sandbox: Some(self.call()),
+            command: command.to_owned(),
+            timeout_ms: u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
+            output_limit: options.output_limit as u64,
+            cwd: options.cwd,
+            stream: events.is_some(),
+        };
+        let deadline = options.timeout + STREAM_GRACE;
+        let answer = self
+            .node
+            .client()
+            .command(RemoteNode::request(req, deadline))
+            .await;
+        self.finish(answer, &events, |m| match m.event {
+            Some(proto::command_event::Event::Output(e)) => Step::Output(e),
+            Some(proto::command_event::Event::Outcome(o)) => Step::Outcome(o.into()),
+            None => Step::Nothing,
+        })
+        .await
+    }
+
+    /// Reads a streamed call's messages: output events forwarded to `events`, until the outcome.
+    async fn finish<M, O>(
+        &self,
+        answer: Result<tonic::Response<tonic::Streaming<M>>, tonic::Status>,
+        events: &Option<mpsc::Sender<OutputEvent>>,
+        step: impl Fn(M) -> Step<O>,
+    ) -> Result<O, SandboxError> {
+        let mut stream = answer.map_err(|s| self.error(&s))?.into_inner();
+        while let Some(message) = stream.next().await {
+            match step(message.map_err(|s| self.error(&s))?) {
+                Step::Output(e) => forward(events, e).await,
+                Step::Outcome(o) => return Ok(o),
+                Step::Nothing => {}
+            }
+        }
+        Err(self.error(&tonic::Status::unavailable(
+            "the stream ended without an outcome",
+        )))
+    }
+
+    /// Writes a file under /home/user.
+    pub async fn write_file(
+        &self,
+        path: &str,
+        data: &[u8],
+        overwrite: bool,
+    ) -> Result<FileInfo, SandboxError> {
+        let req = proto::WriteFileRequest {
+            sandbox: Some(self.call()),
+            path: path.to_owned(),
+            data: bytes::Bytes::copy_from_slice(data),
+            overwrite,
+        };
+        let r = self
+            .node
+            .client()
+            .write_file(RemoteNode::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(r.into_inner().into())
+    }
+
+    /// Reads a file chunk by chunk: the first chunk (or the refusal), then the rest.
+    pub async fn read_file_stream(
+        &self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(bytes::Bytes, FileChunks), SandboxError> {
+        let req = proto::ReadFileRequest {
+            sandbox: Some(self.call()),
+            path: path.to_owned(),
+            max_bytes,
+        };
+        let mut stream = self
+            .node
+            .client()
+            .read_file(RemoteNode::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?
+            .into_inner();
+        let first = match stream.next().await {
+            Some(chunk) => chunk.map_err(|s| self.error(&s))?.data,
+            None => bytes::Bytes::new(),
+        };
+        let this = self.clone();
+        let rest = stream.map(move |chunk| {
+            chunk.map(|c| c.data).map_err(|s| match this.error(&s) {
+                SandboxError::Channel(e) => e,
+                other => sandgate_sandbox::ChannelError::Protocol {
+                    detail: other.to_string(),
+                },
+            })
+        });
+        Ok((first, rest.boxed()))
+    }
+
+    /// Reads a whole file, up to `max_bytes`.
+    pub async fn read_file(
+        &self,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<(Vec<u8>, FileInfo), SandboxError> {
+        let req = proto::ReadFileRequest {
+            sandbox: Some(self.call()),
+            path: path.to_owned(),
+            max_bytes,
+        };
+        let r = self
+            .node
+            .client()
+            .read_whole_file(RemoteNode::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?
+            .into_inner();
+        let info = r.info.ok_or_else(|| {
+            self.error(&tonic::Status::internal(
+                "the node sent a file without its info",
+            ))
+        })?;
+        Ok((r.data.to_vec(), info.into()))
+    }
+
+    /// Lists a directory with the space used and left.
+    pub async fn list(&self, path: &str) -> Result<Listing, SandboxError> {
+        let req = proto::PathRequest {
+            sandbox: Some(self.call()),
+            path: path.to_owned(),
+        };
+        let r = self
+            .node
+            .client()
+            .list(RemoteNode::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(r.into_inner().into())
+    }
+
+    /// Starts a background job.
+    pub async fn start_job(&self, command: &str, cwd: Option<&str>) -> Result<Job, SandboxError> {
+        let req = proto::StartJobRequest {
+            sandbox: Some(self.call()),
+            command: command.to_owned(),
+            cwd: cwd.map(str::to_owned),
+        };
+        let r = self
+            .node
+            .client()
+            .start_job(RemoteNode::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(r.into_inner().into())
+    }
+
+    /// Lists the background jobs.
+    pub async fn jobs(&self) -> Result<Vec<Job>, SandboxError> {
+        let r = self
+            .node
+            .client()
+            .jobs(RemoteNode::request(self.call(), CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(r.into_inner().jobs.into_iter().map(Into::into).collect())
+    }
+
+    /// Kills a background job.
+    pub async fn kill_job(&self, job: &str) -> Result<Job, SandboxError> {
+        let req = proto::KillJobRequest {
+            sandbox: Some(self.call()),
+            job: job.to_owned(),
+        };
+        let r = self
+            .node
+            .client()
+            .kill_job(RemoteNode::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(r.into_inner().into())
+    }
+
+    /// Checks that the agent answers.
+    pub async fn ping(&self) -> Result<PingInfo, SandboxError> {
+        let r = self
+            .node
+            .client()
+            .ping(RemoteNode::request(self.call(), CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(r.into_inner().into())
+    }
+
+    /// Restarts the kernel.
+    pub async fn restart(&self) -> Result<(), SandboxError> {
+        self.node
+            .client()
+            .restart(RemoteNode::request(self.call(), CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(())
+    }
+}
+
+/// One message of a streamed call.
+enum Step<O> {
+    Output(proto::OutputEvent),
+    Outcome(O),
+    Nothing,
+}
+
+/// Forwards one output event to the caller's progress channel (if it still listens).
+async fn forward(events: &Option<mpsc::Sender<OutputEvent>>, event: proto::OutputEvent) {
+    if let (Some(tx), Some(event)) = (events, event.into_event()) {
+        let _ = tx.send(event).await;
+    }
+}

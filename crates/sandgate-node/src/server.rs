@@ -1,0 +1,430 @@
+//! The node's side of the RPC: serves one [`SandboxManager`]'s sandboxes to gateways.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::stream::{BoxStream, StreamExt};
+use sandgate_sandbox::{
+    CommandOptions, ExecOptions, OutputEvent, Sandbox, SandboxError, SandboxManager,
+};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+use crate::proto::{self, node_server};
+use crate::status::to_status;
+
+/// Largest message either side accepts: a file upload travels in one message, bounded by the
+/// gateway's own file limit well below this.
+pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
+
+/// Output events buffered per streamed call before the cell waits for the gateway.
+const EVENT_BUFFER: usize = 64;
+
+/// The RPC service of one node: its sandbox manager and the handles it has attached.
+#[derive(Debug, Clone)]
+pub struct NodeService {
+    manager: SandboxManager,
+    /// Live handles by container id (launched, claimed or adopted here).
+    live: Arc<Mutex<HashMap<String, Sandbox>>>,
+}
+
+impl NodeService {
+    /// Serves `manager`'s sandboxes.
+    pub fn new(manager: SandboxManager) -> Self {
+        Self {
+            manager,
+            live: Arc::default(),
+        }
+    }
+
+    /// The tonic service, with this crate's message limits.
+    pub fn into_server(self) -> node_server::NodeServer<Self> {
+        node_server::NodeServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    fn keep(&self, sandbox: &Sandbox) -> proto::SandboxRef {
+        self.live
+            .lock()
+            .expect("live map")
+            .insert(sandbox.container_id().to_owned(), sandbox.clone());
+        proto::SandboxRef {
+            sandbox_id: sandbox.id().to_owned(),
+            container_id: sandbox.container_id().to_owned(),
+            profile: sandbox.profile().to_owned(),
+        }
+    }
+
+    /// The live handle of the sandbox a call names: kept here, else attached now (only a
+    /// container of this node's instance can be: another is `NotOurs`).
+    async fn sandbox(&self, call: Option<proto::SandboxCall>) -> Result<Sandbox, Status> {
+        let call = call.ok_or_else(|| Status::invalid_argument("the call names no sandbox"))?;
+        let cached = self
+            .live
+            .lock()
+            .expect("live map")
+            .get(&call.container_id)
+            .cloned();
+        if let Some(sandbox) = cached {
+            if !sandbox.is_lost() {
+                return Ok(sandbox);
+            }
+            self.live
+                .lock()
+                .expect("live map")
+                .remove(&call.container_id);
+            return Err(to_status(&SandboxError::Died {
+                sandbox_id: sandbox.id().to_owned(),
+                fate: sandbox.fate().await.map_err(|e| to_status(&e))?,
+            }));
+        }
+        let sandbox = self
+            .manager
+            .adopt(&call.container_id)
+            .await
+            .map_err(|e| to_status(&e))?;
+        self.keep(&sandbox);
+        Ok(sandbox)
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+fn reply<T, U: Into<T>>(result: Result<U, SandboxError>) -> Reply<T> {
+    result
+        .map(|v| Response::new(v.into()))
+        .map_err(|e| to_status(&e))
+}
+
+/// A streamed call's messages: its output events as they come, then its outcome. Nothing is
+/// spawned: dropping the stream (the gateway went away or cancelled) drops the call, and the
+/// channel interrupts the cell or kills the command as it does in one process.
+fn call_stream<T, M>(
+    call: impl Future<Output = Result<T, SandboxError>> + Send + 'static,
+    events: mpsc::Receiver<OutputEvent>,
+    event: fn(proto::OutputEvent) -> M,
+    outcome: fn(T) -> M,
+) -> BoxStream<'static, Result<M, Status>>
+where
+    T: Send + 'static,
+    M: Send + 'static,
+{
+    enum State<F, M> {
+        Running(Pin<Box<F>>, mpsc::Receiver<OutputEvent>),
+        Draining(mpsc::Receiver<OutputEvent>, Result<M, Status>),
+        Done,
+    }
+    let start = State::Running(Box::pin(call), events);
+    futures::stream::unfold(start, move |state| async move {
+        let mut state = state;
+        loop {
+            state = match state {
+                State::Running(mut call, mut events) => {
+                    tokio::select! {
+                        biased;
+                        Some(e) = events.recv() => {
+                            return Some((Ok(event(e.into())), State::Running(call, events)));
+                        }
+                        out = &mut call => {
+                            let last = out.map(outcome).map_err(|e| to_status(&e));
+                            State::Draining(events, last)
+                        }
+                    }
+                }
+                State::Draining(mut events, last) => match events.recv().await {
+                    Some(e) => return Some((Ok(event(e.into())), State::Draining(events, last))),
+                    None => return Some((last, State::Done)),
+                },
+                State::Done => return None,
+            };
+        }
+    })
+    .boxed()
+}
+
+#[tonic::async_trait]
+impl node_server::Node for NodeService {
+    #[tracing::instrument(skip_all, fields(profile = %request.get_ref().profile))]
+    async fn launch(&self, request: Request<proto::LaunchRequest>) -> Reply<proto::SandboxRef> {
+        let req = request.into_inner();
+        let base = self
+            .manager
+            .profile(&req.profile)
+            .map_err(|e| to_status(&e))?;
+        let mut profile = base.clone();
+        if req.memory_mb > 0 {
+            profile.memory_mb = req.memory_mb;
+        }
+        if req.cpus > 0.0 {
+            profile.cpus = req.cpus;
+        }
+        let permit = self
+            .manager
+            .start_permit(&profile.name)
+            .await
+            .map_err(|e| to_status(&e))?;
+        let sandbox = self
+            .manager
+            .launch_permitted(&profile, permit)
+            .await
+            .map_err(|e| to_status(&e))?;
+        self.manager.record_lease(&profile.name);
+        Ok(Response::new(self.keep(&sandbox)))
+    }
+
+    #[tracing::instrument(skip_all, fields(sandbox_id = %request.get_ref().sandbox_id))]
+    async fn claim(&self, request: Request<proto::ClaimRequest>) -> Reply<proto::SandboxRef> {
+        let req = request.into_inner();
+        let sandbox = match self.manager.take_ready_id(&req.sandbox_id) {
+            Some(sandbox) => sandbox,
+            None => self
+                .manager
+                .adopt(&req.container_id)
+                .await
+                .map_err(|e| to_status(&e))?,
+        };
+        if sandbox.is_lost() {
+            let fate = sandbox.fate().await.map_err(|e| to_status(&e))?;
+            return Err(to_status(&SandboxError::Died {
+                sandbox_id: sandbox.id().to_owned(),
+                fate,
+            }));
+        }
+        let _ = self.manager.refill(sandbox.profile());
+        Ok(Response::new(self.keep(&sandbox)))
+    }
+
+    async fn adopt(&self, request: Request<proto::AdoptRequest>) -> Reply<proto::SandboxRef> {
+        let req = request.into_inner();
+        let sandbox = self
+            .manager
+            .adopt(&req.container_id)
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(self.keep(&sandbox)))
+    }
+
+    async fn remove(&self, request: Request<proto::RemoveRequest>) -> Reply<proto::Empty> {
+        let req = request.into_inner();
+        let handle = self
+            .live
+            .lock()
+            .expect("live map")
+            .remove(&req.container_id);
+        let removed = match handle {
+            Some(sandbox) => self.manager.close(sandbox).await,
+            None => self.manager.remove_container(&req.container_id).await,
+        };
+        reply(removed.map(|()| proto::Empty {}))
+    }
+
+    async fn fate(&self, request: Request<proto::SandboxCall>) -> Reply<proto::ContainerFate> {
+        let req = request.into_inner();
+        let cached = self
+            .live
+            .lock()
+            .expect("live map")
+            .get(&req.container_id)
+            .cloned();
+        match cached {
+            Some(sandbox) => reply(sandbox.fate().await.map(|f| proto::ContainerFate::from(&f))),
+            None => match self.manager.adopt(&req.container_id).await {
+                Ok(sandbox) => {
+                    self.keep(&sandbox);
+                    reply(sandbox.fate().await.map(|f| proto::ContainerFate::from(&f)))
+                }
+                Err(SandboxError::Died { fate, .. }) => {
+                    Ok(Response::new(proto::ContainerFate::from(&fate)))
+                }
+                Err(err) => Err(to_status(&err)),
+            },
+        }
+    }
+
+    type ExecStream = BoxStream<'static, Result<proto::ExecEvent, Status>>;
+
+    #[tracing::instrument(skip_all, fields(sandbox_id))]
+    async fn exec(&self, request: Request<proto::ExecRequest>) -> Reply<Self::ExecStream> {
+        let req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox).await?;
+        tracing::Span::current().record("sandbox_id", sandbox.id());
+        let options = ExecOptions {
+            timeout: Duration::from_millis(req.timeout_ms),
+            output_limit: usize::try_from(req.output_limit).unwrap_or(usize::MAX),
+            display_limit: usize::try_from(req.display_limit).unwrap_or(usize::MAX),
+        };
+        let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+        let events = req.stream.then_some(tx);
+        let code = req.code;
+        let call = async move { sandbox.exec(&code, options, events).await };
+        Ok(Response::new(call_stream(
+            call,
+            rx,
+            |e| proto::ExecEvent {
+                event: Some(proto::exec_event::Event::Output(e)),
+            },
+            |o| proto::ExecEvent {
+                event: Some(proto::exec_event::Event::Outcome(o.into())),
+            },
+        )))
+    }
+
+    type CommandStream = BoxStream<'static, Result<proto::CommandEvent, Status>>;
+
+    #[tracing::instrument(skip_all, fields(sandbox_id))]
+    async fn command(&self, request: Request<proto::CommandRequest>) -> Reply<Self::CommandStream> {
+        let req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox).await?;
+        tracing::Span::current().record("sandbox_id", sandbox.id());
+        let options = CommandOptions {
+            timeout: Duration::from_millis(req.timeout_ms),
+            output_limit: usize::try_from(req.output_limit).unwrap_or(usize::MAX),
+            cwd: req.cwd,
+        };
+        let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+        let events = req.stream.then_some(tx);
+        let command = req.command;
+        let call = async move { sandbox.command(&command, options, events).await };
+        Ok(Response::new(call_stream(
+            call,
+            rx,
+            |e| proto::CommandEvent {
+                event: Some(proto::command_event::Event::Output(e)),
+            },
+            |o| proto::CommandEvent {
+                event: Some(proto::command_event::Event::Outcome(o.into())),
+            },
+        )))
+    }
+
+    async fn write_file(
+        &self,
+        request: Request<proto::WriteFileRequest>,
+    ) -> Reply<proto::FileInfo> {
+        let req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox).await?;
+        reply(
+            sandbox
+                .write_file(&req.path, &req.data, req.overwrite)
+                .await,
+        )
+    }
+
+    type ReadFileStream = BoxStream<'static, Result<proto::FileChunk, Status>>;
+
+    async fn read_file(
+        &self,
+        request: Request<proto::ReadFileRequest>,
+    ) -> Reply<Self::ReadFileStream> {
+        let req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox).await?;
+        let (first, rest) = sandbox
+            .read_file_stream(&req.path, req.max_bytes)
+            .await
+            .map_err(|e| to_status(&e))?;
+        let first = futures::stream::once(async move { Ok(proto::FileChunk { data: first }) });
+        let rest = rest.map(|chunk| {
+            chunk
+                .map(|data| proto::FileChunk { data })
+                .map_err(|e| to_status(&SandboxError::Channel(e)))
+        });
+        Ok(Response::new(first.chain(rest).boxed()))
+    }
+
+    async fn read_whole_file(
+        &self,
+        request: Request<proto::ReadFileRequest>,
+    ) -> Reply<proto::FileContent> {
+        let req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox).await?;
+        reply(
+            sandbox
+                .read_file(&req.path, req.max_bytes)
+                .await
+                .map(|(data, info)| proto::FileContent {
+                    data: data.into(),
+                    info: Some(info.into()),
+                }),
+        )
+    }
+
+    async fn list(&self, request: Request<proto::PathRequest>) -> Reply<proto::Listing> {
+        let req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox).await?;
+        reply(sandbox.list(&req.path).await)
+    }
+
+    async fn start_job(&self, request: Request<proto::StartJobRequest>) -> Reply<proto::Job> {
+        let req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox).await?;
+        reply(sandbox.start_job(&req.command, req.cwd.as_deref()).await)
+    }
+
+    async fn jobs(&self, request: Request<proto::SandboxCall>) -> Reply<proto::JobList> {
+        let sandbox = self.sandbox(Some(request.into_inner())).await?;
+        reply(sandbox.jobs().await.map(|jobs| proto::JobList {
+            jobs: jobs.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn kill_job(&self, request: Request<proto::KillJobRequest>) -> Reply<proto::Job> {
+        let req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox).await?;
+        reply(sandbox.kill_job(&req.job).await)
+    }
+
+    async fn ping(&self, request: Request<proto::SandboxCall>) -> Reply<proto::PingInfo> {
+        let sandbox = self.sandbox(Some(request.into_inner())).await?;
+        reply(sandbox.ping().await)
+    }
+
+    async fn restart(&self, request: Request<proto::SandboxCall>) -> Reply<proto::Empty> {
+        let sandbox = self.sandbox(Some(request.into_inner())).await?;
+        reply(sandbox.restart().await.map(|()| proto::Empty {}))
+    }
+
+    async fn pool_stats(
+        &self,
+        request: Request<proto::PoolStatsRequest>,
+    ) -> Reply<proto::PoolStatsReply> {
+        let req = request.into_inner();
+        Ok(Response::new(
+            self.manager
+                .pool_stats(&req.profile)
+                .map(Into::into)
+                .unwrap_or_default(),
+        ))
+    }
+}
+
+/// Why the node RPC stopped serving.
+#[derive(Debug, thiserror::Error)]
+#[error("the node RPC server failed")]
+pub struct ServeError(#[source] tonic::transport::Error);
+
+/// Serves `service` on `listener` until `shutdown` resolves: over mutual TLS when `tls` is given
+/// (only clients with a certificate signed by the deployment's CA get past the handshake; plain
+/// HTTP/2 never does), else in cleartext (configuration allows that on loopback only).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    service: NodeService,
+    tls: Option<&crate::NodeTls>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls.server()).map_err(ServeError)?;
+    }
+    builder
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            shutdown,
+        )
+        .await
+        .map_err(ServeError)
+}

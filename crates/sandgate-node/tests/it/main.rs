@@ -1,0 +1,8 @@
+//! The node RPC against the real Docker engine and sandbox image, over mutual TLS with
+//! certificates made here: a gateway's client drives a node's sandboxes as the service would
+//! (streamed output, cancellation, files, typed errors), and clients without the deployment's
+//! certificates are refused.
+
+mod attacker;
+mod calls;
+mod support;

@@ -1,0 +1,113 @@
+//! `[node]`: the sandbox node's RPC listener, its certificates, heartbeat and capacity
+//! (docs/scale-out.md).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::ConfigError;
+
+/// The node side of a process: what `sandgate node` (and `sandgate serve` with `listen` set)
+/// serves to gateways.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// The RPC address; empty: no RPC listener (`sandgate serve`'s node is then only its own).
+    pub listen: String,
+    /// What gateways dial; empty: `https://<listen>`.
+    pub advertise_url: String,
+    /// This process's certificate (PEM): presented as the node's server certificate, and as a
+    /// gateway's client certificate.
+    pub tls_cert: PathBuf,
+    /// The key of `tls_cert` (PEM).
+    pub tls_key: PathBuf,
+    /// The deployment's private CA (PEM): peers must hold a certificate it signed.
+    pub tls_ca: PathBuf,
+    /// How often the node heartbeats in Postgres, seconds.
+    pub heartbeat_seconds: u64,
+    /// A node silent this long is lost, seconds.
+    pub lost_after_seconds: u64,
+    /// Most live sandboxes on the node; 0: from the host's memory.
+    pub slots: u32,
+    /// A draining node gets no new leases; its sandboxes run out.
+    pub drain: bool,
+}
+
+impl NodeConfig {
+    /// The RPC address, when one is configured.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        if self.listen.is_empty() {
+            return None;
+        }
+        self.listen.parse().ok()
+    }
+
+    /// Whether the three TLS paths are set.
+    pub fn has_tls(&self) -> bool {
+        [&self.tls_cert, &self.tls_key, &self.tls_ca]
+            .iter()
+            .all(|p| !p.as_os_str().is_empty())
+    }
+
+    /// The URL gateways dial: `advertise_url`, else derived from `listen`.
+    pub fn advertise_url(&self) -> Option<String> {
+        if !self.advertise_url.is_empty() {
+            return Some(self.advertise_url.clone());
+        }
+        let scheme = if self.has_tls() { "https" } else { "http" };
+        self.listen_addr().map(|a| format!("{scheme}://{a}"))
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: key.to_owned(),
+            message,
+        };
+        let tls_set = [&self.tls_cert, &self.tls_key, &self.tls_ca]
+            .iter()
+            .filter(|p| !p.as_os_str().is_empty())
+            .count();
+        if tls_set != 0 && tls_set != 3 {
+            return Err(invalid(
+                "node.tls_cert",
+                "node.tls_cert, node.tls_key and node.tls_ca go together: set all three or none"
+                    .into(),
+            ));
+        }
+        if self.listen.is_empty() {
+            return Ok(());
+        }
+        let Ok(addr) = self.listen.parse::<SocketAddr>() else {
+            return Err(invalid(
+                "node.listen",
+                format!("{:?} is not an address like 127.0.0.1:7443", self.listen),
+            ));
+        };
+        if !addr.ip().is_loopback() && !self.has_tls() {
+            return Err(invalid(
+                "node.listen",
+                format!(
+                    "{addr} is reachable from other hosts: set node.tls_cert, node.tls_key and \
+                     node.tls_ca (mutual TLS with the deployment's CA) or listen on 127.0.0.1"
+                ),
+            ));
+        }
+        if self.heartbeat_seconds == 0 {
+            return Err(invalid(
+                "node.heartbeat_seconds",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.lost_after_seconds <= self.heartbeat_seconds {
+            return Err(invalid(
+                "node.lost_after_seconds",
+                format!(
+                    "must be longer than node.heartbeat_seconds ({}), e.g. three heartbeats",
+                    self.heartbeat_seconds
+                ),
+            ));
+        }
+        Ok(())
+    }
+}

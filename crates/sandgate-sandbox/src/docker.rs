@@ -458,3 +458,27 @@ impl SandboxBackend for DockerBackend {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{AGENT_BOOTSTRAP, AGENT_SOURCE};
+
+    /// Linux caps one argument of `execve` at 32 pages (`MAX_ARG_STRLEN`, 128 KiB): the agent's
+    /// source travels as one argument (`python3 -u -c <bootstrap> <source>`), so a sandbox whose
+    /// agent outgrew it would not start at all. Fail here first, with what to do.
+    #[test]
+    fn the_agent_fits_in_one_command_line_argument() {
+        const MAX_ARG_STRLEN: usize = 32 * 4096;
+        for (name, text) in [
+            ("agent.py", AGENT_SOURCE),
+            ("bootstrap.py", AGENT_BOOTSTRAP),
+        ] {
+            assert!(
+                text.len() < MAX_ARG_STRLEN,
+                "{name} is {} bytes, over the kernel's {MAX_ARG_STRLEN}-byte limit for one argument: \
+                 pass it compressed (bootstrap.py would decompress) or copy it into the container",
+                text.len()
+            );
+        }
+    }
+}

@@ -86,6 +86,13 @@ def connect(url: str, token: str, mode: str):
     return http, Client(streamable_http_client(url, http_client=http), mode=mode)
 
 
+def describe(e: BaseException) -> str:
+    """What failed, under the SDK's task groups: the first leaf of an ExceptionGroup."""
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return f"{type(e).__name__}: {e}"
+
+
 def row(name: str, samples_ms: list[float], errors: list[str], **extra) -> dict:
     return {"name": name, "samples_ms": samples_ms, "errors": errors, "extra": extra}
 
@@ -112,7 +119,7 @@ async def back_to_back(url: str, token: str, mode: str, count: int, execs: int) 
                 await call(client, "close_sandbox", {"sandbox_id": sid})
                 close.append((time.perf_counter() - t) * 1000)
             except Exception as e:  # noqa: BLE001 - counted and reported
-                errors.append(f"conversation {i}: {e!r}"[:300])
+                errors.append(f"conversation {i}: {describe(e)}"[:300])
         created = await call(client, "create_sandbox", {})
         sid = created.structured_content["sandbox_id"]
         for _ in range(execs):
@@ -314,7 +321,7 @@ async def open_loop_level(args, rate: float, csv: str) -> tuple[dict, dict]:
             await asyncio.wait_for(analyst(args.url, args.token, args.mode, csv), args.timeout)
             times.append((time.perf_counter() - (start + at)) * 1000)
         except Exception as e:  # noqa: BLE001 - counted and reported
-            errors.append(f"{type(e).__name__}: {e}"[:300])
+            errors.append(describe(e)[:300])
 
     await asyncio.gather(*(one(at) for at in arrivals))
     wall = time.perf_counter() - start

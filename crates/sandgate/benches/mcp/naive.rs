@@ -62,6 +62,9 @@ pub(crate) async fn exec(
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
                 attach_stdin: Some(stdin.is_some()),
+                // As the sandbox user, as user code runs: /home/user is uid 1000's, mode 0700,
+                // and the container's root holds no DAC override.
+                user: Some("1000:1000".into()),
                 ..CreateExecOptions::default()
             },
         )

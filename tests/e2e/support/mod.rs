@@ -13,13 +13,18 @@ use tokio::task::JoinSet;
 
 pub mod oauth;
 pub mod replicas;
+pub mod scale_out;
 
 /// The `sandgate` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
 
 /// `SANDGATE_*` variables meant for the tests, not the binary: removed from its environment,
 /// since the binary rejects unknown `SANDGATE_*` settings.
-const TEST_ONLY_ENV: &[&str] = &["SANDGATE_TEST_PYTHON"];
+const TEST_ONLY_ENV: &[&str] = &[
+    "SANDGATE_TEST_PYTHON",
+    "SANDGATE_TEST_DOCKER2",
+    "SANDGATE_TEST_DOCKER2_PIDFILE",
+];
 
 /// A command for the `sandgate` binary, with the test-only variables removed from the
 /// environment it inherits.
@@ -113,6 +118,17 @@ impl Gateway {
         instance: &str,
         extra_env: &[(&str, &str)],
     ) -> Gateway {
+        Self::start_with_args(database_url, instance, &["serve"], extra_env).await
+    }
+
+    /// Like [`Gateway::start_instance`], running `sandgate <args>` (`serve`, or
+    /// `serve --gateway-only` for a replica without a node of its own).
+    pub async fn start_with_args(
+        database_url: &str,
+        instance: &str,
+        args: &[&str],
+        extra_env: &[(&str, &str)],
+    ) -> Gateway {
         let mut env: Vec<(String, String)> = vec![
             ("SANDGATE_DATABASE__URL".into(), database_url.into()),
             ("SANDGATE_INSTANCE".into(), instance.into()),
@@ -129,7 +145,7 @@ impl Gateway {
         }
         let mut command = sandgate_command();
         command
-            .arg("serve")
+            .args(args)
             .env("SANDGATE_LISTEN", "127.0.0.1:0")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
@@ -151,7 +167,7 @@ impl Gateway {
             .rsplit(' ')
             .next()
             .filter(|u| u.starts_with("http://"))
-            .unwrap_or_else(|| panic!("unexpected first line from sandgate serve: {line:?}"));
+            .unwrap_or_else(|| panic!("unexpected first line from sandgate {args:?}: {line:?}"));
         // This process's own address (the MCP URL is a load balancer's when one is in front).
         let base_url = line
             .split(' ')

@@ -19,5 +19,6 @@ mod pool;
 mod python_sdk;
 mod quotas;
 mod replicas;
+mod scale_out;
 mod support;
 mod webdriver;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use sandgate_node::test_pki::Pki;
 use sqlx::Connection;
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Child;
+use tokio::process::{Child, Command};
 
 use super::replicas::Deployment;
 use super::{Gateway, eventually, sandgate_command};
@@ -194,7 +194,7 @@ impl Drop for TlsFiles {
 /// `node.lost_after_seconds` (the same on nodes and gateways).
 pub const HEARTBEAT: &str = "1";
 /// See [`HEARTBEAT`].
-pub const LOST_AFTER: &str = "4";
+pub const LOST_AFTER: &str = "15";
 
 /// A running `sandgate node`. Dropping it kills the process and removes the containers of the
 /// deployment on its engine.
@@ -276,15 +276,27 @@ pub async fn spawn_node(
         env.retain(|(key, _)| key != k);
         env.push(((*k).into(), (*v).into()));
     }
-    let mut child = sandgate_command()
+    let mut command = sandgate_command();
+    command
         .arg("node")
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let (child, addr) = start_node_command(command)
+        .await
+        .unwrap_or_else(|stderr| panic!("sandgate node for {:?} exited: {stderr}", engine.host));
+    NodeProcess {
+        child: Some(child),
+        url: format!("https://{addr}"),
+        engine: engine.clone(),
+        instance: deployment.instance.clone(),
+    }
+}
+
+/// Runs a prepared `sandgate node` command (its pipes are set here) and waits until it prints
+/// its address; its child and address, or its standard error when it exits first.
+pub async fn start_node_command(mut command: Command) -> Result<(Child, String), String> {
+    let mut child = command
         .stdout(Stdio::piped())
-        .stderr(if std::env::var_os("RUST_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::piped()
-        })
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("the sandgate binary starts");
@@ -296,11 +308,7 @@ pub async fn spawn_node(
         .expect("stdout is readable");
     let Some(line) = line else {
         let output = child.wait_with_output().await.expect("the node's output");
-        panic!(
-            "sandgate node for {:?} exited: {}",
-            engine.host,
-            String::from_utf8_lossy(&output.stderr)
-        );
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
     };
     let addr = line
         .strip_prefix("sandgate node serving at ")
@@ -310,14 +318,17 @@ pub async fn spawn_node(
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     if let Some(stderr) = child.stderr.take() {
         let mut err = BufReader::new(stderr).lines();
-        tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+        // With RUST_LOG set, the node's log shows on the test's standard error.
+        let show = std::env::var_os("RUST_LOG").is_some();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = err.next_line().await {
+                if show {
+                    eprintln!("[node] {line}");
+                }
+            }
+        });
     }
-    NodeProcess {
-        child: Some(child),
-        url: format!("https://{addr}"),
-        engine: engine.clone(),
-        instance: deployment.instance.clone(),
-    }
+    Ok((child, addr))
 }
 
 /// Starts replica `index` as `sandgate serve --gateway-only`: no node and no Docker of its own,

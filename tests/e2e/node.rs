@@ -1,11 +1,13 @@
 //! `sandgate node`: the real binary serving its engine's sandboxes over the node RPC with mutual
 //! TLS (certificates made here), and refusing an address other hosts can reach without TLS.
 
+use std::process::Stdio;
 use std::time::Duration;
 
 use sandgate_node::RemoteNode;
 use sandgate_node::test_pki::Pki;
 use sandgate_sandbox::{ChannelError, ExecOptions, SandboxError, SandboxProfile};
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support;
 
@@ -165,8 +167,7 @@ async fn start_node(
     dir: &std::path::Path,
 ) -> Result<(tokio::process::Child, String), String> {
     let path = |name: &str| dir.join(name).display().to_string();
-    let mut command = support::sandgate_command();
-    command
+    let mut child = support::sandgate_command()
         .arg("node")
         .env("SANDGATE_DATABASE__URL", database)
         .env("SANDGATE_INSTANCE", instance)
@@ -174,8 +175,33 @@ async fn start_node(
         .env("SANDGATE_NODE__LISTEN", "127.0.0.1:0")
         .env("SANDGATE_NODE__TLS_CERT", path("node.crt"))
         .env("SANDGATE_NODE__TLS_KEY", path("node.key"))
-        .env("SANDGATE_NODE__TLS_CA", path("ca.crt"));
-    support::scale_out::start_node_command(command).await
+        .env("SANDGATE_NODE__TLS_CA", path("ca.crt"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the sandgate binary starts");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the node prints its address or exits within 60 s")
+        .expect("stdout is readable");
+    let Some(line) = line else {
+        let output = child.wait_with_output().await.expect("the node's output");
+        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+    };
+    let addr = line
+        .strip_prefix("sandgate node serving at ")
+        .unwrap_or_else(|| panic!("unexpected first line from sandgate node: {line:?}"))
+        .to_owned();
+    // Keep draining both pipes so the node never blocks on a full one.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    if let Some(stderr) = child.stderr.take() {
+        let mut err = BufReader::new(stderr).lines();
+        tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
+    }
+    Ok((child, addr))
 }
 
 /// The engine's id, as `docker info` reports it.

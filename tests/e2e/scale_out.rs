@@ -19,7 +19,7 @@ use crate::support::eventually;
 use crate::support::replicas::{Deployment, RoundRobin};
 use crate::support::scale_out::{
     Engine, TlsFiles, kill_second_engine, node_of, nodes_admin, nodes_cli, nodes_with_leases,
-    ownership_problems_on, spawn_gateway, spawn_node, start_second_engine,
+    ownership_problems_on, spawn_gateway, spawn_node,
 };
 
 const WITHIN: Duration = Duration::from_secs(90);
@@ -174,17 +174,20 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
         .await
         .expect("the call task")
         .expect_err("a call on a killed replica fails, and says so");
+    eprintln!("[scale_out] killed replica, call in flight: {err}");
     assert!(
         err.contains("Transport"),
         "the failure is the connection's, which the caller retries: {err}"
     );
     step(&stateless, &s1, 3).await;
     step(&legacy, &l1, 3).await;
+    // The node saw the killed replica's RPC stream close: a cancellation, so it interrupted the
+    // cell (as when a client cancels); the kernel kept its state.
     let after = stateless.ok("execute_code", cell(&s2, "n")).await;
     assert_eq!(
         plain(&after),
-        "12",
-        "the cut-off cell ran to its end on its node, which outlived the replica"
+        "2",
+        "the cut-off cell was interrupted on its node, before `n += 10`; the kernel kept n"
     );
     agree(&deployment, &engines, "a replica was killed").await;
 
@@ -213,6 +216,7 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
         )
         .await
         .expect("a tool result, not a protocol error");
+    eprintln!("[scale_out] every node draining: {}", refused.text);
     assert!(
         actionable(&refused) && refused.text.contains("node"),
         "with every node draining, a new sandbox is refused clearly: {}",
@@ -235,12 +239,13 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
         !on_b.is_empty(),
         "node B holds sandboxes of the conversations"
     );
-    kill_second_engine().await;
+    let engine_down = kill_second_engine().await;
     for (sandbox, client) in &on_b {
         let answer = client
             .call("execute_code", cell(sandbox, "n"))
             .await
             .expect("a tool result, not a protocol error");
+        eprintln!("[scale_out] engine down, {sandbox}: {}", answer.text);
         assert!(
             actionable(&answer),
             "a call on {sandbox} while its node's engine is down says what to do: {}",
@@ -249,7 +254,7 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
     }
     let untouched = stateless.ok("execute_code", cell(&s3, "n")).await;
     assert_eq!(plain(&untouched), "1", "node A's sandbox is untouched");
-    start_second_engine().await;
+    engine_down.restart().await;
     for (sandbox, client) in &on_b {
         let answer = eventually(WITHIN, "the lost sandbox to be reported lost", || async {
             let answer = client
@@ -260,6 +265,7 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
                 .then_some(answer)
         })
         .await;
+        eprintln!("[scale_out] engine back, {sandbox}: {}", answer.text);
         assert!(
             actionable(&answer) && answer.text.contains(sandbox.as_str()),
             "a call on a sandbox whose container the engine lost names it and says to start \

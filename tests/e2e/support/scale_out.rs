@@ -346,6 +346,7 @@ pub async fn spawn_gateway(
         env.push(((*k).into(), (*v).into()));
     }
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // With `place` merged: Gateway::start_gateway_only (the same command).
     Gateway::start_with_args(
         &deployment.database,
         &deployment.instance,
@@ -399,8 +400,9 @@ fn second_dockerd() -> Option<u32> {
 }
 
 /// Stops the second engine abruptly (SIGKILL to its dockerd: a crashed engine). Only the second
-/// one: the pid must be a dockerd listening on the second engine's socket.
-pub async fn kill_second_engine() {
+/// one: the pid must be a dockerd listening on the second engine's socket. The engine comes back
+/// with [`EngineDown::restart`], or when the guard is dropped (a failed test leaves it running).
+pub async fn kill_second_engine() -> EngineDown {
     let pid = second_dockerd().expect(
         "the second engine's dockerd is running (its pidfile names it and it serves its socket)",
     );
@@ -415,22 +417,46 @@ pub async fn kill_second_engine() {
         || async { (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()) },
     )
     .await;
+    EngineDown { restarted: false }
 }
 
-/// Starts the second engine again the way the stack does (`scripts/stack.sh docker2`), and
-/// waits until it answers.
-pub async fn start_second_engine() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh");
-    let output = tokio::process::Command::new(&script)
-        .arg("docker2")
-        .output()
-        .await
-        .expect("scripts/stack.sh runs");
-    assert!(
-        output.status.success(),
-        "scripts/stack.sh docker2 failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+/// The second engine, stopped by [`kill_second_engine`].
+#[derive(Debug)]
+#[must_use = "the engine comes back when this is restarted or dropped"]
+pub struct EngineDown {
+    restarted: bool,
+}
+
+impl EngineDown {
+    /// Starts the second engine again the way the stack does (`scripts/stack.sh docker2`); it
+    /// answers when this returns.
+    pub async fn restart(mut self) {
+        self.restarted = true;
+        let output = tokio::process::Command::new(stack_script())
+            .arg("docker2")
+            .output()
+            .await
+            .expect("scripts/stack.sh runs");
+        assert!(
+            output.status.success(),
+            "scripts/stack.sh docker2 failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for EngineDown {
+    fn drop(&mut self) {
+        if !self.restarted {
+            let _ = std::process::Command::new(stack_script())
+                .arg("docker2")
+                .output();
+        }
+    }
+}
+
+fn stack_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/stack.sh")
 }
 
 /// Whether Postgres and the engines agree for `instance`: every container labelled with it on

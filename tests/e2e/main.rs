@@ -15,6 +15,7 @@ mod mcp_client;
 mod node;
 mod oauth;
 mod packages;
+mod placement;
 mod pool;
 mod python_sdk;
 mod quotas;

@@ -113,23 +113,34 @@ impl Gateway {
     }
 
     /// Like [`Gateway::start`], with a given instance name (to restart "the same" deployment).
+    /// Its node serves the node RPC on a loopback port (cleartext), so that gateway-only
+    /// replicas ([`Gateway::start_gateway_only`]) can reach its sandboxes.
     pub async fn start_instance(
         database_url: &str,
         instance: &str,
         extra_env: &[(&str, &str)],
     ) -> Gateway {
-        Self::start_with_args(database_url, instance, &["serve"], extra_env).await
+        Self::launch(database_url, instance, extra_env, false).await
     }
 
-    /// Like [`Gateway::start_instance`], running `sandgate <args>` (`serve`, or
-    /// `serve --gateway-only` for a replica without a node of its own).
-    pub async fn start_with_args(
+    /// `sandgate serve --gateway-only`: a replica of `instance`'s deployment without a node of
+    /// its own, using the nodes registered in `database_url`.
+    pub async fn start_gateway_only(
         database_url: &str,
         instance: &str,
-        args: &[&str],
         extra_env: &[(&str, &str)],
     ) -> Gateway {
+        Self::launch(database_url, instance, extra_env, true).await
+    }
+
+    async fn launch(
+        database_url: &str,
+        instance: &str,
+        extra_env: &[(&str, &str)],
+        gateway_only: bool,
+    ) -> Gateway {
         let mut env: Vec<(String, String)> = vec![
+            ("SANDGATE_NODE__LISTEN".into(), "127.0.0.1:0".into()),
             ("SANDGATE_DATABASE__URL".into(), database_url.into()),
             ("SANDGATE_INSTANCE".into(), instance.into()),
             ("SANDGATE_LOG__FORMAT".into(), "json".into()),
@@ -144,8 +155,11 @@ impl Gateway {
             env.push(((*k).into(), (*v).into()));
         }
         let mut command = sandgate_command();
+        command.arg("serve");
+        if gateway_only {
+            command.arg("--gateway-only");
+        }
         command
-            .args(args)
             .env("SANDGATE_LISTEN", "127.0.0.1:0")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())
@@ -167,7 +181,7 @@ impl Gateway {
             .rsplit(' ')
             .next()
             .filter(|u| u.starts_with("http://"))
-            .unwrap_or_else(|| panic!("unexpected first line from sandgate {args:?}: {line:?}"));
+            .unwrap_or_else(|| panic!("unexpected first line from sandgate serve: {line:?}"));
         // This process's own address (the MCP URL is a load balancer's when one is in front).
         let base_url = line
             .split(' ')

@@ -346,14 +346,7 @@ pub async fn spawn_gateway(
         env.push(((*k).into(), (*v).into()));
     }
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    // With `place` merged: Gateway::start_gateway_only (the same command).
-    Gateway::start_with_args(
-        &deployment.database,
-        &deployment.instance,
-        &["serve", "--gateway-only"],
-        &env,
-    )
-    .await
+    Gateway::start_gateway_only(&deployment.database, &deployment.instance, &env).await
 }
 
 /// Runs `sandgate admin nodes <verb> <id>` (drain, undrain) against `database`; its output.

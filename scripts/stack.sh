@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
 # Brings up what sandgate's integration tests and a local gateway need:
-# a Docker engine, a Postgres cluster of its own, the sandbox image, and
-# docker-compose (for the test of deploy/compose.yaml).
+# a Docker engine, a Postgres cluster of its own, the sandbox image,
+# docker-compose (for the test of deploy/compose.yaml), and a second Docker
+# engine on this machine (for the test of two sandbox nodes side by side).
 # Idempotent: when everything is up it returns in seconds. CI runs it too.
 #
 #   scripts/stack.sh [up]    start what is not running, build what is missing
-#   scripts/stack.sh down    stop the Postgres cluster and the dockerd that
+#   scripts/stack.sh down    stop the Postgres cluster and the dockerds that
 #                            this script started (nothing else)
+#   scripts/stack.sh docker2 start only the second engine if it is not running
+#                            (the two-node test restarts it after stopping it)
 #
 # Afterwards $SANDGATE_CACHE/stack.env holds `export` lines for DATABASE_URL,
-# SANDGATE_SANDBOX__IMAGE (and DOCKER_HOST when set): `source` it. `up` also
-# prints them on stdout; progress goes to stderr.
+# SANDGATE_SANDBOX__IMAGE, SANDGATE_TEST_DOCKER2 (the second engine's socket),
+# SANDGATE_TEST_DOCKER2_PIDFILE (and DOCKER_HOST when set): `source` it. `up`
+# also prints them on stdout; progress goes to stderr.
+#
+# The second engine is a dockerd with its own data-root, exec-root, socket
+# (/run/sandgate-docker2.sock), configuration directory, containerd namespace,
+# network namespace (`unshare --net`) and /etc/docker (its id), without a bridge
+# or iptables rules: it never touches the first engine's network (docker0, NAT
+# rules). It runs only sandboxes (network "none"); the sandbox image is copied
+# into it with `docker save | load`.
 #
 # Environment:
 #   SANDGATE_CACHE     state directory (default /var/cache/sandgate as root,
@@ -80,11 +91,12 @@ apt_has_candidate() {
 
 # ---- Docker ----------------------------------------------------------------
 
-# Pid of the dockerd this script started, if it is still running.
+# Pid of the dockerd this script started (its pidfile: $1, default the first
+# engine's), if it is still running.
 our_dockerd() {
-	local pid
-	[[ -f $dockerd_pidfile ]] || return 1
-	pid=$(<"$dockerd_pidfile")
+	local pid pidfile=${1:-$dockerd_pidfile}
+	[[ -f $pidfile ]] || return 1
+	pid=$(<"$pidfile")
 	[[ $pid =~ ^[0-9]+$ && -r /proc/$pid/comm && $(</proc/"$pid"/comm) == dockerd ]] || return 1
 	echo "$pid"
 }
@@ -172,6 +184,102 @@ docker_down() {
 	"${as_root[@]}" kill -TERM "$pid"
 	wait_for 60 sh -c "! test -e /proc/$pid" || die "dockerd $pid did not stop within 60 s"
 	log "docker: stopped"
+}
+
+# ---- the second Docker engine -----------------------------------------------
+
+docker2_dir="$cache/docker2"
+docker2_pidfile="$docker2_dir/dockerd.pid"
+docker2_sock=/run/sandgate-docker2.sock
+docker2_exec=/run/sandgate-docker2
+docker2=(docker -H "unix://$docker2_sock")
+
+# Its daemon.json, in a directory of its own: older engines keep the key their
+# id derives from beside the configuration file, and two engines with one id
+# would be one node to sandgate's registry. Registers runsc as the first
+# engine has it.
+docker2_config() {
+	local runsc
+	if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"' &&
+		runsc=$(command -v runsc); then
+		printf '{\n  "runtimes": {\n    "runsc": {"path": "%s", "runtimeArgs": ["--network=none"]}\n  }\n}\n' \
+			"$runsc" >"$docker2_dir/daemon.json"
+		log "docker2: registering runtime runsc ($runsc), as the first engine has it"
+	else
+		echo '{}' >"$docker2_dir/daemon.json"
+	fi
+	echo "$docker2_dir/daemon.json"
+}
+
+docker2_up() {
+	local t0 pid config
+	t0=$(now_ms)
+	if "${docker2[@]}" info >/dev/null 2>&1; then
+		log "docker2: running ($(since "$t0"))"
+		return
+	fi
+	command -v unshare >/dev/null || die "docker2: unshare (util-linux) is missing"
+	mkdir -p "$docker2_dir/data"
+	config=$(docker2_config)
+	if pid=$(our_dockerd "$docker2_pidfile"); then
+		log "docker2: dockerd $pid (ours) is starting"
+	else
+		"${as_root[@]}" rm -f "$docker2_pidfile"
+		log "docker2: starting a second dockerd on $docker2_sock (log: $docker2_dir/dockerd.log)"
+		local group_args=()
+		((EUID == 0)) || group_args=(--group "$(id -gn)")
+		# unshare --net: its own network namespace (only a loopback), so that nothing it
+		# does to networks (without one it would delete the first engine's docker0) reaches
+		# the host's. --mount with /etc/docker bound to a directory of its own: Docker 20.10
+		# derives the engine's id from /etc/docker/key.json, and two engines with one id are
+		# one node to sandgate's registry. Propagation "slave": the host's unmounts (the
+		# first engine's container mounts) still reach this namespace, its own mounts never
+		# leave it. sh and unshare exec dockerd: the pidfile's pid is dockerd's.
+		mkdir -p "$docker2_dir/etc-docker"
+		"${as_root[@]}" setsid nohup unshare --net --mount --propagation slave -- \
+			sh -c 'mkdir -p /etc/docker && mount --bind "$1" /etc/docker && shift && exec dockerd "$@"' \
+			sh "$docker2_dir/etc-docker" \
+			--config-file "$config" \
+			--data-root "$docker2_dir/data" \
+			--exec-root "$docker2_exec" \
+			--pidfile "$docker2_pidfile" \
+			-H "unix://$docker2_sock" \
+			--bridge=none --iptables=false --ip-masq=false \
+			--containerd-namespace sandgate-docker2 \
+			--containerd-plugins-namespace sandgate-docker2-plugins \
+			"${group_args[@]}" >>"$docker2_dir/dockerd.log" 2>&1 </dev/null 9>&- &
+	fi
+	if ! wait_for 60 "${docker2[@]}" info; then
+		log "docker2: dockerd did not answer within 60 s; last lines of $docker2_dir/dockerd.log:"
+		tail -n 20 "$docker2_dir/dockerd.log" | sed 's/^/[stack]   | /' >&2
+		exit 1
+	fi
+	log "docker2: dockerd $(our_dockerd "$docker2_pidfile" || echo '?') is up ($(since "$t0"))"
+}
+
+# The sandbox image on the second engine: copied from the first, once per tag.
+image2_up() {
+	local t0
+	t0=$(now_ms)
+	if "${docker2[@]}" image inspect "$sandbox_image" >/dev/null 2>&1; then
+		log "docker2: $sandbox_image is there ($(since "$t0"))"
+		return
+	fi
+	log "docker2: copying $sandbox_image from the first engine"
+	docker save "$sandbox_image" | "${docker2[@]}" load >/dev/null
+	log "docker2: $sandbox_image loaded ($(since "$t0"))"
+}
+
+docker2_down() {
+	local pid
+	if ! pid=$(our_dockerd "$docker2_pidfile"); then
+		log "docker2: not running"
+		return
+	fi
+	log "docker2: stopping dockerd $pid"
+	"${as_root[@]}" kill -TERM "$pid"
+	wait_for 60 sh -c "! test -e /proc/$pid" || die "dockerd $pid did not stop within 60 s"
+	log "docker2: stopped"
 }
 
 # ---- Postgres --------------------------------------------------------------
@@ -340,12 +448,12 @@ compose_up() {
 
 cmd=${1:-up}
 case "$cmd" in
-up | down) ;;
+up | down | docker2) ;;
 -h | --help)
 	sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
 	exit 0
 	;;
-*) die "unknown command: $cmd (up or down)" ;;
+*) die "unknown command: $cmd (up, down or docker2)" ;;
 esac
 
 mkdir -p "$cache"
@@ -360,8 +468,13 @@ fi
 t_all=$(now_ms)
 if [[ $cmd == down ]]; then
 	pg_down
+	docker2_down
 	docker_down
 	log "down ($(since "$t_all"))"
+	exit 0
+fi
+if [[ $cmd == docker2 ]]; then
+	docker2_up
 	exit 0
 fi
 
@@ -369,6 +482,8 @@ docker_up
 pg_up
 image_up
 compose_up
+docker2_up
+image2_up
 
 env_file="$cache/stack.env"
 {
@@ -376,6 +491,9 @@ env_file="$cache/stack.env"
 	printf 'export DATABASE_URL=%q\n' "$database_url"
 	# The gateway's configuration key sandbox.image, as an environment override.
 	printf 'export SANDGATE_SANDBOX__IMAGE=%q\n' "$sandbox_image"
+	# The second engine, for the e2e test of two nodes (tests only: SANDGATE_TEST_*).
+	printf 'export SANDGATE_TEST_DOCKER2=%q\n' "unix://$docker2_sock"
+	printf 'export SANDGATE_TEST_DOCKER2_PIDFILE=%q\n' "$docker2_pidfile"
 	[[ -z ${DOCKER_HOST:-} ]] || printf 'export DOCKER_HOST=%q\n' "$DOCKER_HOST"
 } >"$env_file.tmp"
 mv "$env_file.tmp" "$env_file"

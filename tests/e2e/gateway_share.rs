@@ -17,8 +17,10 @@ use crate::support::{self, Gateway};
 /// first's tenant and user.
 async fn two_replicas() -> (Stack, Stack) {
     let first = Stack::start(&[("SANDGATE_POOL__MIN_READY", "0")]).await;
-    let gateway = Gateway::start(
+    // A gateway-only replica: the engine's node is the first's.
+    let gateway = Gateway::start_gateway_only(
         &first.gateway.database_url,
+        &first.gateway.instance,
         &[("SANDGATE_POOL__MIN_READY", "0")],
     )
     .await;

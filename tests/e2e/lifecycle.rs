@@ -622,7 +622,9 @@ async fn two_gateways_leasing_from_one_pool_never_share_a_container() {
         .copied()
         .collect();
     let first = Gateway::start(&database, &env).await;
-    let second = Gateway::start_instance(&database, &first.instance, &env).await;
+    // The second is a gateway-only replica: one engine has one node (the first's), and both
+    // lease from its pool through Postgres.
+    let second = Gateway::start_gateway_only(&database, &first.instance, &env).await;
     let tenant = first.create_tenant().await;
     first
         .cli(&[

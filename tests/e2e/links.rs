@@ -165,7 +165,7 @@ async fn a_link_is_opaque_works_on_every_replica_is_audited_and_dies_with_its_to
 
     // Another process on the same database and configuration (a replica, or the next start)
     // opens it too.
-    let replica = Gateway::start_instance(&database, &gateway.instance, &env).await;
+    let replica = Gateway::start_gateway_only(&database, &gateway.instance, &env).await;
     let response = http
         .get(format!("{}/files/{token_part}", replica.base_url))
         .send()

@@ -59,14 +59,15 @@ async fn running_on(database: &str, sandbox_id: &str) {
 #[tokio::test]
 async fn a_long_cell_through_one_replica_is_not_closed_by_another_replicas_reaper() {
     let deployment = Deployment::new().await;
-    // A's own reaper is slow, so the reaper that runs during the cell is B's (every 500 ms).
+    // A is a gateway-only replica (it reaps nothing); the reaper that runs during the cell is
+    // B's, the node's (every 500 ms), which knows of A's call only through Postgres.
+    let b = spawn_replica(0, &deployment, &FAST).await;
     let a = spawn_replica(
-        0,
+        1,
         &deployment,
         &[("SANDGATE_LIFECYCLE__REAPER_INTERVAL_MS", "600000")],
     )
     .await;
-    let b = spawn_replica(1, &deployment, &FAST).await;
     let tenant = a.create_tenant().await;
     let client = Arc::new(
         Client::connect(&a.mcp_url(), &a.token(&tenant).await, Era::Stateless)
@@ -106,7 +107,7 @@ async fn a_long_cell_through_one_replica_is_not_closed_by_another_replicas_reape
 }
 
 #[tokio::test]
-async fn stopping_a_replica_leaves_running_what_another_replica_leased_from_its_pool() {
+async fn stopping_the_node_replica_leaves_running_what_another_replica_leased_from_its_pool() {
     let deployment = Deployment::new().await;
     // A's pool does not learn of B's lease before A stops (its check runs hourly).
     let slow_check = ("SANDGATE_LIFECYCLE__RECONCILE_INTERVAL_SECONDS", "3600");
@@ -140,12 +141,39 @@ async fn stopping_a_replica_leaves_running_what_another_replica_leased_from_its_
         )
         .await;
     assert!(a.terminate().await, "A stops cleanly on SIGTERM");
-    let after = client
-        .ok(
-            "execute_code",
-            json!({"sandbox_id": id, "code": "kept * 6"}),
-        )
-        .await;
+    // A ran the engine's node: until a node serves the engine again, B's calls on the sandbox
+    // fail with a clear, retryable error, and the sandbox keeps running.
+    let away = client
+        .call("execute_code", json!({"sandbox_id": id, "code": "kept"}))
+        .await
+        .expect("a tool result");
+    assert!(
+        away.is_error && away.text.contains("did not answer") && away.text.contains("retry"),
+        "a call while the node is away says so, retryably: {}",
+        away.text
+    );
+    assert_eq!(row_state(&deployment.database, &id).await.0, "leased");
+    // The node comes back (A's successor on the same engine): B reaches it at its new address.
+    let _c = spawn_replica(0, &deployment, &[slow_check]).await;
+    let after = eventually(
+        WITHIN,
+        "B's sandbox to answer through the returned node",
+        || {
+            let client = &client;
+            let id = id.clone();
+            async move {
+                let r = client
+                    .call(
+                        "execute_code",
+                        json!({"sandbox_id": id, "code": "kept * 6"}),
+                    )
+                    .await
+                    .ok()?;
+                (!r.is_error).then_some(r)
+            }
+        },
+    )
+    .await;
     assert_eq!(plain(&after), "42", "B's sandbox still answers, state kept");
     assert_eq!(row_state(&deployment.database, &id).await.0, "leased");
 }
@@ -245,8 +273,9 @@ async fn count_up(client: &Client, conversation: Option<&str>, times: u32) -> St
 async fn conversations_in_both_eras_move_between_replicas_and_survive_one_killed_mid_call() {
     let lb = RoundRobin::start().await;
     let deployment = Deployment::new().await.behind(&lb);
-    let mut a = spawn_replica(0, &deployment, &FAST).await;
-    let b = spawn_replica(1, &deployment, &FAST).await;
+    // B runs the node; A, the replica killed below, is gateway-only.
+    let b = spawn_replica(0, &deployment, &FAST).await;
+    let mut a = spawn_replica(1, &deployment, &FAST).await;
     lb.route(&[&a, &b]);
     let tenant = a.create_tenant().await;
     let token = a.token(&tenant).await;
@@ -283,8 +312,9 @@ async fn conversations_in_both_eras_move_between_replicas_and_survive_one_killed
         "the failure is the connection's, which the caller retries: {err}"
     );
 
-    // Both conversations go on through B: same sandboxes, state kept (the cut-off cell ran to
-    // its end in the kernel, which outlives the replica that started it).
+    // Both conversations go on through B: same sandboxes, state kept. The cut-off cell was
+    // interrupted: A's death closed its call's stream to the node, which cancels the call there
+    // like a client's cancellation (the kernel and its state live on).
     let after = legacy.ok("execute_code", json!({"code": "n"})).await;
     assert_eq!(sandbox_id(&after), legacy_sandbox);
     assert_eq!(plain(&after), "4", "the session's kernel kept its state");
@@ -297,8 +327,8 @@ async fn conversations_in_both_eras_move_between_replicas_and_survive_one_killed
     assert_eq!(sandbox_id(&after), stateless_sandbox);
     assert_eq!(
         plain(&after),
-        "14",
-        "the cut-off cell ran to its end in the kernel"
+        "4",
+        "the cut-off cell was interrupted, the kernel kept its state"
     );
 
     let problems = eventually(WITHIN, "Postgres and the engine to agree", || async {

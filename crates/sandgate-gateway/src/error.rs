@@ -57,7 +57,9 @@ impl DownloadError {
                 ServiceError::NotFound(_)
                 | ServiceError::Ended { .. }
                 | ServiceError::Lost { .. } => "sandbox_gone",
-                ServiceError::Unavailable(_) | ServiceError::DatabaseAway => "unavailable",
+                ServiceError::Unavailable(_)
+                | ServiceError::DatabaseAway
+                | ServiceError::NodeAway { .. } => "unavailable",
                 ServiceError::Limit { .. } | ServiceError::Quota { .. } => "limit",
                 ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => "file_gone",
                 ServiceError::Store(_) | ServiceError::Sandbox(_) => "internal",
@@ -102,9 +104,9 @@ impl DownloadError {
                 ServiceError::NotFound(_)
                 | ServiceError::Ended { .. }
                 | ServiceError::Lost { .. } => (StatusCode::GONE, GONE),
-                ServiceError::Unavailable(_) | ServiceError::DatabaseAway => {
-                    (StatusCode::SERVICE_UNAVAILABLE, AWAY)
-                }
+                ServiceError::Unavailable(_)
+                | ServiceError::DatabaseAway
+                | ServiceError::NodeAway { .. } => (StatusCode::SERVICE_UNAVAILABLE, AWAY),
                 ServiceError::Limit { .. } | ServiceError::Quota { .. } => {
                     (StatusCode::TOO_MANY_REQUESTS, AWAY)
                 }

@@ -1,4 +1,5 @@
-//! `/healthz` (the process is up) and `/readyz` (it can serve: Postgres, Docker, image).
+//! `/healthz` (the process is up) and `/readyz` (it can serve: Postgres, and Docker and the
+//! image with a node of its own, a live node registered without).
 
 use axum::Json;
 use axum::extract::State;
@@ -14,9 +15,18 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// `GET /readyz`: 200 when every dependency answers, 503 naming the ones that do not.
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
-    let readiness =
-        sandgate_service::health::readiness(&state.db, &state.docker, &state.config.sandbox.image)
-            .await;
+    use sandgate_service::health::Needs;
+    let needs = match &state.docker {
+        Some(docker) => Needs::Engine {
+            docker,
+            image: &state.config.sandbox.image,
+        },
+        None => Needs::Nodes {
+            lost_after_seconds: i64::try_from(state.config.node.lost_after_seconds)
+                .unwrap_or(i64::MAX),
+        },
+    };
+    let readiness = sandgate_service::health::readiness(&state.db, needs).await;
     if !readiness.is_ready() {
         tracing::warn!(checks = ?readiness.checks, "not ready");
         return (StatusCode::SERVICE_UNAVAILABLE, Json(readiness));

@@ -49,6 +49,7 @@ pub use sandgate_service::{
 
 use crate::keys::KeyRing;
 use crate::sandboxes::SandboxService;
+pub use sandgate_service::startup::Role;
 
 /// What the gateway shares with every request handler. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -57,8 +58,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The Postgres pool.
     pub db: PgPool,
-    /// The Docker engine.
-    pub docker: DockerBackend,
+    /// The Docker engine of this process's own node (none: `serve --gateway-only`).
+    pub docker: Option<DockerBackend>,
     /// Signing and verifying keys for access tokens.
     pub keys: KeyRing,
     /// Tenant-scoped sandboxes.
@@ -111,18 +112,16 @@ pub enum StartError {
     /// The node RPC could not start.
     #[error("cannot serve the sandbox node")]
     Node(#[source] sandgate_service::node_rpc::NodeRpcError),
-    /// The node could not register in Postgres (e.g. another node serves the same engine).
-    #[error("cannot register the sandbox node")]
-    Registry(#[source] sandgate_service::node_registry::RegistryError),
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 impl AppState {
-    /// Connects to Postgres and Docker, migrates, loads keys and starts the sandbox manager
-    /// (which begins filling the warm pool in the background).
-    pub async fn start(config: Config) -> Result<Self, StartError> {
-        let services = sandgate_service::Services::start(&config).await?;
+    /// Connects to Postgres, migrates, loads keys and, with a node of its own (`role`), starts
+    /// it: Docker, the registration and the sandbox manager (which begins filling the warm pool
+    /// in the background).
+    pub async fn start(config: Config, role: Role) -> Result<Self, StartError> {
+        let services = sandgate_service::Services::start(&config, role).await?;
         let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
         let links = files::DownloadLinks::new(config.keys.secret_bytes(), &config.public_url());
         let link_limits = files::LinkLimits::new(&config.links);
@@ -283,8 +282,19 @@ pub struct App {
 }
 
 impl App {
-    /// Binds the listen address, then starts the state (migrations, keys, sandbox manager).
-    pub async fn build(mut config: Config) -> Result<Self, StartError> {
+    /// Binds the listen address, then starts the state (migrations, keys, this process's own
+    /// node: its registration and sandbox manager, and its RPC when `node.listen` is set).
+    pub async fn build(config: Config) -> Result<Self, StartError> {
+        Self::build_as(config, false).await
+    }
+
+    /// Like [`App::build`] without a node of its own (`sandgate serve --gateway-only`): no
+    /// Docker, no pool; sandboxes are leased on and reached at the registered nodes.
+    pub async fn build_gateway_only(config: Config) -> Result<Self, StartError> {
+        Self::build_as(config, true).await
+    }
+
+    async fn build_as(mut config: Config, gateway_only: bool) -> Result<Self, StartError> {
         let addr = config.listen;
         let listener = TcpListener::bind(addr)
             .await
@@ -294,10 +304,16 @@ impl App {
         config.listen = listener
             .local_addr()
             .map_err(|source| StartError::Bind { addr, source })?;
-        let node_rpc = sandgate_service::node_rpc::NodeRpc::bind(&config.node)
-            .await
-            .map_err(StartError::Node)?;
-        let state = AppState::start(config).await?;
+        let (node_rpc, role) = if gateway_only {
+            (None, Role::GatewayOnly)
+        } else {
+            let rpc = sandgate_service::node_rpc::NodeRpc::bind(&config.node)
+                .await
+                .map_err(StartError::Node)?;
+            let advertise_url = node::advertise_url(&config, rpc.as_ref());
+            (rpc, Role::Node { advertise_url })
+        };
+        let state = AppState::start(config, role).await?;
         Ok(Self {
             listener,
             state,
@@ -331,7 +347,7 @@ impl App {
     ) -> Result<(), StartError> {
         let state = self.state.clone();
         let stop = state.shutdown.clone();
-        let node_rpc = match (self.node_rpc, state.sandboxes.node().local()) {
+        let node_rpc = match (self.node_rpc, state.sandboxes.nodes().local()) {
             (Some(rpc), Some(manager)) => {
                 let manager = manager.clone();
                 let stopped = stop.clone().cancelled_owned();

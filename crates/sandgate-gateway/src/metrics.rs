@@ -215,11 +215,12 @@ pub async fn count_refusals(
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    // The pool of this process's own node (a gateway-only replica has none).
     let pool = state
         .sandboxes
-        .node()
-        .pool_stats(&state.config.sandbox.name)
-        .await;
+        .nodes()
+        .local()
+        .and_then(|m| m.pool_stats(&state.config.sandbox.name));
     match state.metrics.render(pool) {
         Ok(body) => (
             [(

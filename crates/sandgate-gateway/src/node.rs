@@ -5,8 +5,8 @@
 use std::net::SocketAddr;
 
 use sandgate_service::Services;
-use sandgate_service::node_registry::{self, Registration};
 use sandgate_service::node_rpc::{NodeRpc, NodeRpcError};
+use sandgate_service::startup::Role;
 
 use crate::{Config, StartError};
 
@@ -15,52 +15,25 @@ use crate::{Config, StartError};
 pub struct Node {
     rpc: NodeRpc,
     services: Services,
-    registration: Registration,
 }
 
 impl Node {
-    /// Binds `node.listen` (required), then starts the service layer (migrations, the sandbox
-    /// manager and its warm pool, the reaper and reconciliation) and registers the node in
-    /// Postgres, heartbeating from then on. Refused while another node's heartbeat on the same
-    /// engine is live.
+    /// Binds `node.listen` (required), then starts the service layer: migrations, the node's
+    /// registration in Postgres (refused while another live node serves the same engine) and
+    /// its heartbeat, the sandbox manager and its warm pool, the reaper and reconciliation.
     pub async fn build(config: Config) -> Result<Self, StartError> {
         let rpc = NodeRpc::bind(&config.node)
             .await
             .map_err(StartError::Node)?
             .ok_or(StartError::Node(NodeRpcError::NoListen))?;
-        // With port 0 the kernel picked the port: advertise the real one.
-        let advertise = match (config.node.advertise_url.is_empty(), rpc.local_addr()) {
-            (true, Some(addr)) => {
-                let scheme = if config.node.has_tls() {
-                    "https"
-                } else {
-                    "http"
-                };
-                format!("{scheme}://{addr}")
-            }
-            _ => config.node.advertise_url().unwrap_or_default(),
-        };
-        let registration = node_registry::register_configured(&config, &advertise)
-            .await
-            .map_err(StartError::Registry)?;
-        let services = Services::start(&config).await?;
-        node_registry::spawn_heartbeat(
-            &registration,
-            &config.node,
-            services.sandboxes.clone(),
-            services.background_stop.clone(),
-            &services.background,
-        );
-        Ok(Self {
-            rpc,
-            services,
-            registration,
-        })
+        let advertise_url = advertise_url(&config, Some(&rpc));
+        let services = Services::start(&config, Role::Node { advertise_url }).await?;
+        Ok(Self { rpc, services })
     }
 
     /// The node's id (its engine's).
     pub fn id(&self) -> &str {
-        &self.registration.row.id
+        self.services.node_id.as_deref().unwrap_or_default()
     }
 
     /// The RPC address bound.
@@ -77,7 +50,7 @@ impl Node {
         let Self { rpc, services, .. } = self;
         let manager = services
             .sandboxes
-            .node()
+            .nodes()
             .local()
             .cloned()
             .expect("the service layer runs this process's own node");
@@ -88,4 +61,22 @@ impl Node {
         services.background.wait().await;
         served.map_err(StartError::Node)
     }
+}
+
+/// The URL other gateways dial for this process's node: `node.advertise_url`, else derived from
+/// the bound RPC address (with port 0 the kernel picked the port: advertise the real one); empty
+/// when the node has no RPC listener (`node.listen` empty: it serves only its own process).
+pub(crate) fn advertise_url(config: &Config, rpc: Option<&NodeRpc>) -> String {
+    let Some(addr) = rpc.and_then(NodeRpc::local_addr) else {
+        return String::new();
+    };
+    if !config.node.advertise_url.is_empty() {
+        return config.node.advertise_url.clone();
+    }
+    let scheme = if config.node.has_tls() {
+        "https"
+    } else {
+        "http"
+    };
+    format!("{scheme}://{addr}")
 }

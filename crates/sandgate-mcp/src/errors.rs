@@ -108,7 +108,9 @@ fn service_failure(err: &ServiceError, tool: &str) -> Failure {
         E::Lost { sandbox_id, .. } => refused(ErrorKind::Lost, Some(sandbox_id)),
         E::Limit { .. } => refused(ErrorKind::Limit, None),
         E::Quota { quota, .. } => refused(quota_kind(*quota), None),
-        E::Unavailable(_) | E::DatabaseAway => (Outcome::Failed, ErrorKind::Unavailable, None),
+        E::Unavailable(_) | E::DatabaseAway | E::NodeAway { .. } => {
+            (Outcome::Failed, ErrorKind::Unavailable, None)
+        }
         E::Store(_) => (Outcome::Failed, ErrorKind::Internal, None),
         E::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => {
             refused(ErrorKind::SandboxRefused, None)
@@ -187,6 +189,7 @@ pub(super) fn public_message(err: &ServiceError) -> String {
         | ServiceError::Limit { .. }
         | ServiceError::Quota { .. }
         | ServiceError::Unavailable(_)
-        | ServiceError::DatabaseAway => err.to_string(),
+        | ServiceError::DatabaseAway
+        | ServiceError::NodeAway { .. } => err.to_string(),
     }
 }

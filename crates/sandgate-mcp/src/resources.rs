@@ -107,7 +107,10 @@ fn service_error(uri: &str, err: ServiceError) -> ErrorData {
         ServiceError::NotFound(_) | ServiceError::Ended { .. } | ServiceError::Lost { .. } => {
             not_found(uri, public_message(&err))
         }
-        ServiceError::Store(_) | ServiceError::Unavailable(_) | ServiceError::DatabaseAway => {
+        ServiceError::Store(_)
+        | ServiceError::Unavailable(_)
+        | ServiceError::DatabaseAway
+        | ServiceError::NodeAway { .. } => {
             tracing::warn!(error = ?err, "reading a resource failed");
             ErrorData::internal_error(public_message(&err), None)
         }

@@ -48,16 +48,30 @@ struct RemoteInner {
 impl RemoteNode {
     /// A client of the node at `url` (`https://host:port`), connecting on first use.
     pub fn connect_lazy(url: &str, tls: &NodeTls) -> Result<Self, ConnectError> {
+        Self::lazy(url, Some(tls))
+    }
+
+    /// A client of a node serving cleartext HTTP/2 at `url` (`http://127.0.0.1:port`: a node
+    /// without TLS listens on loopback only), connecting on first use.
+    pub fn connect_lazy_cleartext(url: &str) -> Result<Self, ConnectError> {
+        Self::lazy(url, None)
+    }
+
+    fn lazy(url: &str, tls: Option<&NodeTls>) -> Result<Self, ConnectError> {
         let err = |source| ConnectError {
             url: url.to_owned(),
             source,
         };
-        let channel = Endpoint::from_shared(url.to_owned())
-            .map_err(err)?
-            .tls_config(tls.client())
-            .map_err(err)?
+        let mut endpoint = Endpoint::from_shared(url.to_owned()).map_err(err)?;
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls.client()).map_err(err)?;
+        }
+        let channel = endpoint
             .connect_timeout(Duration::from_secs(10))
+            // A node that stops answering mid-call (frozen, its host gone) fails the call
+            // within interval + timeout, rather than at the call's deadline.
             .http2_keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_timeout(Duration::from_secs(10))
             .keep_alive_while_idle(true)
             .connect_lazy();
         let client = NodeClient::new(channel)

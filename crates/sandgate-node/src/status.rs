@@ -59,6 +59,9 @@ fn agent_error(f: proto::AgentFailure) -> AgentError {
     }
 }
 
+/// What a caller reads when the node's Docker engine failed a call on a sandbox.
+const ENGINE_FAILED: &str = "the sandbox node could not reach the sandbox through its Docker engine; retry in a few seconds";
+
 /// The status a node answers with for `err`.
 pub fn to_status(err: &SandboxError) -> Status {
     let (code, kind) = match err {
@@ -116,6 +119,15 @@ pub fn to_status(err: &SandboxError) -> Status {
         }
         SandboxError::Launch(_) | SandboxError::AgentStart { .. } => {
             (Code::Unavailable, Kind::Launch(chain(err)))
+        }
+        // The node's engine failed it (stopped, restarting, refused): the caller may retry, and
+        // the engine's own words stay in the node's log, not in the text the model reads.
+        SandboxError::Backend(_) => {
+            tracing::warn!(error = %chain(err), "the Docker engine failed a call on a sandbox");
+            (
+                Code::Unavailable,
+                Kind::AttachLost(ENGINE_FAILED.to_owned()),
+            )
         }
         other => (Code::Internal, Kind::Other(chain(other))),
     };
@@ -185,5 +197,32 @@ pub fn from_status(node: &str, status: &Status) -> SandboxError {
         Kind::Launch(text) | Kind::Other(text) => SandboxError::Channel(ChannelError::Protocol {
             detail: format!("the sandbox node at {node} failed: {text}"),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sandgate_sandbox::backend::BackendError;
+
+    use super::*;
+
+    #[test]
+    fn an_engine_failure_crosses_as_a_retryable_lost_connection_without_the_engines_words() {
+        let err = SandboxError::Backend(BackendError::Inspect {
+            container_id: "c0ffee".into(),
+            source: "client error (Connect): Connection refused (os error 111)".into(),
+        });
+        let status = to_status(&err);
+        assert_eq!(status.code(), Code::Unavailable);
+        match from_status("https://127.0.0.1:7443", &status) {
+            SandboxError::Channel(ChannelError::AttachLost { reason }) => {
+                assert_eq!(reason, ENGINE_FAILED);
+                assert!(
+                    !reason.contains("os error"),
+                    "no engine internals: {reason}"
+                );
+            }
+            other => panic!("expected a lost connection, got {other:?}"),
+        }
     }
 }

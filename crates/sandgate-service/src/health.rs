@@ -1,5 +1,6 @@
-//! Readiness: whether this process can serve (Postgres, Docker and the sandbox image answer).
-//! The gateway's `/readyz` serves it.
+//! Readiness: whether this process can serve: Postgres answers, and with a node of its own
+//! Docker and the sandbox image; without one (`serve --gateway-only`), at least one live,
+//! non-draining node is registered. The gateway's `/readyz` serves it.
 
 use std::time::Duration;
 
@@ -24,10 +25,15 @@ pub struct Readiness {
 pub struct Checks {
     /// Postgres answers a query.
     pub postgres: Check,
-    /// The Docker engine answers a ping.
-    pub docker: Check,
-    /// The sandbox image exists on the engine.
-    pub sandbox_image: Check,
+    /// The Docker engine answers a ping (a process with a node of its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker: Option<Check>,
+    /// The sandbox image exists on the engine (a process with a node of its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox_image: Option<Check>,
+    /// At least one live, non-draining node is registered (a gateway-only process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Check>,
 }
 
 /// The outcome of one check.
@@ -61,19 +67,83 @@ impl Check {
     }
 }
 
-/// Checks Postgres, the Docker engine and the sandbox `image` at once, each bounded in time.
-pub async fn readiness(db: &PgPool, docker: &DockerBackend, image: &str) -> Readiness {
-    let (postgres, docker_ping, sandbox_image) = tokio::join!(
-        tokio::time::timeout(CHECK_TIMEOUT, sandgate_store::ping(db)),
-        tokio::time::timeout(CHECK_TIMEOUT, docker.ping()),
-        tokio::time::timeout(CHECK_TIMEOUT, docker.ensure_image(image)),
-    );
-    let checks = Checks {
-        postgres: Check::from_result(postgres),
-        docker: Check::from_result(docker_ping),
-        sandbox_image: Check::from_result(sandbox_image),
+/// Why a gateway-only process has no node to use.
+#[derive(Debug, thiserror::Error)]
+enum NoNode {
+    #[error(transparent)]
+    Store(#[from] sandgate_store::StoreError),
+    #[error(
+        "no live, non-draining sandbox node is registered: start `sandgate node` (or undrain \
+         one with `sandgate admin nodes undrain`)"
+    )]
+    None,
+}
+
+/// Whether a live, non-draining node is registered (heartbeat within `lost_after_seconds`).
+async fn a_node(db: &PgPool, lost_after_seconds: i64) -> Result<(), NoNode> {
+    let mut conn = db
+        .acquire()
+        .await
+        .map_err(sandgate_store::StoreError::from)?;
+    let nodes = sandgate_store::nodes::placeable(&mut conn, lost_after_seconds).await?;
+    if nodes.is_empty() {
+        return Err(NoNode::None);
+    }
+    Ok(())
+}
+
+/// What readiness checks besides Postgres.
+#[derive(Debug, Clone, Copy)]
+pub enum Needs<'a> {
+    /// This process's own node: its Docker engine answers and has the sandbox `image`.
+    Engine {
+        /// The engine.
+        docker: &'a DockerBackend,
+        /// The sandbox image.
+        image: &'a str,
+    },
+    /// A gateway-only process: a live, non-draining node is registered.
+    Nodes {
+        /// `node.lost_after_seconds`.
+        lost_after_seconds: i64,
+    },
+}
+
+/// Checks Postgres and what `needs` names at once, each bounded in time.
+pub async fn readiness(db: &PgPool, needs: Needs<'_>) -> Readiness {
+    let postgres = tokio::time::timeout(CHECK_TIMEOUT, sandgate_store::ping(db));
+    let checks = match needs {
+        Needs::Engine { docker, image } => {
+            let (postgres, docker_ping, sandbox_image) = tokio::join!(
+                postgres,
+                tokio::time::timeout(CHECK_TIMEOUT, docker.ping()),
+                tokio::time::timeout(CHECK_TIMEOUT, docker.ensure_image(image)),
+            );
+            Checks {
+                postgres: Check::from_result(postgres),
+                docker: Some(Check::from_result(docker_ping)),
+                sandbox_image: Some(Check::from_result(sandbox_image)),
+                nodes: None,
+            }
+        }
+        Needs::Nodes { lost_after_seconds } => {
+            let (postgres, nodes) = tokio::join!(
+                postgres,
+                tokio::time::timeout(CHECK_TIMEOUT, a_node(db, lost_after_seconds)),
+            );
+            Checks {
+                postgres: Check::from_result(postgres),
+                docker: None,
+                sandbox_image: None,
+                nodes: Some(Check::from_result(nodes)),
+            }
+        }
     };
-    let ready = checks.postgres.ok && checks.docker.ok && checks.sandbox_image.ok;
+    let ready = checks.postgres.ok
+        && [&checks.docker, &checks.sandbox_image, &checks.nodes]
+            .into_iter()
+            .flatten()
+            .all(|c| c.ok);
     Readiness {
         status: if ready { "ready" } else { "not_ready" },
         checks,

@@ -1,17 +1,23 @@
-//! A node's row in Postgres: registration at start (refused while another node's heartbeat on
-//! the same engine is live) and the heartbeat that keeps it (docs/scale-out.md).
+//! A node's row in Postgres: registration at start (refused while another live node holds the
+//! same engine) and the heartbeat that keeps it (docs/scale-out.md).
 
 use std::time::Duration;
 
 use sandgate_sandbox::{DockerBackend, DockerError};
 use sandgate_store::nodes::{self, NewNode, NodeRow};
+use sandgate_store::sandboxes;
 use sandgate_store::{PgPool, StoreError};
+use sqlx::PgConnection;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::config::NodeConfig;
 use crate::sandboxes::SandboxService;
+
+/// The memory one slot stands for when `node.slots` is 0, MiB: an idle sandbox uses about
+/// 90-100 MB, so a host's memory divided by this is about what it holds idle with headroom.
+pub const SLOT_MB: u64 = 128;
 
 /// Why a node could not register.
 #[derive(Debug, thiserror::Error)]
@@ -22,14 +28,10 @@ pub enum RegistryError {
     /// Postgres failed.
     #[error("cannot record the node in Postgres")]
     Store(#[from] StoreError),
-    /// Migrating failed.
-    #[error(transparent)]
-    Start(Box<crate::startup::StartError>),
-    /// Another node serves this engine and its heartbeat is live.
+    /// Another node serves this engine: it holds the engine's lock.
     #[error(
         "another sandgate node already serves this Docker engine ({engine}): {url} on {name}, \
-         last heartbeat {age}s ago; stop it first, or wait node.lost_after_seconds \
-         ({lost_after}s) after it stopped"
+         last heartbeat {age}s ago; stop it first (a node that stopped frees its engine at once)"
     )]
     EngineTaken {
         /// The engine's id.
@@ -40,60 +42,47 @@ pub enum RegistryError {
         name: String,
         /// Seconds since its last heartbeat.
         age: i64,
-        /// The configured `node.lost_after_seconds`.
-        lost_after: u64,
     },
 }
 
-/// This process's registration as a node.
-#[derive(Debug, Clone)]
+/// This process's registration as a node. Holds the engine's lock (a Postgres connection of its
+/// own) while it lives; the heartbeat task takes it over.
+#[derive(Debug)]
 pub struct Registration {
     /// The node's row as registered.
     pub row: NodeRow,
+    /// The connection that holds the engine's advisory lock.
+    lock: PgConnection,
 }
 
-/// Registers this process as the node of the configured engine, reachable at `advertise_url`,
-/// before anything touches the engine's containers (so a second node on the same engine stops
-/// here). Migrates first: the table must exist.
-pub async fn register_configured(
-    config: &crate::config::Config,
-    advertise_url: &str,
-) -> Result<Registration, RegistryError> {
-    crate::startup::migrate(config)
-        .await
-        .map_err(|e| RegistryError::Start(Box::new(e)))?;
-    let db = sandgate_store::connect_lazy(
-        secrecy::ExposeSecret::expose_secret(&config.database.url),
-        &config.pool_settings(),
-    )?;
-    let docker = DockerBackend::connect(&config.docker.host).map_err(RegistryError::Engine)?;
-    let registered = register(
-        &db,
-        &docker,
-        &config.node,
-        advertise_url,
-        config.sandbox.container_memory_mb(),
-    )
-    .await;
-    db.close().await;
-    registered
+/// The id a node's sandboxes were recorded under before nodes had registry ids: `"local"`, or
+/// the configured `docker.host`.
+pub fn legacy_node_id(docker_host: &str) -> &str {
+    if docker_host.is_empty() {
+        "local"
+    } else {
+        docker_host
+    }
 }
 
-/// Registers this process as the node of `docker`'s engine, reachable at `advertise_url`, with
-/// `node.slots` (0: one per `sandbox_mb` of the host's memory).
+/// Registers this process as the node of `docker`'s engine, reachable at `advertise_url` (empty:
+/// it serves only its own process), with `node.slots` (0: one per [`SLOT_MB`] of the host's
+/// memory), before anything touches the engine's containers. The engine's advisory lock, held
+/// on a connection of its own for the node's life, makes a second live node on the same engine
+/// impossible; a node that crashed frees it at once (Postgres ends its session). Rows recorded
+/// under the node's old name (`legacy`) are renamed to its registry id.
 pub async fn register(
     db: &PgPool,
     docker: &DockerBackend,
     config: &NodeConfig,
     advertise_url: &str,
-    sandbox_mb: u64,
+    legacy: &str,
 ) -> Result<Registration, RegistryError> {
     let engine = docker.engine().await.map_err(RegistryError::Engine)?;
     let slots = if config.slots > 0 {
         config.slots
     } else {
-        let per = sandbox_mb.max(1) * 1024 * 1024;
-        u32::try_from(engine.memory_bytes / per)
+        u32::try_from(engine.memory_bytes / (SLOT_MB * 1024 * 1024))
             .unwrap_or(u32::MAX)
             .max(1)
     };
@@ -106,41 +95,47 @@ pub async fn register(
         draining: config.drain,
         process: Uuid::new_v4(),
     };
-    let lost_after = i64::try_from(config.lost_after_seconds).unwrap_or(i64::MAX);
-    let mut conn = db.acquire().await.map_err(StoreError::from)?;
-    match nodes::register(&mut conn, &node, lost_after).await? {
-        Some(row) => Ok(Registration { row }),
-        None => {
-            let other = nodes::get(&mut conn, &engine.id).await?;
-            let (url, name, age) = other.map_or_else(
-                || (String::from("?"), String::from("?"), 0),
-                |o| {
-                    let age = (chrono::Utc::now() - o.heartbeat_at).num_seconds().max(0);
-                    (o.advertise_url, o.name, age)
-                },
-            );
-            Err(RegistryError::EngineTaken {
-                engine: engine.id,
-                url,
-                name,
-                age,
-                lost_after: config.lost_after_seconds,
-            })
-        }
+    let mut lock = db.acquire().await.map_err(StoreError::from)?.detach();
+    if !nodes::try_lock(&mut lock, &engine.id).await? {
+        let other = nodes::get(&mut lock, &engine.id).await?;
+        let (url, name, age) = other.map_or_else(
+            || (String::from("?"), String::from("?"), 0),
+            |o| {
+                let age = (chrono::Utc::now() - o.heartbeat_at).num_seconds().max(0);
+                (o.advertise_url, o.name, age)
+            },
+        );
+        return Err(RegistryError::EngineTaken {
+            engine: engine.id,
+            url,
+            name,
+            age,
+        });
     }
+    let row = nodes::register_locked(&mut lock, &node).await?;
+    let renamed = sandboxes::rename_node(&mut lock, legacy, &row.id).await?;
+    if renamed > 0 {
+        tracing::info!(renamed, old = legacy, node = %row.id, "sandbox rows now carry the node's registry id");
+    }
+    Ok(Registration { row, lock })
 }
 
-/// Heartbeats every `node.heartbeat_seconds` with the node's live and ready counts, until `stop`.
+/// Heartbeats every `node.heartbeat_seconds` with the node's live and ready counts, until `stop`,
+/// on the connection that holds the engine's lock (should it break, a new one takes the lock
+/// again first). Each beat reads back whether an operator drained the node.
 pub fn spawn_heartbeat(
-    registration: &Registration,
+    registration: Registration,
     config: &NodeConfig,
     sandboxes: SandboxService,
     stop: CancellationToken,
     tasks: &TaskTracker,
 ) {
-    let (id, process) = (registration.row.id.clone(), registration.row.process);
+    let Registration { row, lock } = registration;
+    let (id, process) = (row.id, row.process);
+    sandboxes.nodes().set_draining(row.draining);
     let every = Duration::from_secs(config.heartbeat_seconds);
     tasks.spawn(async move {
+        let mut lock = Some(lock);
         let mut ticker = tokio::time::interval(every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -149,19 +144,40 @@ pub fn spawn_heartbeat(
                 () = stop.cancelled() => return,
             }
             let (live, ready) = sandboxes.node_counts().await;
-            let beat = async {
-                let mut conn = sandboxes.db.acquire().await.map_err(StoreError::from)?;
-                nodes::heartbeat(&mut conn, &id, process, live, ready).await
-            }
-            .await;
+            let beat = beat(&sandboxes.db, &mut lock, &id, process, live, ready).await;
             match beat {
-                Ok(true) => {}
-                Ok(false) => tracing::error!(
+                Ok(Some(draining)) => sandboxes.nodes().set_draining(draining),
+                Ok(None) => tracing::error!(
                     node = %id,
-                    "this node's row belongs to another process now (it was taken for lost); restart this node"
+                    "this node's row or engine lock belongs to another process now; restart this node"
                 ),
-                Err(err) => tracing::warn!(error = %err, node = %id, "the node heartbeat failed"),
+                Err(err) => {
+                    // The lock's connection may be gone: the next beat takes a new one.
+                    lock = None;
+                    tracing::warn!(error = %err, node = %id, "the node heartbeat failed");
+                }
             }
         }
     });
+}
+
+/// One heartbeat on the lock's connection (re-locked on a new connection when there is none).
+/// `None` when another process holds the engine now.
+async fn beat(
+    db: &PgPool,
+    lock: &mut Option<PgConnection>,
+    id: &str,
+    process: Uuid,
+    live: i32,
+    ready: i32,
+) -> Result<Option<bool>, StoreError> {
+    if lock.is_none() {
+        let mut conn = db.acquire().await?.detach();
+        if !nodes::try_lock(&mut conn, id).await? {
+            return Ok(None);
+        }
+        *lock = Some(conn);
+    }
+    let conn = lock.as_mut().expect("a lock connection");
+    nodes::heartbeat(conn, id, process, live, ready).await
 }

@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::keys::{KeyError, KeyRing, KeySettings};
-use crate::sandboxes::SandboxService;
+use crate::sandboxes::{NodeSet, OwnNode, SandboxService};
 use crate::transcripts::Transcripts;
 
 /// Why the service layer could not start.
@@ -40,6 +40,27 @@ pub enum StartError {
     /// The package index could not be set up (its configuration).
     #[error("cannot set up packages on demand")]
     Packages(#[source] crate::packages::PackagesConfigError),
+    /// The node could not register (e.g. another node serves the same engine).
+    #[error("cannot register the sandbox node")]
+    Registry(#[source] crate::node_registry::RegistryError),
+    /// The certificates for reaching other nodes could not be read.
+    #[error("cannot read the node certificates")]
+    NodeTls(#[source] sandgate_node::TlsError),
+}
+
+/// What a process runs besides the service layer.
+#[derive(Debug, Clone)]
+pub enum Role {
+    /// A node of its own (`sandgate serve`, `sandgate node`): its engine's containers, warm pool
+    /// and attach channels, registered in `nodes` and reachable at `advertise_url` (empty: by
+    /// this process only).
+    Node {
+        /// The URL other gateways dial.
+        advertise_url: String,
+    },
+    /// No node (`sandgate serve --gateway-only`): no Docker, no pool; every sandbox is on a
+    /// registered node, reached over the node RPC.
+    GatewayOnly,
 }
 
 /// The running service layer. Cheap to clone.
@@ -47,8 +68,10 @@ pub enum StartError {
 pub struct Services {
     /// The Postgres pool.
     pub db: PgPool,
-    /// The Docker engine.
-    pub docker: DockerBackend,
+    /// The Docker engine of this process's own node (none: gateway-only).
+    pub docker: Option<DockerBackend>,
+    /// This process's own node's registry id (none: gateway-only).
+    pub node_id: Option<String>,
     /// Signing and verifying keys for access tokens.
     pub keys: KeyRing,
     /// Tenant-scoped sandboxes.
@@ -66,9 +89,11 @@ pub struct Services {
 }
 
 impl Services {
-    /// Connects to Postgres and Docker, migrates, loads keys, starts the sandbox manager (which
-    /// begins filling the warm pool) and the background work.
-    pub async fn start(config: &Config) -> Result<Self, StartError> {
+    /// Connects to Postgres, migrates, loads keys; with a node of its own ([`Role::Node`])
+    /// connects to Docker, registers the node (before touching its containers), starts the
+    /// sandbox manager (which begins filling the warm pool) and the heartbeat; then the
+    /// background work.
+    pub async fn start(config: &Config, role: Role) -> Result<Self, StartError> {
         let db = sandgate_store::connect_lazy(
             config.database.url.expose_secret(),
             &config.pool_settings(),
@@ -85,15 +110,68 @@ impl Services {
         )
         .await
         .map_err(StartError::Keys)?;
-        let docker = DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
         let packages = crate::packages::PackageIndex::new(&config.packages, Some(db.clone()))
             .map_err(StartError::Packages)?;
-        let sandboxes =
-            sandbox_service(config, db.clone(), docker.clone())?.with_packages(packages.clone());
+        let tls = if config.node.has_tls() {
+            Some(
+                sandgate_node::NodeTls::from_files(
+                    &config.node.tls_cert,
+                    &config.node.tls_key,
+                    &config.node.tls_ca,
+                )
+                .map_err(StartError::NodeTls)?,
+            )
+        } else {
+            None
+        };
+        let (docker, own, registration) = match role {
+            Role::Node { advertise_url } => {
+                let docker =
+                    DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
+                let registration = crate::node_registry::register(
+                    &db,
+                    &docker,
+                    &config.node,
+                    &advertise_url,
+                    crate::node_registry::legacy_node_id(&config.docker.host),
+                )
+                .await
+                .map_err(StartError::Registry)?;
+                let own = OwnNode {
+                    id: registration.row.id.clone(),
+                    manager: sandbox_manager(config, docker.clone())?,
+                };
+                (Some(docker), Some(own), Some(registration))
+            }
+            Role::GatewayOnly => (None, None, None),
+        };
+        let node_id = own.as_ref().map(|o| o.id.clone());
+        let nodes = NodeSet::new(own, tls, config.node.lost_after_seconds);
+        let sandboxes = SandboxService::new(
+            db.clone(),
+            nodes,
+            config.sandbox.clone(),
+            config.limits.clone(),
+        )
+        .with_packages(packages.clone());
         let background_stop = CancellationToken::new();
         let background = TaskTracker::new();
+        if let Some(registration) = registration {
+            crate::node_registry::spawn_heartbeat(
+                registration,
+                &config.node,
+                sandboxes.clone(),
+                background_stop.clone(),
+                &background,
+            );
+        }
         sandboxes
-            .start_lifecycle(&config.lifecycle, background_stop.clone(), &background)
+            .start_lifecycle(
+                &config.lifecycle,
+                Duration::from_secs(config.node.heartbeat_seconds),
+                background_stop.clone(),
+                &background,
+            )
             .await;
         sandboxes
             .cache()
@@ -109,6 +187,7 @@ impl Services {
         Ok(Self {
             db,
             docker,
+            node_id,
             keys,
             sandboxes,
             audit,
@@ -130,12 +209,8 @@ pub async fn migrate(config: &Config) -> Result<(), StartError> {
         .map_err(StartError::Migrate)
 }
 
-/// The sandbox manager for the configured profile, under the tenant-scoped service.
-fn sandbox_service(
-    config: &Config,
-    db: PgPool,
-    docker: DockerBackend,
-) -> Result<SandboxService, StartError> {
+/// The sandbox manager of this process's own node, for the configured profile.
+fn sandbox_manager(config: &Config, docker: DockerBackend) -> Result<SandboxManager, StartError> {
     let mut manager_config = ManagerConfig::new(config.instance.clone());
     manager_config.demand_window = Duration::from_secs(config.pool.demand_window_seconds);
     manager_config.pool = PoolConfig {
@@ -143,22 +218,10 @@ fn sandbox_service(
         max_ready: config.pool.max_ready,
         max_concurrent_starts: config.pool.max_concurrent_starts,
     };
-    let manager = SandboxManager::start(
+    SandboxManager::start(
         Arc::new(docker),
         vec![config.sandbox.clone()],
         manager_config,
     )
-    .map_err(StartError::Sandboxes)?;
-    let node = if config.docker.host.is_empty() {
-        "local".to_owned()
-    } else {
-        config.docker.host.clone()
-    };
-    Ok(SandboxService::new(
-        db,
-        manager,
-        config.sandbox.clone(),
-        node,
-        config.limits.clone(),
-    ))
+    .map_err(StartError::Sandboxes)
 }

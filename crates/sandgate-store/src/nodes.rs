@@ -1,6 +1,6 @@
 //! Sandbox nodes: one row per Docker engine (docs/scale-out.md). A node registers at start and
-//! heartbeats; a second node on the same engine is refused while the first one's heartbeat is
-//! live.
+//! heartbeats; a second node on the same engine is refused while the first one lives (it holds
+//! the engine's advisory lock on a connection of its own).
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -57,42 +57,9 @@ pub struct NewNode<'a> {
 const COLUMNS: &str = "id, name, advertise_url, slots, memory_bytes, live_sandboxes, \
                        ready_sandboxes, draining, process, heartbeat_at, started_at";
 
-/// Registers a node: a new engine gets a row; an engine whose row's heartbeat is older than
-/// `lost_after_seconds` is taken over. `None` when another process's heartbeat on the same
-/// engine is live (the caller refuses to start and says which).
-#[tracing::instrument(skip_all, fields(node = %node.id))]
-pub async fn register(
-    conn: &mut PgConnection,
-    node: &NewNode<'_>,
-    lost_after_seconds: i64,
-) -> Result<Option<NodeRow>, StoreError> {
-    let row = sqlx::query_as::<_, NodeRow>(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO nodes (id, name, advertise_url, slots, memory_bytes, draining, process)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
-         ON CONFLICT (id) DO UPDATE SET
-             name = EXCLUDED.name, advertise_url = EXCLUDED.advertise_url,
-             slots = EXCLUDED.slots, memory_bytes = EXCLUDED.memory_bytes,
-             draining = nodes.draining OR EXCLUDED.draining, process = EXCLUDED.process,
-             live_sandboxes = 0, ready_sandboxes = 0,
-             heartbeat_at = now(), started_at = now()
-         WHERE nodes.heartbeat_at < now() - make_interval(secs => $8)
-         RETURNING {COLUMNS}"
-    )))
-    .bind(node.id)
-    .bind(node.name)
-    .bind(node.advertise_url)
-    .bind(node.slots)
-    .bind(node.memory_bytes)
-    .bind(node.draining)
-    .bind(node.process)
-    .bind(lost_after_seconds as f64)
-    .fetch_optional(conn)
-    .await?;
-    Ok(row)
-}
-
-/// Records a heartbeat with the node's numbers; `false` when the row belongs to another process
-/// now (this one was taken for lost and replaced).
+/// Records a heartbeat with the node's numbers; returns whether the node is draining now
+/// (an operator's `admin nodes drain` reaches the node this way), or `None` when the row
+/// belongs to another process now (this one was taken for gone and replaced).
 #[tracing::instrument(skip_all, fields(node = %id))]
 pub async fn heartbeat(
     conn: &mut PgConnection,
@@ -100,18 +67,18 @@ pub async fn heartbeat(
     process: Uuid,
     live: i32,
     ready: i32,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query(
+) -> Result<Option<bool>, StoreError> {
+    Ok(sqlx::query_scalar(
         "UPDATE nodes SET heartbeat_at = now(), live_sandboxes = $3, ready_sandboxes = $4
-         WHERE id = $1 AND process = $2",
+         WHERE id = $1 AND process = $2
+         RETURNING draining",
     )
     .bind(id)
     .bind(process)
     .bind(live)
     .bind(ready)
-    .execute(conn)
-    .await?;
-    Ok(done.rows_affected() == 1)
+    .fetch_optional(conn)
+    .await?)
 }
 
 /// Every registered node, by name.
@@ -148,5 +115,79 @@ pub async fn get(conn: &mut PgConnection, id: &str) -> Result<Option<NodeRow>, S
     )))
     .bind(id)
     .fetch_optional(conn)
+    .await?)
+}
+
+/// Takes the session-level advisory lock that says "a live process serves this engine" on
+/// `conn` (a connection the node keeps for its whole life: Postgres releases the lock when the
+/// connection ends, so a crashed node frees its engine at once). `false` when another live
+/// process holds it.
+#[tracing::instrument(skip_all, fields(node = %id))]
+pub async fn try_lock(conn: &mut PgConnection, id: &str) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT pg_try_advisory_lock(hashtextextended('sandgate-node:' || $1, 0))",
+    )
+    .bind(id)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Registers a node whose engine lock ([`try_lock`]) this process holds: the row is created or
+/// taken over whatever its heartbeat says (the lock proves its last holder is gone).
+#[tracing::instrument(skip_all, fields(node = %node.id))]
+pub async fn register_locked(
+    conn: &mut PgConnection,
+    node: &NewNode<'_>,
+) -> Result<NodeRow, StoreError> {
+    Ok(sqlx::query_as::<_, NodeRow>(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO nodes (id, name, advertise_url, slots, memory_bytes, draining, process)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (id) DO UPDATE SET
+             name = EXCLUDED.name, advertise_url = EXCLUDED.advertise_url,
+             slots = EXCLUDED.slots, memory_bytes = EXCLUDED.memory_bytes,
+             draining = nodes.draining OR EXCLUDED.draining, process = EXCLUDED.process,
+             live_sandboxes = 0, ready_sandboxes = 0,
+             heartbeat_at = now(), started_at = now()
+         RETURNING {COLUMNS}"
+    )))
+    .bind(node.id)
+    .bind(node.name)
+    .bind(node.advertise_url)
+    .bind(node.slots)
+    .bind(node.memory_bytes)
+    .bind(node.draining)
+    .bind(node.process)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// A node's row with the number of sandboxes leased on it now (from `sandboxes`, not the
+/// heartbeat's count), for placing a lease.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct NodeLoad {
+    /// The node's row.
+    #[sqlx(flatten)]
+    pub node: NodeRow,
+    /// Sandboxes leased on it now.
+    pub leased: i64,
+}
+
+/// Every node that may take a new lease: heartbeat within `lost_after_seconds`, not draining;
+/// each with its leased count.
+#[tracing::instrument(skip_all)]
+pub async fn placeable(
+    conn: &mut PgConnection,
+    lost_after_seconds: i64,
+) -> Result<Vec<NodeLoad>, StoreError> {
+    Ok(sqlx::query_as::<_, NodeLoad>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS},
+                (SELECT count(*) FROM sandboxes s WHERE s.node = nodes.id AND s.state = 'leased')
+                    AS leased
+         FROM nodes
+         WHERE NOT draining AND heartbeat_at > now() - make_interval(secs => $1)
+         ORDER BY name, id"
+    )))
+    .bind(lost_after_seconds as f64)
+    .fetch_all(conn)
     .await?)
 }

@@ -32,7 +32,7 @@ pub struct SandboxRow {
     pub profile: String,
     /// Docker container id.
     pub container_id: String,
-    /// Docker host it lives on.
+    /// The registry id of the node it lives on (its engine's id; see `nodes`).
     pub node: String,
     /// State.
     pub state: SandboxState,
@@ -124,33 +124,87 @@ pub async fn insert_warm(
     Ok(())
 }
 
-/// Flips one warm row of `profile` to leased. `FOR UPDATE SKIP LOCKED` makes concurrent leases
-/// (from any number of gateways) take different rows. `None` when the pool has none.
-#[tracing::instrument(skip_all, fields(node = %node))]
+/// Flips one warm row of `profile` to leased, on a node that may take leases: its heartbeat
+/// within `lost_after_seconds` and not draining; a row of `prefer` (this process's own node)
+/// first, then the oldest. `FOR UPDATE SKIP LOCKED` makes concurrent leases (from any number of
+/// gateways) take different rows. `None` when no such node has one.
+#[tracing::instrument(skip_all)]
 pub async fn lease_warm(
     conn: &mut PgConnection,
     profile: &str,
-    node: &str,
+    prefer: Option<&str>,
+    lost_after_seconds: i64,
     lease: &NewLease<'_>,
 ) -> Result<Option<SandboxRow>, StoreError> {
     let row = sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET state = 'leased', tenant_id = $3, conversation_id = $4,
                 leased_at = now(), last_used_at = now(), idle_timeout_seconds = $5, expires_at = $6, grant_id = $7
-         WHERE id = (SELECT id FROM sandboxes WHERE state = 'warm' AND profile = $1 AND node = $2
-                     ORDER BY created_at FOR UPDATE SKIP LOCKED LIMIT 1)
+         WHERE id = (SELECT id FROM sandboxes
+                     WHERE state = 'warm' AND profile = $1
+                       AND node IN (SELECT id FROM nodes WHERE NOT draining
+                                    AND heartbeat_at > now() - make_interval(secs => $8))
+                     ORDER BY node IS NOT DISTINCT FROM $2 DESC, created_at
+                     FOR UPDATE SKIP LOCKED LIMIT 1)
          RETURNING {COLUMNS}"
     )))
     .bind(profile)
-    .bind(node)
+    .bind(prefer)
     .bind(lease.tenant_id)
     .bind(lease.conversation_id)
     .bind(lease.idle_timeout_seconds)
     .bind(lease.expires_at)
     .bind(lease.grant_id)
+    .bind(lost_after_seconds as f64)
     .fetch_optional(conn)
     .await
     .map_err(conflict_on_unique("conversation already has a sandbox"))?;
     Ok(row)
+}
+
+/// Gives the rows recorded under a node's old name (`"local"` or the `docker.host` URL, before
+/// nodes had registry ids) the node's registry id, so its reconciliation and reaper find them.
+#[tracing::instrument(skip_all, fields(node = %node))]
+pub async fn rename_node(
+    conn: &mut PgConnection,
+    old: &str,
+    node: &str,
+) -> Result<u64, StoreError> {
+    Ok(
+        sqlx::query("UPDATE sandboxes SET node = $2 WHERE node = $1")
+            .bind(old)
+            .bind(node)
+            .execute(conn)
+            .await?
+            .rows_affected(),
+    )
+}
+
+/// The lost-node sweep, one statement: every warm or leased sandbox on a node whose heartbeat is
+/// older than `lost_after_seconds` becomes `lost`, its reason naming the node and when it
+/// stopped answering. Idempotent (ended rows are left alone); returns the rows it ended.
+#[tracing::instrument(skip_all)]
+pub async fn sweep_silent_nodes(
+    conn: &mut PgConnection,
+    lost_after_seconds: i64,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    let columns = COLUMNS
+        .split(", ")
+        .map(|c| format!("s.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "UPDATE sandboxes s SET state = 'lost', closed_at = now(),
+                close_reason = format('it was on node %s (%s), which stopped answering at %s',
+                    n.name, n.id,
+                    to_char(n.heartbeat_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS \"UTC\"'))
+         FROM nodes n
+         WHERE s.node = n.id AND s.state IN ('warm', 'leased')
+           AND n.heartbeat_at < now() - make_interval(secs => $1)
+         RETURNING {columns}"
+    )))
+    .bind(lost_after_seconds as f64)
+    .fetch_all(conn)
+    .await?)
 }
 
 /// Records a freshly created container as leased straight away (cold start).

@@ -24,7 +24,13 @@ struct Cli {
 enum Command {
     /// Run the gateway with its in-process sandbox node (migrates the database first). With
     /// `node.listen` set, the node also serves other gateways over the node RPC.
-    Serve,
+    Serve {
+        /// A gateway replica without a node of its own: no Docker, no warm pool; sandboxes are
+        /// leased on the nodes registered in Postgres and reached over the node RPC (with the
+        /// `node.tls_*` certificates as its client identity).
+        #[arg(long)]
+        gateway_only: bool,
+    },
     /// Run a sandbox node only: this host's containers, warm pool and attach channels, served
     /// to gateways over the node RPC on `node.listen` (mutual TLS; docs/scale-out.md).
     Node,
@@ -300,8 +306,13 @@ fn main() -> ExitCode {
 
 async fn run(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
-        Command::Serve => {
-            let app = App::build(config).await.context("starting the gateway")?;
+        Command::Serve { gateway_only } => {
+            let app = if gateway_only {
+                App::build_gateway_only(config).await
+            } else {
+                App::build(config).await
+            }
+            .context("starting the gateway")?;
             let mcp_url = app.mcp_url();
             tracing::info!(addr = %app.local_addr(), mcp_url, "sandgate is serving");
             // The address too: behind a load balancer the MCP URL is the balancer's.

@@ -1,7 +1,8 @@
 //! `deploy/compose.yaml` end to end: the gateway and Postgres images built here (offline), the
-//! stack's sandbox image, `docker-compose up` with a project name and a loopback port of this
-//! test's own, a real MCP conversation with rmcp's client, then `down -v` and nothing of the
-//! project left on the engine.
+//! stack's sandbox image, the node RPC's certificates made by `deploy/pki.sh`, `docker-compose
+//! up` with a project name and a loopback port of this test's own (Postgres, a gateway-only
+//! gateway, a node against this host's engine), a real MCP conversation with rmcp's client in
+//! both eras, then `down -v` and nothing of the project left on the engine.
 //!
 //! Needs `docker-compose` (Debian's 1.29; `scripts/stack.sh` installs it) and the stack's
 //! environment (`SANDGATE_SANDBOX__IMAGE`; the engine on a local unix socket).
@@ -71,12 +72,24 @@ impl Project {
         let sandbox_image = std::env::var("SANDGATE_SANDBOX__IMAGE").expect(
             "SANDGATE_SANDBOX__IMAGE is not set: source the stack's environment (scripts/stack.sh)",
         );
+        // The operator's step: the node RPC's CA and certificates (deploy/pki.sh).
+        let pki = dir.join("pki");
+        let made = std::process::Command::new(repo_root().join("deploy/pki.sh"))
+            .arg(&pki)
+            .output()
+            .expect("deploy/pki.sh runs");
+        assert!(
+            made.status.success(),
+            "deploy/pki.sh failed: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
         // The operator's env file (deploy/compose.env.example), with secrets of this test's own.
         let env = format!(
             "GATEWAY_IMAGE={gateway_image}\nPOSTGRES_IMAGE={postgres_image}\nSANDBOX_IMAGE={sandbox_image}\n\
              PORT={port}\nPUBLIC_URL=http://127.0.0.1:{port}\nDOCKER_GID={gid}\nDOCKER_SOCKET={}\n\
-             INSTANCE={instance}\nPOSTGRES_PASSWORD={}\nKEYS_SECRET={}\nCOOKIE_SECRET={}\n",
+             INSTANCE={instance}\nPKI_DIR={}\nPOSTGRES_PASSWORD={}\nKEYS_SECRET={}\nCOOKIE_SECRET={}\n",
             socket.display(),
+            pki.display(),
             random_hex(),
             random_hex(),
             random_hex(),
@@ -135,9 +148,9 @@ impl Project {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
-    /// `sandgate <args>` inside the running sandgate container (the operator's admin CLI).
+    /// `sandgate <args>` inside the running gateway container (the operator's admin CLI).
     async fn sandgate(&self, args: &[&str]) -> String {
-        let mut all = vec!["exec", "-T", "sandgate", "sandgate"];
+        let mut all = vec!["exec", "-T", "gateway", "sandgate"];
         all.extend_from_slice(args);
         self.compose(&all).await.trim().to_owned()
     }
@@ -229,7 +242,7 @@ fn volumes_of(project: &str) -> Vec<String> {
 /// attacker's view: what could a compromised service reach?).
 fn assert_hardened(containers: &[Value], socket: &Path) {
     let services: Vec<&str> = containers.iter().map(service).collect();
-    for wanted in ["postgres", "migrate", "sandgate"] {
+    for wanted in ["postgres", "migrate", "node", "gateway"] {
         assert!(
             services.contains(&wanted),
             "a {wanted} container: {services:?}"
@@ -257,9 +270,19 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
         });
         assert_eq!(
             mounts_socket,
-            name == "sandgate",
-            "{name}: only the sandgate (node) container has the Docker socket"
+            name == "node",
+            "{name}: only the node container has the Docker socket"
         );
+        // Each service mounts only its own TLS material, never the CA's key.
+        for m in c["Mounts"].as_array().into_iter().flatten() {
+            let source = m["Source"].as_str().unwrap_or_default();
+            if source.contains("/pki") {
+                assert!(
+                    source.ends_with(&format!("/pki/{name}")) && m["RW"] == false,
+                    "{name} mounts only its own TLS directory, read-only: {m}"
+                );
+            }
+        }
         let published: Vec<&Value> = c["HostConfig"]["PortBindings"]
             .as_object()
             .into_iter()
@@ -267,8 +290,8 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
             .filter_map(|bindings| bindings.as_array())
             .flatten()
             .collect();
-        if name == "sandgate" {
-            assert!(!published.is_empty(), "sandgate publishes its port");
+        if name == "gateway" {
+            assert!(!published.is_empty(), "the gateway publishes its port");
         }
         for binding in published {
             assert_eq!(
@@ -276,8 +299,8 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
                 "{name} publishes only on loopback: {binding}"
             );
             assert_eq!(
-                name, "sandgate",
-                "only sandgate publishes a port ({binding})"
+                name, "gateway",
+                "only the gateway publishes a port ({binding})"
             );
         }
     }
@@ -325,8 +348,9 @@ async fn compose_up_serves_mcp_on_loopback_and_down_leaves_nothing() {
             .as_str()
             .expect("a sandbox id")
             .to_owned();
-        // The containerised sandgate made the sandbox on the host's engine, labelled with its
-        // instance, and talks to its agent over the attach stream through the mounted socket.
+        // The node made the sandbox on the host's engine, labelled with the instance, and talks
+        // to its agent over the attach stream through the mounted socket; the gateway reached
+        // it over the node RPC (mutual TLS).
         assert!(
             !support::containers_of(&project.instance).is_empty(),
             "sandbox containers of instance {} on the host's engine",

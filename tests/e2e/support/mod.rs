@@ -13,13 +13,18 @@ use tokio::task::JoinSet;
 
 pub mod oauth;
 pub mod replicas;
+pub mod scale_out;
 
 /// The `sandgate` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandgate");
 
 /// `SANDGATE_*` variables meant for the tests, not the binary: removed from its environment,
 /// since the binary rejects unknown `SANDGATE_*` settings.
-const TEST_ONLY_ENV: &[&str] = &["SANDGATE_TEST_PYTHON"];
+const TEST_ONLY_ENV: &[&str] = &[
+    "SANDGATE_TEST_PYTHON",
+    "SANDGATE_TEST_DOCKER2",
+    "SANDGATE_TEST_DOCKER2_PIDFILE",
+];
 
 /// A command for the `sandgate` binary, with the test-only variables removed from the
 /// environment it inherits.
@@ -108,12 +113,34 @@ impl Gateway {
     }
 
     /// Like [`Gateway::start`], with a given instance name (to restart "the same" deployment).
+    /// Its node serves the node RPC on a loopback port (cleartext), so that gateway-only
+    /// replicas ([`Gateway::start_gateway_only`]) can reach its sandboxes.
     pub async fn start_instance(
         database_url: &str,
         instance: &str,
         extra_env: &[(&str, &str)],
     ) -> Gateway {
+        Self::launch(database_url, instance, extra_env, false).await
+    }
+
+    /// `sandgate serve --gateway-only`: a replica of `instance`'s deployment without a node of
+    /// its own, using the nodes registered in `database_url`.
+    pub async fn start_gateway_only(
+        database_url: &str,
+        instance: &str,
+        extra_env: &[(&str, &str)],
+    ) -> Gateway {
+        Self::launch(database_url, instance, extra_env, true).await
+    }
+
+    async fn launch(
+        database_url: &str,
+        instance: &str,
+        extra_env: &[(&str, &str)],
+        gateway_only: bool,
+    ) -> Gateway {
         let mut env: Vec<(String, String)> = vec![
+            ("SANDGATE_NODE__LISTEN".into(), "127.0.0.1:0".into()),
             ("SANDGATE_DATABASE__URL".into(), database_url.into()),
             ("SANDGATE_INSTANCE".into(), instance.into()),
             ("SANDGATE_LOG__FORMAT".into(), "json".into()),
@@ -128,8 +155,11 @@ impl Gateway {
             env.push(((*k).into(), (*v).into()));
         }
         let mut command = sandgate_command();
+        command.arg("serve");
+        if gateway_only {
+            command.arg("--gateway-only");
+        }
         command
-            .arg("serve")
             .env("SANDGATE_LISTEN", "127.0.0.1:0")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::piped())

@@ -56,23 +56,26 @@ impl Deployment {
     }
 }
 
-/// Starts replica `i` of `deployment` (`sandgate serve` with its database, instance, secret and
-/// public URL), `extra_env` added. Every multi-replica test launches replicas here only: once
-/// sandbox nodes exist, replicas past the first become `serve --gateway-only` reaching the first's
-/// node, and this is the one place to say so.
+/// Starts replica `index` of `deployment` with its database, instance, secret and public URL,
+/// `extra_env` added. Every multi-replica test launches replicas here only. Replica 0 is a whole
+/// `sandgate serve` whose node (the engine's one node: a second on the same engine is refused)
+/// serves the node RPC on loopback; the others are `serve --gateway-only` replicas reaching its
+/// sandboxes over the RPC.
 pub async fn spawn_replica(
     index: usize,
     deployment: &Deployment,
     extra_env: &[(&str, &str)],
 ) -> Gateway {
-    // Today every replica is a whole `serve`; replica 0 is the one that will keep the node.
-    let _ = index;
     let mut env: Vec<(&str, &str)> = vec![("SANDGATE_KEYS__SECRET", &deployment.secret)];
     if let Some(url) = &deployment.public_url {
         env.push(("SANDGATE_PUBLIC_URL", url));
     }
     env.extend_from_slice(extra_env);
-    Gateway::start_instance(&deployment.database, &deployment.instance, &env).await
+    if index == 0 {
+        Gateway::start_instance(&deployment.database, &deployment.instance, &env).await
+    } else {
+        Gateway::start_gateway_only(&deployment.database, &deployment.instance, &env).await
+    }
 }
 
 /// A round-robin HTTP load balancer: each request goes to the next upstream, whatever

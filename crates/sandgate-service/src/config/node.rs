@@ -28,7 +28,7 @@ pub struct NodeConfig {
     pub heartbeat_seconds: u64,
     /// A node silent this long is lost, seconds.
     pub lost_after_seconds: u64,
-    /// Most live sandboxes on the node; 0: from the host's memory.
+    /// Most leased sandboxes on the node; 0: the host's memory divided by 128 MiB.
     pub slots: u32,
     /// A draining node gets no new leases; its sandboxes run out.
     pub drain: bool,
@@ -75,6 +75,22 @@ impl NodeConfig {
                     .into(),
             ));
         }
+        // Every process with a node heartbeats, and every process sweeps silent nodes.
+        if self.heartbeat_seconds == 0 {
+            return Err(invalid(
+                "node.heartbeat_seconds",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.lost_after_seconds <= self.heartbeat_seconds {
+            return Err(invalid(
+                "node.lost_after_seconds",
+                format!(
+                    "must be longer than node.heartbeat_seconds ({}), e.g. three heartbeats",
+                    self.heartbeat_seconds
+                ),
+            ));
+        }
         if self.listen.is_empty() {
             return Ok(());
         }
@@ -90,21 +106,6 @@ impl NodeConfig {
                 format!(
                     "{addr} is reachable from other hosts: set node.tls_cert, node.tls_key and \
                      node.tls_ca (mutual TLS with the deployment's CA) or listen on 127.0.0.1"
-                ),
-            ));
-        }
-        if self.heartbeat_seconds == 0 {
-            return Err(invalid(
-                "node.heartbeat_seconds",
-                "must be at least 1".into(),
-            ));
-        }
-        if self.lost_after_seconds <= self.heartbeat_seconds {
-            return Err(invalid(
-                "node.lost_after_seconds",
-                format!(
-                    "must be longer than node.heartbeat_seconds ({}), e.g. three heartbeats",
-                    self.heartbeat_seconds
                 ),
             ));
         }

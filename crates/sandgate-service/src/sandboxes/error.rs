@@ -36,6 +36,19 @@ pub enum ServiceError {
         /// What happened.
         why: String,
     },
+    /// The node that runs the sandbox (or would start it) cannot be reached now: retrying
+    /// shortly may work; a node silent past `node.lost_after_seconds` has its sandboxes marked
+    /// lost.
+    #[error(
+        "the sandbox node {node} did not answer ({why}); retry in a few seconds; if it stays \
+         silent its sandboxes are marked lost and create_sandbox gives you a new one"
+    )]
+    NodeAway {
+        /// The node's registry id.
+        node: String,
+        /// What failed.
+        why: String,
+    },
     /// A tenant limit refused the call.
     #[error("limit reached: {limit} ({value}); {hint}")]
     Limit {

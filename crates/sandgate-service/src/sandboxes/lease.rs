@@ -2,14 +2,14 @@
 //! lease recorded in one transaction that also enforces the tenant's sandbox limit.
 
 use chrono::Utc;
-use sandgate_node::{SandboxHandle, StartTicket};
+use sandgate_node::{NodeHandle, SandboxHandle, StartTicket};
 use sandgate_sandbox::{SandboxProfile, telemetry};
 use sandgate_store::StoreError;
 use sandgate_store::sandboxes::{self, NewLease, SandboxRow};
 
 use super::busy::BusyGuard;
 use super::error::over_limit;
-use super::{Caller, Resolved, SandboxService, ServiceError};
+use super::{Caller, Placement, Resolved, SandboxService, ServiceError};
 
 impl SandboxService {
     #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
@@ -47,32 +47,11 @@ impl SandboxService {
         };
         let leased = match leased {
             Ok(Some(resolved)) => Ok(resolved),
-            Ok(None) => {
-                // Cold starts are bounded (with the pool's refills, by a limit that adapts to
-                // the machine): a burst of conversations on an empty pool would otherwise start
-                // every container at once on the same few cores, until all of them miss their
-                // ready timeout. Queued leases take a warm container if a refill made one
-                // meanwhile.
-                match self.node.start_permit(&profile.name).await {
-                    Ok(permit) => {
-                        let rewarmed = if profile == self.profile {
-                            self.lease_warm(caller, &lease).await
-                        } else {
-                            Ok(None)
-                        };
-                        match rewarmed {
-                            Ok(Some(resolved)) => Ok(resolved),
-                            Ok(None) => self.lease_cold(caller, &profile, &lease, permit).await,
-                            Err(err) => Err(err),
-                        }
-                    }
-                    Err(err) => Err(err.into()),
-                }
-            }
+            Ok(None) => self.lease_placed(caller, &profile, &lease).await,
             Err(err) => Err(err),
         };
-        if leased.is_ok() {
-            self.node.record_lease(&self.profile.name);
+        if let (Ok(_), Some(manager)) = (&leased, self.nodes.local()) {
+            manager.record_lease(&self.profile.name);
             telemetry::counters()
                 .lease_wait
                 .observe(waited.elapsed().as_secs_f64());
@@ -93,6 +72,51 @@ impl SandboxService {
             }
             other => other,
         }
+    }
+
+    /// No warm sandbox: a cold start on the node [`super::nodes::place`] chooses.
+    ///
+    /// Cold starts are bounded (with the pool's refills, by a limit that adapts to the machine):
+    /// a burst of conversations on an empty pool would otherwise start every container at once
+    /// on the same few cores, until all of them miss their ready timeout. Queued leases take a
+    /// warm container if a refill made one meanwhile.
+    async fn lease_placed(
+        &self,
+        caller: &Caller,
+        profile: &SandboxProfile,
+        lease: &NewLease<'_>,
+    ) -> Result<Resolved, ServiceError> {
+        let node_id = match self.nodes.place(&self.db).await? {
+            Placement::On(id) => id,
+            Placement::Full { nodes: 0, .. } => {
+                return Err(ServiceError::Limit {
+                    limit: "sandbox node capacity",
+                    value: "no live sandbox node takes new sandboxes now: each is draining or \
+                            silent"
+                        .into(),
+                    hint: "retry in a minute; if it persists, tell the user",
+                });
+            }
+            Placement::Full { nodes, slots } => {
+                return Err(ServiceError::Limit {
+                    limit: "sandbox node slots",
+                    value: format!(
+                        "all {slots} slots of the {nodes} live, non-draining node(s) are in use"
+                    ),
+                    hint: "retry in a minute (ending sandboxes free slots), or close a sandbox \
+                           you no longer need",
+                });
+            }
+        };
+        let node = self.nodes.get(&self.db, &node_id).await?;
+        let permit = node.start_permit(&profile.name).await?;
+        if *profile == self.profile
+            && let Some(resolved) = self.lease_warm(caller, lease).await?
+        {
+            return Ok(resolved);
+        }
+        self.lease_cold(caller, profile, lease, (&node_id, &node), permit)
+            .await
     }
 
     /// A sandbox this call just leased: its handle kept as live here, and marked busy.
@@ -121,15 +145,19 @@ impl SandboxService {
         caller: &Caller,
         profile: &SandboxProfile,
         lease: &NewLease<'_>,
+        (node_id, node): (&str, &NodeHandle),
         ticket: StartTicket,
     ) -> Result<Resolved, ServiceError> {
-        let sandbox = self.node.launch(profile, ticket).await?;
+        let sandbox = match node.launch(profile, ticket).await {
+            Ok(sandbox) => sandbox,
+            Err(err) => return Err(self.node_error(node_id, node.local().is_none(), err)),
+        };
         tracing::Span::current().record("sandbox_id", sandbox.id());
-        match self.record_lease(caller, &sandbox, lease).await {
+        match self.record_lease(caller, &sandbox, node_id, lease).await {
             Ok(row) => Ok(self.newly_leased(row, sandbox)),
             Err(err) => {
                 // Nothing half-created is left behind: the container goes.
-                let node = self.node.clone();
+                let node = node.clone();
                 tokio::spawn(async move {
                     if let Err(e) = node.close(sandbox).await {
                         tracing::warn!(error = %e, "removing an unrecorded sandbox failed");
@@ -146,6 +174,7 @@ impl SandboxService {
         &self,
         caller: &Caller,
         sandbox: &SandboxHandle,
+        node_id: &str,
         lease: &NewLease<'_>,
     ) -> Result<SandboxRow, ServiceError> {
         let mut tx = self.db.begin().await?;
@@ -159,7 +188,7 @@ impl SandboxService {
             sandbox.id(),
             sandbox.profile(),
             sandbox.container_id(),
-            &self.node_id,
+            node_id,
             lease,
         )
         .await?;

@@ -66,9 +66,14 @@ impl SandboxService {
     /// with a call in flight on any replica); returns how many it closed.
     #[tracing::instrument(skip_all)]
     pub async fn reap(&self) -> Result<usize, LifecycleError> {
+        // The reaper is the work of the process that runs the node (a gateway-only replica has
+        // none; the nodes reap their own).
+        let Some(node) = self.nodes.own_id() else {
+            return Ok(0);
+        };
         let now = Utc::now();
         let mut conn = self.db.acquire().await?;
-        let due = sandboxes::overdue(&mut conn, &self.node_id, now).await?;
+        let due = sandboxes::overdue(&mut conn, node, now).await?;
         drop(conn);
         if due.is_empty() {
             return Ok(0);
@@ -102,16 +107,17 @@ impl SandboxService {
         startup: bool,
     ) -> Result<Reconciled, LifecycleError> {
         let mut done = Reconciled::default();
-        // Rows first, containers second: a row read before the listing whose container is not
-        // listed really has no container (containers do not come back), while a container
-        // without a row may just be newer than the read.
-        let mut conn = self.db.acquire().await?;
-        let rows = sandboxes::live_on_node(&mut conn, &self.node_id).await?;
-        drop(conn);
         // Reconciliation is the work of the process that runs the node (it lists its engine).
-        let Some(manager) = self.node.local() else {
+        let (Some(node), Some(manager)) = (self.nodes.own_id(), self.nodes.local()) else {
             return Ok(done);
         };
+        // Rows first, containers second: a row read before the listing whose container is not
+        // listed really has no container (containers do not come back), while a container
+        // without a row may just be newer than the read. A row the lost-node sweep ended is not
+        // live: its container is removed below, never adopted.
+        let mut conn = self.db.acquire().await?;
+        let rows = sandboxes::live_on_node(&mut conn, node).await?;
+        drop(conn);
         let containers = manager.list_containers().await?;
         let adopt = self
             .settle_rows(&rows, &containers, startup, &mut done)
@@ -145,7 +151,7 @@ impl SandboxService {
                 None => Some(ContainerFate::Missing),
                 Some(c) if c.fate != ContainerFate::Running => {
                     // The listing does not say how it ended; inspecting does.
-                    Some(match self.node.adopt(&row.container_id).await {
+                    Some(match self.own_node().adopt(&row.container_id).await {
                         Err(SandboxError::Died { fate, .. }) => fate,
                         _ => c.fate.clone(),
                     })
@@ -194,7 +200,7 @@ impl SandboxService {
             drop(conn);
             // This process's own: waiting in its pool, live here, or launched lately (maybe not
             // recorded yet: a start takes a while on a busy host).
-            let manager = self.node.local();
+            let manager = self.nodes.local();
             let local: HashSet<String> = manager
                 .map(|m| m.ready_ids())
                 .unwrap_or_default()
@@ -225,7 +231,7 @@ impl SandboxService {
                 };
                 if remove {
                     tracing::info!(container_id = %c.container_id, sandbox_id = %c.sandbox_id, "removing a container Postgres does not know as live");
-                    self.node.remove_container(&c.container_id).await?;
+                    self.own_node().remove_container(&c.container_id).await?;
                     done.removed += 1;
                 }
             }
@@ -240,7 +246,7 @@ impl SandboxService {
             if self.live.lock().expect("live map").contains_key(&row.id) {
                 continue;
             }
-            match self.node.adopt(&row.container_id).await {
+            match self.own_node().adopt(&row.container_id).await {
                 Ok(sandbox) => {
                     self.live
                         .lock()
@@ -259,6 +265,52 @@ impl SandboxService {
                 }
             }
         }
+    }
+
+    /// This process's own node (reconciliation runs only in a process that has one).
+    fn own_node(&self) -> sandgate_node::NodeHandle {
+        sandgate_node::NodeHandle::Local(
+            self.nodes
+                .local()
+                .expect("reconciliation runs only with an own node")
+                .clone(),
+        )
+    }
+
+    /// The lost-node sweep (one statement, idempotent; any process runs it): the warm and
+    /// leased sandboxes of every node silent past `node.lost_after_seconds` become `lost`,
+    /// their reason naming the node. Their containers stay until the node comes back: its
+    /// reconciliation removes the containers of rows that ended. Returns how many it marked.
+    #[tracing::instrument(skip_all)]
+    pub async fn sweep_lost_nodes(&self) -> Result<usize, LifecycleError> {
+        let mut conn = self.db.acquire().await?;
+        let lost =
+            sandboxes::sweep_silent_nodes(&mut conn, self.nodes.lost_after_seconds()).await?;
+        drop(conn);
+        for row in &lost {
+            // A handle this process still holds is of no use any more.
+            self.live.lock().expect("live map").remove(&row.id);
+            tracing::warn!(sandbox_id = %row.id, node = %row.node, "the sandbox's node stopped answering; marked lost");
+        }
+        Ok(lost.len())
+    }
+
+    /// Every `every`, runs [`Self::sweep_lost_nodes`] until `stop`.
+    fn spawn_sweeper(&self, every: Duration, stop: CancellationToken, tasks: &TaskTracker) {
+        let sweeper = self.clone();
+        tasks.spawn(async move {
+            let mut ticker = tokio::time::interval(every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    () = stop.cancelled() => return,
+                }
+                if let Err(err) = sweeper.sweep_lost_nodes().await {
+                    tracing::warn!(error = %err, "the lost-node sweep failed");
+                }
+            }
+        });
     }
 
     /// Once a second, gives up the warm sandboxes the pool's target no longer covers (the manager
@@ -288,11 +340,12 @@ impl SandboxService {
     pub async fn start_lifecycle(
         &self,
         config: &LifecycleConfig,
+        sweep_every: Duration,
         stop: CancellationToken,
         tasks: &TaskTracker,
     ) {
         let grace = Duration::from_secs(config.orphan_grace_seconds);
-        let ready = self.node.local().map(|m| m.watch_ready());
+        let ready = self.nodes.local().map(|m| m.watch_ready());
         match self.reap().await {
             Ok(n) if n > 0 => tracing::info!(
                 closed = n,
@@ -314,6 +367,7 @@ impl SandboxService {
             tasks.spawn(self.clone().record_ready(ready, stop.clone()));
         }
         self.spawn_trimmer(stop.clone(), tasks);
+        self.spawn_sweeper(sweep_every, stop.clone(), tasks);
         let reaper = self.clone();
         let every = Duration::from_millis(config.reaper_interval_ms);
         let reaper_stop = stop.clone();

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
-use sandgate_node::{NodeHandle, SandboxHandle};
-use sandgate_sandbox::{ContainerFate, SandboxError, SandboxManager, SandboxProfile};
+use sandgate_node::SandboxHandle;
+use sandgate_sandbox::{ChannelError, ContainerFate, SandboxError, SandboxProfile};
 use sandgate_store::PgPool;
 use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
 use uuid::Uuid;
@@ -20,6 +20,7 @@ mod idle_clock;
 mod lease;
 pub mod lifecycle;
 mod limits;
+pub mod nodes;
 mod ops;
 mod quota;
 mod warm;
@@ -29,6 +30,7 @@ use busy::BusyMap;
 pub(crate) use error::ended_error;
 pub use error::{Quota, ServiceError, describe_fate};
 pub use limits::{Caller, Limits};
+pub use nodes::{NodeSet, OwnNode, Placement};
 pub use ops::Target;
 pub use quota::CallPermit;
 
@@ -50,11 +52,9 @@ pub struct Resolved {
 #[derive(Debug, Clone)]
 pub struct SandboxService {
     pub(crate) db: PgPool,
-    /// The node that runs this service's sandboxes (in this process, or remote).
-    pub(crate) node: NodeHandle,
+    /// The nodes that run sandboxes: this process's own (if any) and the registered others.
+    pub(crate) nodes: NodeSet,
     pub(crate) profile: SandboxProfile,
-    /// The node's id as recorded on sandbox rows.
-    pub(crate) node_id: String,
     pub(crate) limits: LimitsConfig,
     /// Live handles of this process, by sandbox id. A leased sandbox missing here (after a
     /// restart, or leased by another replica) is adopted on first use.
@@ -75,20 +75,12 @@ pub struct SandboxService {
 }
 
 impl SandboxService {
-    /// A service over the in-process node of `manager`, leasing from `profile`'s pool,
-    /// recording rows for `node_id`.
-    pub fn new(
-        db: PgPool,
-        manager: SandboxManager,
-        profile: SandboxProfile,
-        node_id: String,
-        limits: LimitsConfig,
-    ) -> Self {
+    /// A service over `nodes`, leasing sandboxes of `profile`.
+    pub fn new(db: PgPool, nodes: NodeSet, profile: SandboxProfile, limits: LimitsConfig) -> Self {
         Self {
             db,
-            node: NodeHandle::Local(manager),
+            nodes,
             profile,
-            node_id,
             limits,
             live: Arc::default(),
             busy: Arc::default(),
@@ -100,9 +92,9 @@ impl SandboxService {
         }
     }
 
-    /// The node that runs this service's sandboxes.
-    pub fn node(&self) -> &NodeHandle {
-        &self.node
+    /// The nodes that run this service's sandboxes.
+    pub fn nodes(&self) -> &NodeSet {
+        &self.nodes
     }
 
     /// The limits in force for `tenant`: its own where set, else the configured defaults.
@@ -135,8 +127,9 @@ impl SandboxService {
     /// heartbeat; zeros when they cannot be counted).
     pub async fn node_counts(&self) -> (i32, i32) {
         let live = async {
+            let own = self.nodes.own_id()?;
             let mut conn = self.db.acquire().await.ok()?;
-            sandboxes::live_on_node(&mut conn, &self.node_id).await.ok()
+            sandboxes::live_on_node(&mut conn, own).await.ok()
         }
         .await
         .map_or(0, |rows| {
@@ -145,7 +138,7 @@ impl SandboxService {
                 .count()
         });
         let ready = self
-            .node
+            .nodes
             .local()
             .map_or(0, |m| m.ready_count(&self.profile.name));
         (
@@ -347,7 +340,8 @@ impl SandboxService {
                 fate => return Err(self.lose(&row.id, describe_fate(&fate)).await),
             }
         }
-        match self.node.adopt(&row.container_id).await {
+        let node = self.nodes.get(&self.db, &row.node).await?;
+        match node.adopt(&row.container_id).await {
             Ok(sandbox) => {
                 self.live
                     .lock()
@@ -358,7 +352,22 @@ impl SandboxService {
             Err(SandboxError::Died { fate, .. }) => {
                 Err(self.lose(&row.id, describe_fate(&fate)).await)
             }
-            Err(err) => Err(err.into()),
+            Err(err) => Err(self.node_error(&row.node, node.local().is_none(), err)),
+        }
+    }
+
+    /// A failure of a call to node `node`: when a remote node did not answer (it may come back
+    /// at another address, or be swept as lost), a retryable [`ServiceError::NodeAway`].
+    fn node_error(&self, node: &str, remote: bool, err: SandboxError) -> ServiceError {
+        match err {
+            SandboxError::Channel(ChannelError::AttachLost { reason }) if remote => {
+                self.nodes.forget(node);
+                ServiceError::NodeAway {
+                    node: node.to_owned(),
+                    why: reason,
+                }
+            }
+            other => other.into(),
         }
     }
 
@@ -370,8 +379,7 @@ impl SandboxService {
             let row =
                 sandboxes::end(&mut conn, sandbox_id, &CloseReason::Lost(why.clone())).await?;
             drop(conn);
-            self.remove_container(sandbox_id, row.as_ref().map(|r| r.container_id.as_str()))
-                .await;
+            self.remove_container(sandbox_id, row.as_ref()).await;
             Ok::<_, ServiceError>(())
         }
         .await;
@@ -396,20 +404,27 @@ impl SandboxService {
         let ended = sandboxes::end(&mut conn, &row.id, &reason).await?;
         drop(conn);
         if ended.is_some() {
-            self.remove_container(&row.id, Some(&row.container_id))
-                .await;
+            self.remove_container(&row.id, Some(row)).await;
         }
         Ok(ended)
     }
 
     /// Removes a sandbox's container: through this process's handle when it has one, else by
-    /// container id (another process's, or one from before a restart).
+    /// container id on the node of its `row` (another process's, or one from before a
+    /// restart). A node that cannot be reached removes it itself when its reconciliation finds
+    /// the row ended.
     #[tracing::instrument(skip_all, fields(sandbox_id = %sandbox_id))]
-    pub(crate) async fn remove_container(&self, sandbox_id: &str, container_id: Option<&str>) {
+    pub(crate) async fn remove_container(&self, sandbox_id: &str, row: Option<&SandboxRow>) {
         let handle = self.live.lock().expect("live map").remove(sandbox_id);
-        let result = match (handle, container_id) {
-            (Some(sandbox), _) => self.node.close(sandbox).await,
-            (None, Some(container_id)) => self.node.remove_container(container_id).await,
+        let result = match (handle, row) {
+            (Some(sandbox), _) => self.nodes.close(sandbox).await.map_err(ServiceError::from),
+            (None, Some(row)) => match self.nodes.get(&self.db, &row.node).await {
+                Ok(node) => node
+                    .remove_container(&row.container_id)
+                    .await
+                    .map_err(ServiceError::from),
+                Err(err) => Err(err),
+            },
             (None, None) => Ok(()),
         };
         if let Err(err) = result {
@@ -451,9 +466,9 @@ impl SandboxService {
     /// Removes an ended row's container on a tracked task (see [`Self::close`]).
     fn remove_in_background(&self, row: &SandboxRow) {
         let this = self.clone();
-        let (id, container_id) = (row.id.clone(), row.container_id.clone());
+        let row = row.clone();
         self.removals.spawn(async move {
-            this.remove_container(&id, Some(&container_id)).await;
+            this.remove_container(&row.id, Some(&row)).await;
         });
     }
 
@@ -533,7 +548,14 @@ impl SandboxService {
             SandboxError::Died { fate, .. } => {
                 self.lose(&resolved.row.id, describe_fate(&fate)).await
             }
-            other => other.into(),
+            other => {
+                let remote = matches!(resolved.sandbox, SandboxHandle::Remote(_));
+                if remote {
+                    // The next call adopts the sandbox again (the node may have restarted).
+                    self.live.lock().expect("live map").remove(&resolved.row.id);
+                }
+                self.node_error(&resolved.row.node, remote, other)
+            }
         }
     }
 }

@@ -30,6 +30,9 @@ enum Unusable {
     /// The node could not hand it over (out of its pool, or attached to).
     #[error("warm container could not be claimed: {0}")]
     NotAdopted(#[source] SandboxError),
+    /// Its node could not be reached.
+    #[error("warm container's node is away: {0}")]
+    NodeAway(String),
 }
 
 /// How many warm rows one lease tries before falling back to a cold start, when the containers
@@ -54,14 +57,25 @@ impl SandboxService {
             if live >= i64::from(caller.limits.max_sandboxes) {
                 return Err(over_limit(&caller.limits));
             }
-            let Some(row) =
-                sandboxes::lease_warm(&mut tx, &self.profile.name, &self.node_id, lease).await?
+            let Some(row) = sandboxes::lease_warm(
+                &mut tx,
+                &self.profile.name,
+                self.nodes.own_id(),
+                self.nodes.lost_after_seconds(),
+                lease,
+            )
+            .await?
             else {
                 return Ok(None);
             };
             tx.commit().await?;
             tracing::Span::current().record("sandbox_id", &row.id);
-            let _ = self.node.refill(&self.profile.name);
+            // A remote node's pool refills there when it hands the sandbox over.
+            if let Some(manager) = self.nodes.local()
+                && self.nodes.own_id() == Some(row.node.as_str())
+            {
+                let _ = manager.refill(&self.profile.name);
+            }
             match self.warm_handle(&row).await {
                 Ok(sandbox) => return Ok(Some(self.newly_leased(row, sandbox))),
                 Err(why) => {
@@ -70,9 +84,7 @@ impl SandboxService {
                     let mut conn = self.db.acquire().await?;
                     sandboxes::end(&mut conn, &row.id, &CloseReason::Lost(why.to_string())).await?;
                     drop(conn);
-                    if let Err(err) = self.node.remove_container(&row.container_id).await {
-                        tracing::warn!(error = %err, "removing an unusable warm container failed");
-                    }
+                    self.remove_container(&row.id, Some(&row)).await;
                 }
             }
         }
@@ -82,8 +94,12 @@ impl SandboxService {
     /// The handle of a just-leased warm row's container: from this process's pool, else adopted.
     /// The error says why the container cannot serve.
     async fn warm_handle(&self, row: &SandboxRow) -> Result<SandboxHandle, Unusable> {
-        let sandbox = self
-            .node
+        let node = self
+            .nodes
+            .get(&self.db, &row.node)
+            .await
+            .map_err(|e| Unusable::NodeAway(e.to_string()))?;
+        let sandbox = node
             .claim(&row.id, &row.container_id)
             .await
             .map_err(Unusable::NotAdopted)?;
@@ -99,13 +115,17 @@ impl SandboxService {
     /// Records a ready warm sandbox as a `warm` row (idempotent).
     #[tracing::instrument(skip_all, fields(sandbox_id = %sandbox.id()))]
     pub(super) async fn record_warm(&self, sandbox: &Sandbox) -> Result<(), StoreError> {
+        // Only a process with its own node has warm sandboxes.
+        let Some(node) = self.nodes.own_id() else {
+            return Ok(());
+        };
         let mut conn = self.db.acquire().await?;
         sandboxes::insert_warm(
             &mut conn,
             sandbox.id(),
             sandbox.profile(),
             sandbox.container_id(),
-            &self.node_id,
+            node,
         )
         .await
     }
@@ -116,7 +136,7 @@ impl SandboxService {
     #[tracing::instrument(skip_all)]
     pub async fn sync_pool(&self) -> Result<(), LifecycleError> {
         // The pool is the work of the process that runs the node.
-        let Some(manager) = self.node.local() else {
+        let Some(manager) = self.nodes.local() else {
             return Ok(());
         };
         let ids = manager.ready_ids();
@@ -167,7 +187,11 @@ impl SandboxService {
                 }
             }
         }
-        manager.refill(&self.profile.name)?;
+        // A draining node's pool stops refilling (its warm sandboxes are retired by
+        // `trim_pool`).
+        if !self.nodes.draining() {
+            manager.refill(&self.profile.name)?;
+        }
         Ok(())
     }
 
@@ -176,10 +200,19 @@ impl SandboxService {
     /// let go without touching its container. Returns how many were removed.
     #[tracing::instrument(skip_all)]
     pub async fn trim_pool(&self) -> Result<usize, StoreError> {
-        let Some(manager) = self.node.local() else {
+        let Some(manager) = self.nodes.local() else {
             return Ok(0);
         };
-        let surplus = manager.take_surplus(&self.profile.name);
+        // A draining node gives up every warm sandbox: it takes no new leases.
+        let surplus = if self.nodes.draining() {
+            manager
+                .ready_ids()
+                .iter()
+                .filter_map(|id| manager.take_ready_id(id))
+                .collect()
+        } else {
+            manager.take_surplus(&self.profile.name)
+        };
         let mut removed = 0;
         for (at, sandbox) in surplus.iter().enumerate() {
             let retired = async {
@@ -254,7 +287,7 @@ impl SandboxService {
     pub async fn shutdown(&self) {
         // Closes that already answered finish removing their containers first.
         self.drain_removals().await;
-        let Some(manager) = self.node.local() else {
+        let Some(manager) = self.nodes.local() else {
             return;
         };
         let warm = manager.stop().await;

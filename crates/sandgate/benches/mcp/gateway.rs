@@ -25,19 +25,22 @@ impl Gateway {
             ("SANDGATE_POOL__MAX_READY".into(), min_ready.to_string()),
             ("SANDGATE_DATABASE__MAX_CONNECTIONS".into(), "32".into()),
         ];
-        Self::spawn(database_url, max_sandboxes, pool).await
+        Self::spawn(database_url, max_sandboxes, pool, &["serve"]).await
     }
 
     /// A gateway in the default configuration but for the tenant's own quotas (sandboxes at once
     /// and calls per minute), which would otherwise be what is measured.
     pub(crate) async fn start_default(database_url: &str, max_sandboxes: usize) -> Result<Gateway> {
-        Self::spawn(database_url, max_sandboxes, Vec::new()).await
+        Self::spawn(database_url, max_sandboxes, Vec::new(), &["serve"]).await
     }
 
-    async fn spawn(
+    /// `sandgate <args>` (`serve`, or `serve --gateway-only` for the row through a node) with
+    /// the bench's settings and `settings` added.
+    pub(crate) async fn spawn(
         database_url: &str,
         max_sandboxes: usize,
         settings: Vec<(String, String)>,
+        args: &[&str],
     ) -> Result<Gateway> {
         let instance = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let mut env: Vec<(String, String)> = vec![
@@ -65,7 +68,7 @@ impl Gateway {
         ];
         env.extend(settings);
         let mut child = Command::new(BIN)
-            .arg("serve")
+            .args(args)
             .env_remove("RUST_LOG")
             .env("SANDGATE_LISTEN", "127.0.0.1:0")
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))

@@ -3,6 +3,8 @@
 //! Run it with `scripts/bench.sh` (it brings the stack up, builds, installs the peers and passes
 //! their settings). In one run, on one Docker engine and one image, it measures:
 //!
+//! - **through a separate node**: `execute_code 1+1` through `serve --gateway-only` and a
+//!   `sandgate node` process over mutual TLS (`mcp.exec_1p1_via_node`, beside `mcp.exec_1p1`);
 //! - **through MCP** (the real `sandgate serve` binary, the rmcp client over Streamable HTTP):
 //!   warm and cold `create_sandbox`, `execute_code` of `1+1` / a pandas group-by / a matplotlib
 //!   chart, `run_terminal_command true`, `upload_file` + `get_file` of 1 MiB, the support-analyst
@@ -77,6 +79,7 @@ mod samples;
 mod sandbox_crate;
 mod series;
 mod through_mcp;
+mod via_node;
 mod workload;
 
 use gateway::*;
@@ -87,6 +90,7 @@ use samples::*;
 use sandbox_crate::*;
 use series::*;
 use through_mcp::*;
+use via_node::*;
 use workload::*;
 
 #[derive(Debug, Clone, Copy)]
@@ -210,6 +214,8 @@ async fn run(opts: Options) -> Result<()> {
     } else {
         eprintln!("[bench] sandgate through MCP");
         rows.extend(bench_mcp(&opts, &docker).await?.rows);
+        eprintln!("[bench] through a separate node (serve --gateway-only + sandgate node)");
+        rows.push(bench_via_node(&opts, &docker).await);
     }
     if opts.series && !opts.exec_only {
         eprintln!("[bench] the SDK series (back to back, open loop)");

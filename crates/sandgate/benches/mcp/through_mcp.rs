@@ -237,26 +237,7 @@ async fn per_call(
     .await?;
     let id = sandbox_id(&created)?;
     let budget = Budget::secs(240);
-    let mut exec = Samples::default();
-    for i in 0..c.exec + 10 {
-        let mut sink = Samples::default();
-        let target = if i < 10 { &mut sink } else { &mut exec };
-        let result = target
-            .time(
-                &budget,
-                call_ok(
-                    client,
-                    "execute_code",
-                    json!({"sandbox_id": id, "code": "1+1"}),
-                ),
-            )
-            .await;
-        if let Some(result) = result
-            && result.structured["result"]["text/plain"] != "2"
-        {
-            exec.fail(format!("1+1 answered {}", result.structured["result"]));
-        }
-    }
+    let exec = exec_1p1(client, &id, c.exec, &budget).await;
     rows.push(Row::ms(
         "mcp.exec_1p1",
         "sandgate via MCP",

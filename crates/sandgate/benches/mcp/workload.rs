@@ -56,6 +56,32 @@ pub(crate) async fn call_ok(
     Ok(result)
 }
 
+/// `execute_code 1+1` in sandbox `id`, `count` times after 10 unmeasured calls, within
+/// `budget`; a value other than 2 is an error.
+pub(crate) async fn exec_1p1(client: &Client, id: &str, count: usize, budget: &Budget) -> Samples {
+    let mut exec = Samples::default();
+    for i in 0..count + 10 {
+        let mut sink = Samples::default();
+        let target = if i < 10 { &mut sink } else { &mut exec };
+        let result = target
+            .time(
+                budget,
+                call_ok(
+                    client,
+                    "execute_code",
+                    json!({"sandbox_id": id, "code": "1+1"}),
+                ),
+            )
+            .await;
+        if let Some(result) = result
+            && result.structured["result"]["text/plain"] != "2"
+        {
+            exec.fail(format!("1+1 answered {}", result.structured["result"]));
+        }
+    }
+    exec
+}
+
 pub(crate) fn sandbox_id(result: &mcp_client::ToolResult) -> Result<String> {
     result.structured["sandbox_id"]
         .as_str()

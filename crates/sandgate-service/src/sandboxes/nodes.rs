@@ -1,0 +1,260 @@
+//! The nodes a service reaches (docs/scale-out.md): this process's own node, when it runs one
+//! (`sandgate serve`, `sandgate node`), called directly; every other registered node over the
+//! node RPC, connected on first use to the URL of its row in `nodes` and kept.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sandgate_node::{NodeHandle, NodeTls, RemoteNode, SandboxHandle, SandboxManager};
+use sandgate_store::PgPool;
+use sandgate_store::nodes::{self, NodeLoad};
+
+use super::ServiceError;
+
+/// This process's own node: its registry id and its sandbox manager.
+#[derive(Debug, Clone)]
+pub struct OwnNode {
+    /// The node's registry id (its engine's id).
+    pub id: String,
+    /// The sandbox manager of its engine.
+    pub manager: SandboxManager,
+}
+
+/// The nodes a service reaches. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct NodeSet {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    own: Option<OwnNode>,
+    /// The client identity for remote nodes (`node.tls_*`); none: only `http://` nodes on
+    /// loopback can be reached.
+    tls: Option<NodeTls>,
+    remote: Mutex<HashMap<String, RemoteNode>>,
+    /// A node silent this long takes no leases, seconds.
+    lost_after_seconds: u64,
+    /// Whether this process's own node is draining (the heartbeat reads it back).
+    draining: AtomicBool,
+}
+
+impl NodeSet {
+    /// The nodes of a process that runs `own` (if any), reaching others with `tls`.
+    pub fn new(own: Option<OwnNode>, tls: Option<NodeTls>, lost_after_seconds: u64) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                own,
+                tls,
+                remote: Mutex::default(),
+                lost_after_seconds,
+                draining: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// This process's own node's registry id.
+    pub fn own_id(&self) -> Option<&str> {
+        self.inner.own.as_ref().map(|o| o.id.as_str())
+    }
+
+    /// This process's own sandbox manager (its pool, reconciliation and shutdown are this
+    /// process's work).
+    pub fn local(&self) -> Option<&SandboxManager> {
+        self.inner.own.as_ref().map(|o| &o.manager)
+    }
+
+    /// How long a node may be silent before it counts as lost, seconds.
+    pub fn lost_after_seconds(&self) -> i64 {
+        i64::try_from(self.inner.lost_after_seconds).unwrap_or(i64::MAX)
+    }
+
+    /// Whether this process's own node is draining.
+    pub fn draining(&self) -> bool {
+        self.inner.draining.load(Ordering::Relaxed)
+    }
+
+    /// Records whether this process's own node is draining (from its heartbeat).
+    pub fn set_draining(&self, draining: bool) {
+        self.inner.draining.store(draining, Ordering::Relaxed);
+    }
+
+    /// The node with registry id `id`: this process's own directly (no Postgres read), another
+    /// over the RPC (its URL read from the registry on first use).
+    pub async fn get(&self, db: &PgPool, id: &str) -> Result<NodeHandle, ServiceError> {
+        if let Some(own) = self.inner.own.as_ref().filter(|o| o.id == id) {
+            return Ok(NodeHandle::Local(own.manager.clone()));
+        }
+        if let Some(remote) = self.inner.remote.lock().expect("node set").get(id) {
+            return Ok(NodeHandle::Remote(remote.clone()));
+        }
+        let mut conn = db.acquire().await?;
+        let row = nodes::get(&mut conn, id).await?;
+        drop(conn);
+        let away = |why: String| ServiceError::NodeAway {
+            node: id.to_owned(),
+            why,
+        };
+        let row = row.ok_or_else(|| away("it is not registered".into()))?;
+        if row.advertise_url.is_empty() {
+            return Err(away(
+                "it serves only its own process (its node.listen is empty)".into(),
+            ));
+        }
+        let remote = match (&self.inner.tls, row.advertise_url.starts_with("http://")) {
+            (_, true) => RemoteNode::connect_lazy_cleartext(&row.advertise_url),
+            (Some(tls), false) => RemoteNode::connect_lazy(&row.advertise_url, tls),
+            (None, false) => {
+                return Err(away(format!(
+                    "it serves {} over TLS and this gateway has no node.tls_cert, \
+                     node.tls_key and node.tls_ca to reach it",
+                    row.advertise_url
+                )));
+            }
+        }
+        .map_err(|e| away(e.to_string()))?;
+        self.inner
+            .remote
+            .lock()
+            .expect("node set")
+            .insert(id.to_owned(), remote.clone());
+        Ok(NodeHandle::Remote(remote))
+    }
+
+    /// Forgets the connection to node `id` (it did not answer; it may come back elsewhere): the
+    /// next call reads its row again.
+    pub fn forget(&self, id: &str) {
+        self.inner.remote.lock().expect("node set").remove(id);
+    }
+
+    /// Removes a sandbox's container through its live handle (its own node's, or the remote
+    /// node the handle names).
+    pub async fn close(
+        &self,
+        sandbox: SandboxHandle,
+    ) -> Result<(), sandgate_sandbox::SandboxError> {
+        match (&sandbox, self.local()) {
+            (SandboxHandle::Remote(remote), _) => remote.node().remove(remote.container_id()).await,
+            (SandboxHandle::Local(_), Some(manager)) => {
+                NodeHandle::Local(manager.clone()).close(sandbox).await
+            }
+            // A local handle exists only in a process with its own node.
+            (SandboxHandle::Local(_), None) => Ok(()),
+        }
+    }
+
+    /// Where a cold start goes (see [`place`]), among the nodes that may take leases now.
+    pub async fn place(&self, db: &PgPool) -> Result<Placement, ServiceError> {
+        let mut conn = db.acquire().await?;
+        let loads = nodes::placeable(&mut conn, self.lost_after_seconds()).await?;
+        drop(conn);
+        Ok(place(&loads, self.own_id()))
+    }
+}
+
+/// Where a cold start goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placement {
+    /// On this node (its registry id).
+    On(String),
+    /// No live, non-draining node has room: `nodes` such nodes with `slots` in all, all used.
+    Full {
+        /// How many live, non-draining nodes there are.
+        nodes: usize,
+        /// Their slots, together.
+        slots: i64,
+    },
+}
+
+/// Chooses the node for a cold start among `loads` (the live, non-draining nodes with their
+/// leased counts): this process's own node (`own`) when it has room, else the one with the most
+/// room (slots minus leased sandboxes); ties go to the first listed.
+pub fn place(loads: &[NodeLoad], own: Option<&str>) -> Placement {
+    let room = |l: &NodeLoad| i64::from(l.node.slots) - l.leased;
+    if let Some(mine) = loads
+        .iter()
+        .find(|l| Some(l.node.id.as_str()) == own && room(l) > 0)
+    {
+        return Placement::On(mine.node.id.clone());
+    }
+    let mut best: Option<&NodeLoad> = None;
+    for load in loads.iter().filter(|l| room(l) > 0) {
+        if best.is_none_or(|b| room(load) > room(b)) {
+            best = Some(load);
+        }
+    }
+    match best {
+        Some(load) => Placement::On(load.node.id.clone()),
+        None => Placement::Full {
+            nodes: loads.len(),
+            slots: loads.iter().map(|l| i64::from(l.node.slots)).sum(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+    use sandgate_store::nodes::NodeRow;
+
+    use super::*;
+
+    fn load(id: &str, slots: i32, leased: i64) -> NodeLoad {
+        NodeLoad {
+            node: NodeRow {
+                id: id.into(),
+                name: format!("host-{id}"),
+                advertise_url: format!("https://{id}:7443"),
+                slots,
+                memory_bytes: 0,
+                live_sandboxes: 0,
+                ready_sandboxes: 0,
+                draining: false,
+                process: uuid::Uuid::nil(),
+                heartbeat_at: Utc::now(),
+                started_at: Utc::now(),
+            },
+            leased,
+        }
+    }
+
+    #[test]
+    fn the_own_node_is_preferred_while_it_has_room() {
+        let loads = [load("a", 10, 0), load("own", 4, 3)];
+        assert_eq!(
+            place(&loads, Some("own")),
+            Placement::On("own".into()),
+            "one slot left on the own node is enough"
+        );
+    }
+
+    #[test]
+    fn a_full_own_node_sends_the_lease_to_the_node_with_most_room() {
+        let loads = [load("own", 4, 4), load("b", 10, 8), load("c", 6, 1)];
+        assert_eq!(place(&loads, Some("own")), Placement::On("c".into()));
+    }
+
+    #[test]
+    fn without_an_own_node_the_most_room_wins_and_ties_go_to_the_first() {
+        let loads = [load("a", 5, 2), load("b", 6, 3), load("c", 2, 0)];
+        assert_eq!(place(&loads, None), Placement::On("a".into()));
+    }
+
+    #[test]
+    fn no_room_anywhere_is_full_with_the_numbers() {
+        let loads = [load("a", 2, 2), load("b", 3, 5)];
+        assert_eq!(
+            place(&loads, Some("a")),
+            Placement::Full { nodes: 2, slots: 5 }
+        );
+        assert_eq!(place(&[], None), Placement::Full { nodes: 0, slots: 0 });
+    }
+
+    #[test]
+    fn an_own_node_that_is_not_placeable_is_not_chosen() {
+        // `loads` holds only live, non-draining nodes: a draining own node is absent.
+        let loads = [load("b", 3, 1)];
+        assert_eq!(place(&loads, Some("own")), Placement::On("b".into()));
+    }
+}

@@ -1,0 +1,198 @@
+//! Nodes: the engine lock, warm leases only on live, non-draining nodes, and the lost-node sweep.
+
+use chrono::{Duration, Utc};
+use sandgate_store::nodes::{self, NewNode};
+use sandgate_store::sandboxes::{self, NewLease, SandboxState};
+use sandgate_store::tenants;
+use sqlx::PgConnection;
+
+use crate::support::TestDb;
+
+/// Registers node `id` (a fresh heartbeat, not draining).
+pub async fn live_node(conn: &mut PgConnection, id: &str) {
+    let node = NewNode {
+        id,
+        name: &format!("host-{id}"),
+        advertise_url: "",
+        slots: 10,
+        memory_bytes: 0,
+        draining: false,
+        process: uuid::Uuid::new_v4(),
+    };
+    nodes::register_locked(conn, &node)
+        .await
+        .expect("a node registers");
+}
+
+fn lease(tenant_id: uuid::Uuid) -> NewLease<'static> {
+    NewLease {
+        tenant_id,
+        conversation_id: None,
+        idle_timeout_seconds: 60,
+        expires_at: Utc::now() + Duration::hours(1),
+        grant_id: None,
+    }
+}
+
+/// Makes node `id`'s last heartbeat `seconds` old.
+async fn silence(conn: &mut PgConnection, id: &str, seconds: i64) {
+    sqlx::query("UPDATE nodes SET heartbeat_at = now() - make_interval(secs => $2) WHERE id = $1")
+        .bind(id)
+        .bind(seconds as f64)
+        .execute(conn)
+        .await
+        .expect("update");
+}
+
+#[tokio::test]
+async fn only_one_live_connection_holds_an_engine_and_its_end_frees_it() {
+    let db = TestDb::new().await;
+    let mut first = db.pool.acquire().await.unwrap().detach();
+    let mut second = db.pool.acquire().await.unwrap().detach();
+    assert!(nodes::try_lock(&mut first, "engine-1").await.unwrap());
+    assert!(
+        !nodes::try_lock(&mut second, "engine-1").await.unwrap(),
+        "a second process must not get an engine another live one holds"
+    );
+    assert!(
+        nodes::try_lock(&mut second, "engine-2").await.unwrap(),
+        "another engine is free"
+    );
+    // The first process dies: its session ends, and the engine is free at once.
+    drop(first);
+    let mut third = db.pool.acquire().await.unwrap().detach();
+    let mut freed = false;
+    for _ in 0..100 {
+        if nodes::try_lock(&mut third, "engine-1").await.unwrap() {
+            freed = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(freed, "the engine is free once its holder's session ended");
+    drop((second, third));
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn a_warm_lease_takes_only_rows_of_live_undrained_nodes_own_first() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let tenant = tenants::create(&mut conn, "acme").await.unwrap();
+    for node in ["drained", "silent", "other", "own"] {
+        live_node(&mut conn, node).await;
+        sandboxes::insert_warm(
+            &mut conn,
+            &format!("sbx_{node}"),
+            "default",
+            &format!("ctr_{node}"),
+            node,
+        )
+        .await
+        .unwrap();
+    }
+    nodes::set_draining(&mut conn, "drained", true)
+        .await
+        .unwrap();
+    silence(&mut conn, "silent", 60).await;
+
+    let first = sandboxes::lease_warm(&mut conn, "default", Some("own"), 30, &lease(tenant.id))
+        .await
+        .unwrap()
+        .expect("a warm row");
+    assert_eq!(first.node, "own", "this process's own node's row first");
+    let second = sandboxes::lease_warm(&mut conn, "default", Some("own"), 30, &lease(tenant.id))
+        .await
+        .unwrap()
+        .expect("a warm row");
+    assert_eq!(second.node, "other", "then another live node's");
+    let none = sandboxes::lease_warm(&mut conn, "default", Some("own"), 30, &lease(tenant.id))
+        .await
+        .unwrap();
+    assert!(
+        none.is_none(),
+        "a draining node's and a silent node's warm rows are never leased: {none:?}"
+    );
+    let placeable: Vec<String> = nodes::placeable(&mut conn, 30)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.node.id)
+        .collect();
+    assert_eq!(
+        placeable,
+        ["other", "own"],
+        "only live, undrained nodes take leases"
+    );
+    drop(conn);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn the_sweep_marks_a_silent_nodes_sandboxes_lost_naming_it_once() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let tenant = tenants::create(&mut conn, "acme").await.unwrap();
+    live_node(&mut conn, "gone").await;
+    live_node(&mut conn, "alive").await;
+    sandboxes::insert_leased(
+        &mut conn,
+        "sbx_gone",
+        "default",
+        "c1",
+        "gone",
+        &lease(tenant.id),
+    )
+    .await
+    .unwrap();
+    sandboxes::insert_warm(&mut conn, "sbx_gone_warm", "default", "c2", "gone")
+        .await
+        .unwrap();
+    sandboxes::insert_leased(
+        &mut conn,
+        "sbx_alive",
+        "default",
+        "c3",
+        "alive",
+        &lease(tenant.id),
+    )
+    .await
+    .unwrap();
+
+    let none = sandboxes::sweep_silent_nodes(&mut conn, 30).await.unwrap();
+    assert!(none.is_empty(), "no node is silent yet: {none:?}");
+
+    silence(&mut conn, "gone", 45).await;
+    let mut swept: Vec<String> = sandboxes::sweep_silent_nodes(&mut conn, 30)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    swept.sort();
+    assert_eq!(swept, ["sbx_gone", "sbx_gone_warm"]);
+    let row = sandboxes::get(&mut conn, tenant.id, "sbx_gone")
+        .await
+        .unwrap()
+        .expect("the row");
+    assert_eq!(row.state, SandboxState::Lost);
+    let reason = row.close_reason.unwrap_or_default();
+    assert!(
+        reason.contains("node host-gone (gone)") && reason.contains("stopped answering at"),
+        "the reason names the node and when it went silent: {reason}"
+    );
+    let alive = sandboxes::get(&mut conn, tenant.id, "sbx_alive")
+        .await
+        .unwrap()
+        .expect("the row");
+    assert_eq!(
+        alive.state,
+        SandboxState::Leased,
+        "a live node's sandbox is untouched"
+    );
+    let again = sandboxes::sweep_silent_nodes(&mut conn, 30).await.unwrap();
+    assert!(again.is_empty(), "the sweep is idempotent: {again:?}");
+    drop(conn);
+    db.drop_db().await;
+}

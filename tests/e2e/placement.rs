@@ -1,0 +1,236 @@
+//! Placement and node lifecycle (issue 15) on the one shared engine: a drained node takes no
+//! new lease, gives up its warm sandboxes and runs its leased ones out; a `sandgate node`
+//! killed while it holds a leased sandbox has it marked lost, the caller is told so, and the
+//! node's return removes the container without taking the row back. Two engines side by side
+//! are the two-node test's (`scripts/stack.sh`'s second engine).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::lifecycle::{FAST, db, plain, row_state, sandbox_id};
+use crate::mcp_client::{Client, Era};
+use crate::support::{self, Gateway, eventually};
+
+const WITHIN: Duration = Duration::from_secs(90);
+
+/// A fast heartbeat and a short silence before a node counts as lost.
+const QUICK_NODE: [(&str, &str); 2] = [
+    ("SANDGATE_NODE__HEARTBEAT_SECONDS", "1"),
+    ("SANDGATE_NODE__LOST_AFTER_SECONDS", "3"),
+];
+
+/// The engine's id, as `docker info` reports it (the node's registry id).
+fn engine_id() -> String {
+    let output = std::process::Command::new("docker")
+        .args(["info", "--format", "{{.ID}}"])
+        .output()
+        .expect("the docker CLI runs");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// How many warm rows the deployment has.
+async fn warm_rows(database: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM sandboxes WHERE state = 'warm'")
+        .fetch_one(&mut db(database).await)
+        .await
+        .expect("count")
+}
+
+/// A sandbox's container id.
+async fn container_of(database: &str, sandbox_id: &str) -> String {
+    sqlx::query_scalar("SELECT container_id FROM sandboxes WHERE id = $1")
+        .bind(sandbox_id)
+        .fetch_one(&mut db(database).await)
+        .await
+        .expect("the row")
+}
+
+#[tokio::test]
+async fn a_drained_node_takes_no_new_lease_gives_up_its_pool_and_runs_its_sandboxes_out() {
+    let database = support::fresh_database().await;
+    let env: Vec<(&str, &str)> = FAST.iter().chain(QUICK_NODE.iter()).copied().collect();
+    let gateway = Gateway::start(&database, &env).await;
+    let tenant = gateway.create_tenant().await;
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("connects");
+    let before = client
+        .ok(
+            "execute_code",
+            json!({"conversation_id": "before", "code": "x = 41"}),
+        )
+        .await;
+    let id = sandbox_id(&before);
+    eventually(WITHIN, "a warm sandbox in the node's pool", || async {
+        (warm_rows(&database).await > 0).then_some(())
+    })
+    .await;
+
+    let engine = engine_id();
+    gateway.cli(&["admin", "nodes", "drain", &engine]).await;
+    // The node hears of it at its next heartbeat: its pool stops refilling and its warm
+    // sandboxes go, rows and containers.
+    eventually(
+        WITHIN,
+        "the drained node's warm sandboxes to go",
+        || async {
+            let containers = support::containers_of(&gateway.instance);
+            (warm_rows(&database).await == 0 && containers.len() == 1).then_some(())
+        },
+    )
+    .await;
+    let refused = client
+        .call("create_sandbox", json!({"conversation_id": "after"}))
+        .await
+        .expect("a tool result");
+    assert!(
+        refused.is_error
+            && refused.text.contains("limit reached")
+            && refused.text.contains("draining")
+            && refused.text.contains("retry"),
+        "a lease with every node draining is refused clearly and retryably: {}",
+        refused.text
+    );
+    // The leased sandbox runs on.
+    let kept = client
+        .ok("execute_code", json!({"sandbox_id": id, "code": "x + 1"}))
+        .await;
+    assert_eq!(
+        plain(&kept),
+        "42",
+        "a drained node's leased sandbox still serves"
+    );
+    assert_eq!(
+        support::containers_of(&gateway.instance).len(),
+        1,
+        "no warm sandbox came back while draining"
+    );
+
+    gateway.cli(&["admin", "nodes", "undrain", &engine]).await;
+    let after = client
+        .ok("create_sandbox", json!({"conversation_id": "after"}))
+        .await;
+    assert_ne!(
+        sandbox_id(&after),
+        id,
+        "a new lease once the node takes leases again"
+    );
+}
+
+/// Starts `sandgate node` for `instance` on a loopback port (cleartext); its child once it
+/// serves.
+async fn start_node(database: &str, instance: &str) -> tokio::process::Child {
+    let mut child = support::sandgate_command()
+        .arg("node")
+        .env("SANDGATE_DATABASE__URL", database)
+        .env("SANDGATE_INSTANCE", instance)
+        .env("SANDGATE_POOL__MIN_READY", "0")
+        .env("SANDGATE_NODE__LISTEN", "127.0.0.1:0")
+        .envs(QUICK_NODE)
+        .envs(FAST)
+        .stdout(Stdio::piped())
+        .stderr(if std::env::var_os("RUST_LOG").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the sandgate binary starts");
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .expect("the node prints its address within 60 s")
+        .expect("stdout is readable")
+        .expect("the node printed a line before exiting (run with RUST_LOG=info to see why)");
+    assert!(
+        line.starts_with("sandgate node serving at "),
+        "unexpected first line from sandgate node: {line:?}"
+    );
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+#[tokio::test]
+async fn a_killed_node_s_sandbox_is_lost_with_a_clear_error_and_its_return_removes_the_container() {
+    let database = support::fresh_database().await;
+    let instance = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let mut node = start_node(&database, &instance).await;
+    let env: Vec<(&str, &str)> = FAST.iter().chain(QUICK_NODE.iter()).copied().collect();
+    let gateway = Gateway::start_gateway_only(&database, &instance, &env).await;
+    let tenant = gateway.create_tenant().await;
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("connects");
+    let created = client.ok("execute_code", json!({"code": "x = 1\nx"})).await;
+    let id = sandbox_id(&created);
+    let container = container_of(&database, &id).await;
+    assert!(
+        support::containers_of(&instance).contains(&container),
+        "the gateway-only replica placed the sandbox on the node"
+    );
+
+    node.kill().await.expect("SIGKILL");
+    // Before the sweep a call gets a retryable "did not answer"; after it, the sandbox is lost,
+    // and the error names the node and says what to do.
+    let lost = eventually(WITHIN, "a call to say the sandbox was lost", || async {
+        let r = client
+            .call("execute_code", json!({"sandbox_id": id, "code": "x"}))
+            .await
+            .expect("a tool result");
+        assert!(
+            r.is_error,
+            "a call to a killed node's sandbox fails: {}",
+            r.text
+        );
+        assert!(
+            r.text.contains("retry") || r.text.contains("create_sandbox"),
+            "every failure says what to do: {}",
+            r.text
+        );
+        r.text.contains("was lost").then_some(r.text)
+    })
+    .await;
+    let engine = engine_id();
+    assert!(
+        lost.contains(&id)
+            && lost.contains(&engine)
+            && lost.contains("stopped answering at")
+            && lost.contains("create_sandbox"),
+        "the error names the sandbox, its node and when it went silent, and what to do: {lost}"
+    );
+    assert_eq!(row_state(&database, &id).await.0, "lost");
+    assert!(
+        support::containers_of(&instance).contains(&container),
+        "the container outlives its node's process (nobody else may remove it)"
+    );
+
+    // The node returns: its reconciliation removes the container of the lost row, and the row
+    // stays lost (never adopted back).
+    let _node = start_node(&database, &instance).await;
+    eventually(
+        WITHIN,
+        "the returned node to remove the lost sandbox's container",
+        || async { (!support::containers_of(&instance).contains(&container)).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        row_state(&database, &id).await.0,
+        "lost",
+        "the row stays lost"
+    );
+    let fresh = client.ok("execute_code", json!({"code": "'fresh'"})).await;
+    assert_ne!(sandbox_id(&fresh), id, "a new sandbox on the returned node");
+}

@@ -10,6 +10,8 @@
 //!   RSS) at 0, 10, 50 and 150 sandboxes;
 //! - **the sandbox crate** directly (`SandboxManager`): warm lease, cold start, `1+1`, `true`,
 //!   1 MiB write + read;
+//! - **a sandbox node** (`sandgate node`, its own process and database): `1+1` through
+//!   `RemoteSandbox` over the node RPC (mutual TLS on loopback), after the MCP gateway stopped;
 //! - **the naive Docker-API path**: create + start + exec per call, `docker exec` into a running
 //!   container, a fresh container per call;
 //! - **the peers** (Python scripts under `bench/peers/`): llm-sandbox, jupyter-kernel-gateway and
@@ -77,6 +79,7 @@ mod samples;
 mod sandbox_crate;
 mod series;
 mod through_mcp;
+mod through_node;
 mod workload;
 
 use gateway::*;
@@ -87,6 +90,7 @@ use samples::*;
 use sandbox_crate::*;
 use series::*;
 use through_mcp::*;
+use through_node::*;
 use workload::*;
 
 #[derive(Debug, Clone, Copy)]
@@ -220,10 +224,14 @@ async fn run(opts: Options) -> Result<()> {
     if opts.exec_only {
         eprintln!("[bench] the sandbox crate directly (exec only)");
         rows.extend(bench_crate(&opts, &backend, &image).await?);
+        eprintln!("[bench] through a sandbox node process (exec only)");
+        rows.extend(bench_node(&opts, &docker, &image).await?);
     }
     if !opts.exec_only && !opts.series_only {
         eprintln!("[bench] the sandbox crate directly");
         rows.extend(bench_crate(&opts, &backend, &image).await?);
+        eprintln!("[bench] through a sandbox node process");
+        rows.extend(bench_node(&opts, &docker, &image).await?);
         rows.extend(start_path(&opts, &backend, &image).await?);
         eprintln!("[bench] the naive Docker-API path");
         rows.extend(bench_naive(&opts, &docker, &image).await?);

@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".sandgate.node.v1.FileChunk.data")
         .bytes(".sandgate.node.v1.FileContent.data")
         .bytes(".sandgate.node.v1.WriteFileRequest.data")
+        .bytes(".sandgate.node.v1.IndexChunk.data")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -1,12 +1,13 @@
 //! `sandgate node`: the real binary serving its engine's sandboxes over the node RPC with mutual
-//! TLS (certificates made here), and refusing an address other hosts can reach without TLS.
+//! TLS (certificates made here), and refusing an address other hosts can reach without TLS; pip
+//! in a sandbox on it installs through the package index of the gateway that made the call.
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use sandgate_node::RemoteNode;
 use sandgate_node::test_pki::Pki;
-use sandgate_sandbox::{ChannelError, ExecOptions, SandboxError, SandboxProfile};
+use sandgate_node::{RemoteNode, SandboxHandle};
+use sandgate_sandbox::{ChannelError, CommandOptions, ExecOptions, SandboxError, SandboxProfile};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support;
@@ -40,35 +41,14 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
     );
     let _cleanup = RemoveOnDrop(instance.clone());
     let dir = std::env::temp_dir().join(&instance);
-    std::fs::create_dir_all(&dir).expect("a temp dir");
-    let pki = Pki::new("e2e deployment CA");
-    let (cert, key) = pki.leaf_pem();
-    for (name, pem) in [
-        ("node.crt", &cert),
-        ("node.key", &key),
-        ("ca.crt", &pki.ca_pem()),
-    ] {
-        std::fs::write(dir.join(name), pem).expect("a PEM file");
-    }
+    let pki = write_certificates(&dir);
     let (mut child, addr) = start_node(&database, &instance, &dir)
         .await
         .unwrap_or_else(|stderr| panic!("the node did not start: {stderr}"));
     let url = format!("https://{addr}");
 
     let gateway = RemoteNode::connect_lazy(&url, &pki.tls()).expect("a client");
-    let profile = SandboxProfile {
-        name: "default".into(),
-        image: String::new(),
-        runtime: sandgate_sandbox::OciRuntime::Runc,
-        memory_mb: 512,
-        cpus: 1.0,
-        pids_limit: 256,
-        nofile: 1024,
-        tmp_size_mb: 64,
-        home_size_mb: 512,
-        packages_size_mb: 256,
-    };
-    let sandbox = tokio::time::timeout(Duration::from_secs(180), gateway.launch(&profile))
+    let sandbox = tokio::time::timeout(Duration::from_secs(180), gateway.launch(&profile()))
         .await
         .expect("a launch within 180 s")
         .expect("the node starts a sandbox of its own profile");
@@ -154,6 +134,144 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
         "draining an unknown node says so, got: {unknown}"
     );
 
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The node's `default` profile by name (image and runtime are the node's own).
+fn profile() -> SandboxProfile {
+    SandboxProfile {
+        name: "default".into(),
+        image: String::new(),
+        runtime: sandgate_sandbox::OciRuntime::Runc,
+        memory_mb: 512,
+        cpus: 1.0,
+        pids_limit: 256,
+        nofile: 1024,
+        tmp_size_mb: 64,
+        home_size_mb: 512,
+        packages_size_mb: 256,
+    }
+}
+
+/// Writes a node certificate of a new CA into `dir` (`node.crt`, `node.key`, `ca.crt`); the CA.
+fn write_certificates(dir: &std::path::Path) -> Pki {
+    std::fs::create_dir_all(dir).expect("a temp dir");
+    let pki = Pki::new("e2e deployment CA");
+    let (cert, key) = pki.leaf_pem();
+    for (name, pem) in [
+        ("node.crt", &cert),
+        ("node.key", &key),
+        ("ca.crt", &pki.ca_pem()),
+    ] {
+        std::fs::write(dir.join(name), pem).expect("a PEM file");
+    }
+    pki
+}
+
+#[tokio::test]
+async fn pip_on_a_sandgate_node_installs_through_the_gateways_package_index() {
+    let (upstream, addr, _wheels) = crate::packages::serve_index().await;
+    let cache = crate::packages::TempDir::new("sandgate-test-node-wheel-cache");
+    // The gateway's side: the service's own package index (policy, wheels only, hashes, cache),
+    // fetching from the test's loopback index.
+    let index = sandgate_service::packages::PackageIndex::new(
+        &sandgate_service::packages::PackagesConfig {
+            enabled: true,
+            index_url: format!("http://{addr}/simple/"),
+            ca_bundle: String::new(),
+            cache_dir: cache.path().display().to_string(),
+            max_wheel_mb: 10,
+            fetch_timeout_seconds: 30,
+        },
+        None,
+    )
+    .expect("a package index");
+
+    let database = support::fresh_database().await;
+    let instance = format!(
+        "e2e-node-pip-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    let _cleanup = RemoveOnDrop(instance.clone());
+    let dir = std::env::temp_dir().join(&instance);
+    let pki = write_certificates(&dir);
+    let (mut child, addr) = start_node(&database, &instance, &dir)
+        .await
+        .unwrap_or_else(|stderr| panic!("the node did not start: {stderr}"));
+    let gateway =
+        RemoteNode::connect_lazy(&format!("https://{addr}"), &pki.tls()).expect("a client");
+    let sandbox = tokio::time::timeout(Duration::from_secs(180), gateway.launch(&profile()))
+        .await
+        .expect("a launch within 180 s")
+        .expect("the node starts a sandbox");
+    let handle = SandboxHandle::Remote(sandbox.clone());
+    let handler = index.for_call(uuid::Uuid::new_v4(), handle.id());
+    let options = CommandOptions {
+        timeout: Duration::from_secs(120),
+        ..CommandOptions::default()
+    };
+    let installed = handle
+        .with_index(
+            &handler,
+            handle.command("pip install sgdemo", options, None),
+        )
+        .await
+        .expect("the command runs on the node");
+    assert_eq!(
+        installed.exit_code,
+        Some(0),
+        "pip on the node installs through the gateway; stdout: {}\nstderr: {}",
+        installed.stdout,
+        installed.stderr
+    );
+    assert!(
+        installed
+            .stdout
+            .contains("Successfully installed sgdemo-1.0 sgdemo-dep-1.0")
+            || installed
+                .stdout
+                .contains("Successfully installed sgdemo-dep-1.0 sgdemo-1.0"),
+        "the package and its dependency: {}",
+        installed.stdout
+    );
+    assert_eq!(
+        upstream.downloads_of("sgdemo-1.0-py3-none-any.whl"),
+        1,
+        "the gateway fetched the wheel from its upstream"
+    );
+    let imported = handle
+        .exec("import sgdemo; sgdemo.ANSWER", ExecOptions::default(), None)
+        .await
+        .expect("the next cell runs");
+    assert_eq!(
+        imported
+            .result
+            .and_then(|b| b.get("text/plain").cloned())
+            .as_deref(),
+        Some("42"),
+        "the next cell imports what pip installed"
+    );
+
+    // The gateway's refusals reach pip on the node as in one process: no sdist is ever built.
+    let sdist = handle
+        .with_index(
+            &handler,
+            handle.command("pip install sgsdist", CommandOptions::default(), None),
+        )
+        .await
+        .expect("the command runs");
+    assert_ne!(sdist.exit_code, Some(0), "an sdist-only package is refused");
+    assert!(
+        format!("{}{}", sdist.stdout, sdist.stderr).contains("publishes no binary wheel"),
+        "pip prints the gateway's reason: {sdist:?}"
+    );
+
+    gateway
+        .remove(sandbox.container_id())
+        .await
+        .expect("the node removes the container");
     let _ = child.start_kill();
     let _ = child.wait().await;
     let _ = std::fs::remove_dir_all(&dir);

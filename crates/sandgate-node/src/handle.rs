@@ -197,12 +197,8 @@ impl SandboxHandle {
     ) -> T {
         match self {
             Self::Local(s) => s.channel().with_index(handler, call).await,
-            // The relay is not carried over the node RPC yet: pip in a cell on a remote node
-            // sees no package index (docs/scale-out.md).
-            Self::Remote(_) => {
-                let _ = handler;
-                call.await
-            }
+            // The node relays pip's requests back over the call's own stream.
+            Self::Remote(s) => s.with_index(handler, call).await,
         }
     }
 }

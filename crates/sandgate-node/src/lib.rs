@@ -7,7 +7,8 @@
 //!   files, ping, restart, the package-index relay).
 //! - The node RPC (`proto/node.proto`, gRPC with tonic over mutual TLS): [`NodeService`] serves a
 //!   [`SandboxManager`]; [`RemoteNode`] and [`RemoteSandbox`] call it; [`status`] carries typed
-//!   errors across; [`NodeTls`] holds the certificates.
+//!   errors across; [`NodeTls`] holds the certificates. The package-index relay rides on a cell's
+//!   or command's own stream (`relay`), bounded by [`RelayLimits`].
 //!
 //! Both handles are enums: the in-process variant calls the [`SandboxManager`] and [`Sandbox`]
 //! directly (no serialization, no extra task: the one-machine case pays one `match`).
@@ -15,6 +16,7 @@
 mod convert;
 mod handle;
 mod node;
+mod relay;
 mod remote;
 mod server;
 pub mod status;
@@ -35,6 +37,7 @@ pub mod proto {
 
 pub use handle::SandboxHandle;
 pub use node::{NodeHandle, StartTicket};
+pub use relay::{MAX_INDEX_CHUNK_BYTES, RelayLimits};
 pub use remote::{ConnectError, RemoteNode, RemoteSandbox};
 pub use server::{MAX_MESSAGE_BYTES, NodeService, ServeError, serve};
 pub use tls::{NodeTls, TlsError};

@@ -6,12 +6,13 @@ use std::time::Duration;
 use futures::StreamExt;
 use sandgate_sandbox::{
     CommandOptions, CommandOutcome, ContainerFate, ExecOptions, ExecOutcome, FileChunks, FileInfo,
-    Job, Listing, OutputEvent, PingInfo, PoolStats, SandboxError, SandboxProfile,
+    IndexHandler, Job, Listing, OutputEvent, PingInfo, PoolStats, SandboxError, SandboxProfile,
 };
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::{self, node_client::NodeClient};
+use crate::relay;
 use crate::server::MAX_MESSAGE_BYTES;
 use crate::status::from_status;
 use crate::tls::NodeTls;
@@ -234,30 +235,40 @@ impl RemoteSandbox {
     }
 
     /// Runs a cell on the node; output events are forwarded to `events` as they arrive. Dropping
-    /// the future cancels the RPC stream, and the node interrupts the cell.
+    /// the future cancels the RPC stream, and the node interrupts the cell. Under
+    /// [`Self::with_index`], pip in the cell reaches the package index through this call.
     pub async fn exec(
         &self,
         code: &str,
         options: ExecOptions,
         events: Option<mpsc::Sender<OutputEvent>>,
     ) -> Result<ExecOutcome, SandboxError> {
-        let req = proto::ExecRequest {
+        let relay = relay::current(self.container_id());
+        let request = proto::ExecRequest {
             sandbox: Some(self.call()),
             code: code.to_owned(),
             timeout_ms: u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
             output_limit: options.output_limit as u64,
             display_limit: options.display_limit as u64,
             stream: events.is_some(),
+            index: relay.is_some(),
         };
+        let first = proto::ExecInput {
+            input: Some(proto::exec_input::Input::Start(request)),
+        };
+        let (inputs, relay) = relay::call_inputs(first, relay, |chunk| proto::ExecInput {
+            input: Some(proto::exec_input::Input::IndexAnswer(chunk)),
+        });
         let deadline = options.timeout + STREAM_GRACE;
         let answer = self
             .node
             .client()
-            .exec(RemoteNode::request(req, deadline))
+            .exec(RemoteNode::request(inputs, deadline))
             .await;
-        self.finish(answer, &events, |m| match m.event {
+        self.finish(answer, &events, relay, |m| match m.event {
             Some(proto::exec_event::Event::Output(e)) => Step::Output(e),
             Some(proto::exec_event::Event::Outcome(o)) => Step::Outcome(o.into()),
+            Some(proto::exec_event::Event::IndexRequest(r)) => Step::Index(r),
             None => Step::Nothing,
         })
         .await
@@ -270,33 +281,56 @@ impl RemoteSandbox {
         options: CommandOptions,
         events: Option<mpsc::Sender<OutputEvent>>,
     ) -> Result<CommandOutcome, SandboxError> {
-        let req = proto::CommandRequest {
+        let relay = relay::current(self.container_id());
+        let timeout = options.timeout;
+        let request = proto::CommandRequest {
             sandbox: Some(self.call()),
             command: command.to_owned(),
             timeout_ms: u64::try_from(options.timeout.as_millis()).unwrap_or(u64::MAX),
             output_limit: options.output_limit as u64,
             cwd: options.cwd,
             stream: events.is_some(),
+            index: relay.is_some(),
         };
-        let deadline = options.timeout + STREAM_GRACE;
+        let first = proto::CommandInput {
+            input: Some(proto::command_input::Input::Start(request)),
+        };
+        let (inputs, relay) = relay::call_inputs(first, relay, |chunk| proto::CommandInput {
+            input: Some(proto::command_input::Input::IndexAnswer(chunk)),
+        });
+        let deadline = timeout + STREAM_GRACE;
         let answer = self
             .node
             .client()
-            .command(RemoteNode::request(req, deadline))
+            .command(RemoteNode::request(inputs, deadline))
             .await;
-        self.finish(answer, &events, |m| match m.event {
+        self.finish(answer, &events, relay, |m| match m.event {
             Some(proto::command_event::Event::Output(e)) => Step::Output(e),
             Some(proto::command_event::Event::Outcome(o)) => Step::Outcome(o.into()),
+            Some(proto::command_event::Event::IndexRequest(r)) => Step::Index(r),
             None => Step::Nothing,
         })
         .await
     }
 
-    /// Reads a streamed call's messages: output events forwarded to `events`, until the outcome.
+    /// Runs `call` (a cell or a command on this sandbox) with the package index served by
+    /// `handler`: the node relays each request pip makes in that call back here, on the call's
+    /// own stream. A call that pip never asks in sends nothing more than without it.
+    pub async fn with_index<T>(
+        &self,
+        handler: &dyn IndexHandler,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        relay::serve(self.container_id(), handler, call).await
+    }
+
+    /// Reads a streamed call's messages: output events forwarded to `events`, the node's package
+    /// index requests to the call's relay, until the outcome.
     async fn finish<M, O>(
         &self,
         answer: Result<tonic::Response<tonic::Streaming<M>>, tonic::Status>,
         events: &Option<mpsc::Sender<OutputEvent>>,
+        relay: Option<relay::CallRelay>,
         step: impl Fn(M) -> Step<O>,
     ) -> Result<O, SandboxError> {
         let mut stream = answer.map_err(|s| self.error(&s))?.into_inner();
@@ -304,6 +338,13 @@ impl RemoteSandbox {
             match step(message.map_err(|s| self.error(&s))?) {
                 Step::Output(e) => forward(events, e).await,
                 Step::Outcome(o) => return Ok(o),
+                // A node asking a call that serves no index gets no answer (it gives up at its
+                // deadline).
+                Step::Index(request) => {
+                    if let Some(relay) = &relay {
+                        relay.ask(request);
+                    }
+                }
                 Step::Nothing => {}
             }
         }
@@ -477,6 +518,7 @@ impl RemoteSandbox {
 enum Step<O> {
     Output(proto::OutputEvent),
     Outcome(O),
+    Index(proto::IndexRequest),
     Nothing,
 }
 

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
 use crate::proto::{self, node_server};
+use crate::relay::{self, GatewayIndex, RelayLimits};
 use crate::status::to_status;
 
 /// Largest message either side accepts: a file upload travels in one message, bounded by the
@@ -22,12 +23,47 @@ pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
 /// Output events buffered per streamed call before the cell waits for the gateway.
 const EVENT_BUFFER: usize = 64;
 
+/// How long a gateway may take to send a call's request after opening its stream.
+const FIRST_INPUT_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The request that opens a call's input stream (the first message); the rest of the stream.
+async fn first_input<I, R>(
+    inputs: &mut tonic::Streaming<I>,
+    start: fn(I) -> Option<R>,
+) -> Result<R, Status> {
+    let first = tokio::time::timeout(FIRST_INPUT_DEADLINE, inputs.message())
+        .await
+        .map_err(|_| Status::deadline_exceeded("the call's request did not come"))??;
+    first
+        .and_then(start)
+        .ok_or_else(|| Status::invalid_argument("a call's first message must be its request"))
+}
+
+/// The gateway's answers to index requests on a call's input stream (anything else there is
+/// garbage, and ends the relay).
+fn index_answers<I: Send + 'static>(
+    inputs: tonic::Streaming<I>,
+    answer: fn(I) -> Option<proto::IndexChunk>,
+) -> relay::Answers {
+    inputs
+        .map(move |input| {
+            input.and_then(|i| {
+                answer(i).ok_or_else(|| {
+                    Status::invalid_argument("only index answers may follow a call's request")
+                })
+            })
+        })
+        .boxed()
+}
+
 /// The RPC service of one node: its sandbox manager and the handles it has attached.
 #[derive(Debug, Clone)]
 pub struct NodeService {
     manager: SandboxManager,
     /// Live handles by container id (launched, claimed or adopted here).
     live: Arc<Mutex<HashMap<String, Sandbox>>>,
+    /// Bounds of the package-index relay.
+    relay: RelayLimits,
 }
 
 impl NodeService {
@@ -36,7 +72,15 @@ impl NodeService {
         Self {
             manager,
             live: Arc::default(),
+            relay: RelayLimits::default(),
         }
+    }
+
+    /// The same service with other bounds for the package-index relay.
+    #[must_use]
+    pub fn with_relay_limits(mut self, limits: RelayLimits) -> Self {
+        self.relay = limits;
+        self
     }
 
     /// The tonic service, with this crate's message limits.
@@ -89,6 +133,24 @@ impl NodeService {
         self.keep(&sandbox);
         Ok(sandbox)
     }
+
+    /// The package-index relay of a call whose gateway serves the index (`wanted`): pip's
+    /// requests go out on the call's stream, the answers come from its `inputs`.
+    fn relay<I: Send + 'static>(
+        &self,
+        wanted: bool,
+        inputs: tonic::Streaming<I>,
+        answer: fn(I) -> Option<proto::IndexChunk>,
+    ) -> (
+        Option<GatewayIndex>,
+        Option<mpsc::Receiver<proto::IndexRequest>>,
+    ) {
+        if !wanted {
+            return (None, None);
+        }
+        let (relay, asked) = GatewayIndex::new(index_answers(inputs, answer), self.relay);
+        (Some(relay), Some(asked))
+    }
 }
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -99,14 +161,15 @@ fn reply<T, U: Into<T>>(result: Result<U, SandboxError>) -> Reply<T> {
         .map_err(|e| to_status(&e))
 }
 
-/// A streamed call's messages: its output events as they come, then its outcome. Nothing is
-/// spawned: dropping the stream (the gateway went away or cancelled) drops the call, and the
-/// channel interrupts the cell or kills the command as it does in one process.
+/// A streamed call's messages: its output events and the package index requests of its relay
+/// as they come, then its outcome. Nothing is spawned: dropping the stream (the gateway went
+/// away or cancelled) drops the call, and the channel interrupts the cell or kills the command
+/// as it does in one process.
 fn call_stream<T, M>(
     call: impl Future<Output = Result<T, SandboxError>> + Send + 'static,
     events: mpsc::Receiver<OutputEvent>,
-    event: fn(proto::OutputEvent) -> M,
-    outcome: fn(T) -> M,
+    index: Option<mpsc::Receiver<proto::IndexRequest>>,
+    to: Messages<T, M>,
 ) -> BoxStream<'static, Result<M, Status>>
 where
     T: Send + 'static,
@@ -118,25 +181,39 @@ where
         Done,
     }
     let start = State::Running(Box::pin(call), events);
-    futures::stream::unfold(start, move |state| async move {
+    futures::stream::unfold((start, index), move |(state, mut index)| async move {
         let mut state = state;
         loop {
             state = match state {
                 State::Running(mut call, mut events) => {
+                    let asked = async {
+                        match index.as_mut() {
+                            Some(rx) => rx.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
                         biased;
                         Some(e) = events.recv() => {
-                            return Some((Ok(event(e.into())), State::Running(call, events)));
+                            let m = (to.event)(e.into());
+                            return Some((Ok(m), (State::Running(call, events), index)));
+                        }
+                        Some(r) = asked => {
+                            let m = (to.index)(r);
+                            return Some((Ok(m), (State::Running(call, events), index)));
                         }
                         out = &mut call => {
-                            let last = out.map(outcome).map_err(|e| to_status(&e));
+                            let last = out.map(to.outcome).map_err(|e| to_status(&e));
                             State::Draining(events, last)
                         }
                     }
                 }
                 State::Draining(mut events, last) => match events.recv().await {
-                    Some(e) => return Some((Ok(event(e.into())), State::Draining(events, last))),
-                    None => return Some((last, State::Done)),
+                    Some(e) => {
+                        let m = (to.event)(e.into());
+                        return Some((Ok(m), (State::Draining(events, last), index)));
+                    }
+                    None => return Some((last, (State::Done, index))),
                 },
                 State::Done => return None,
             };
@@ -144,6 +221,22 @@ where
     })
     .boxed()
 }
+
+/// How a streamed call's messages are made.
+struct Messages<T, M> {
+    event: fn(proto::OutputEvent) -> M,
+    index: fn(proto::IndexRequest) -> M,
+    outcome: fn(T) -> M,
+}
+
+// Not derived: the derive would ask for `T: Copy` and `M: Copy`, and only the pointers are copied.
+impl<T, M> Clone for Messages<T, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T, M> Copy for Messages<T, M> {}
 
 #[tonic::async_trait]
 impl node_server::Node for NodeService {
@@ -247,8 +340,17 @@ impl node_server::Node for NodeService {
     type ExecStream = BoxStream<'static, Result<proto::ExecEvent, Status>>;
 
     #[tracing::instrument(skip_all, fields(sandbox_id))]
-    async fn exec(&self, request: Request<proto::ExecRequest>) -> Reply<Self::ExecStream> {
-        let req = request.into_inner();
+    async fn exec(
+        &self,
+        request: Request<tonic::Streaming<proto::ExecInput>>,
+    ) -> Reply<Self::ExecStream> {
+        use proto::exec_input::Input;
+        let mut inputs = request.into_inner();
+        let req = first_input(&mut inputs, |i| match i.input {
+            Some(Input::Start(r)) => Some(r),
+            _ => None,
+        })
+        .await?;
         let sandbox = self.sandbox(req.sandbox).await?;
         tracing::Span::current().record("sandbox_id", sandbox.id());
         let options = ExecOptions {
@@ -258,25 +360,47 @@ impl node_server::Node for NodeService {
         };
         let (tx, rx) = mpsc::channel(EVENT_BUFFER);
         let events = req.stream.then_some(tx);
+        let (relay, asked) = self.relay(req.index, inputs, |i| match i.input {
+            Some(Input::IndexAnswer(chunk)) => Some(chunk),
+            _ => None,
+        });
         let code = req.code;
-        let call = async move { sandbox.exec(&code, options, events).await };
-        Ok(Response::new(call_stream(
-            call,
-            rx,
-            |e| proto::ExecEvent {
-                event: Some(proto::exec_event::Event::Output(e)),
+        let call = async move {
+            let exec = sandbox.exec(&code, options, events);
+            match &relay {
+                Some(relay) => sandbox.channel().with_index(relay, exec).await,
+                None => exec.await,
+            }
+        };
+        use proto::exec_event::Event;
+        let to = Messages {
+            event: |e| proto::ExecEvent {
+                event: Some(Event::Output(e)),
             },
-            |o| proto::ExecEvent {
-                event: Some(proto::exec_event::Event::Outcome(o.into())),
+            index: |r| proto::ExecEvent {
+                event: Some(Event::IndexRequest(r)),
             },
-        )))
+            outcome: |o: sandgate_sandbox::ExecOutcome| proto::ExecEvent {
+                event: Some(Event::Outcome(o.into())),
+            },
+        };
+        Ok(Response::new(call_stream(call, rx, asked, to)))
     }
 
     type CommandStream = BoxStream<'static, Result<proto::CommandEvent, Status>>;
 
     #[tracing::instrument(skip_all, fields(sandbox_id))]
-    async fn command(&self, request: Request<proto::CommandRequest>) -> Reply<Self::CommandStream> {
-        let req = request.into_inner();
+    async fn command(
+        &self,
+        request: Request<tonic::Streaming<proto::CommandInput>>,
+    ) -> Reply<Self::CommandStream> {
+        use proto::command_input::Input;
+        let mut inputs = request.into_inner();
+        let req = first_input(&mut inputs, |i| match i.input {
+            Some(Input::Start(r)) => Some(r),
+            _ => None,
+        })
+        .await?;
         let sandbox = self.sandbox(req.sandbox).await?;
         tracing::Span::current().record("sandbox_id", sandbox.id());
         let options = CommandOptions {
@@ -286,18 +410,31 @@ impl node_server::Node for NodeService {
         };
         let (tx, rx) = mpsc::channel(EVENT_BUFFER);
         let events = req.stream.then_some(tx);
+        let (relay, asked) = self.relay(req.index, inputs, |i| match i.input {
+            Some(Input::IndexAnswer(chunk)) => Some(chunk),
+            _ => None,
+        });
         let command = req.command;
-        let call = async move { sandbox.command(&command, options, events).await };
-        Ok(Response::new(call_stream(
-            call,
-            rx,
-            |e| proto::CommandEvent {
-                event: Some(proto::command_event::Event::Output(e)),
+        let call = async move {
+            let run = sandbox.command(&command, options, events);
+            match &relay {
+                Some(relay) => sandbox.channel().with_index(relay, run).await,
+                None => run.await,
+            }
+        };
+        use proto::command_event::Event;
+        let to = Messages {
+            event: |e| proto::CommandEvent {
+                event: Some(Event::Output(e)),
             },
-            |o| proto::CommandEvent {
-                event: Some(proto::command_event::Event::Outcome(o.into())),
+            index: |r| proto::CommandEvent {
+                event: Some(Event::IndexRequest(r)),
             },
-        )))
+            outcome: |o: sandgate_sandbox::CommandOutcome| proto::CommandEvent {
+                event: Some(Event::Outcome(o.into())),
+            },
+        };
+        Ok(Response::new(call_stream(call, rx, asked, to)))
     }
 
     async fn write_file(

@@ -1,5 +1,5 @@
-//! A throwaway private CA for tests: certificates for 127.0.0.1 signed by it, as the node RPC's
-//! mutual TLS wants them (feature `test-pki`).
+//! A throwaway private CA for tests: certificates for 127.0.0.1 (or the names a test asks for)
+//! signed by it, as the node RPC's mutual TLS wants them (feature `test-pki`).
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -51,9 +51,15 @@ impl Pki {
     /// A certificate for 127.0.0.1 and localhost (server and client use) signed by this CA, and
     /// its key, in PEM.
     pub fn leaf_pem(&self) -> (String, String) {
-        let mut params =
-            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-                .expect("leaf params");
+        self.leaf_pem_for(&["127.0.0.1", "localhost"])
+    }
+
+    /// A certificate for exactly `names` (server and client use) signed by this CA, and its key,
+    /// in PEM. A name that parses as an IP address (`10.1.2.3`, `::1`) becomes an IP address
+    /// SAN, as a node advertised by its pod IP needs; any other a DNS name SAN.
+    pub fn leaf_pem_for(&self, names: &[&str]) -> (String, String) {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).expect("leaf params");
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
@@ -64,5 +70,12 @@ impl Pki {
         let key = KeyPair::generate().expect("a leaf key");
         let cert = params.signed_by(&key, &self.ca).expect("a signed leaf");
         (cert.pem(), key.serialize_pem())
+    }
+
+    /// TLS material with a certificate for exactly `names` (see [`Self::leaf_pem_for`]), with
+    /// this CA as the peer root.
+    pub fn tls_for(&self, names: &[&str]) -> NodeTls {
+        let (cert, key) = self.leaf_pem_for(names);
+        NodeTls::from_pem(cert, key, self.ca_pem())
     }
 }

@@ -29,7 +29,7 @@ pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
 pub use channel::{
     AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
     Display, EntryKind, ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexAnswer, IndexBody,
-    IndexHandler, Job, Listing, OutputEvent, PingInfo, Space,
+    IndexHandler, IndexStream, Job, Listing, OutputEvent, PingInfo, Space,
 };
 pub use config::{
     ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,

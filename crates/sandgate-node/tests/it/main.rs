@@ -5,4 +5,6 @@
 
 mod attacker;
 mod calls;
+mod relay;
 mod support;
+mod tls;

@@ -47,6 +47,18 @@ pub struct TestNode {
 impl TestNode {
     /// Starts a node for test `name` with an empty warm pool.
     pub async fn start(name: &str) -> Self {
+        Self::start_with(name, "127.0.0.1", None, NodeService::new).await
+    }
+
+    /// Starts a node for test `name` listening on `ip` (a loopback address), presenting a
+    /// certificate for exactly `names` (default: 127.0.0.1 and localhost), its service set up
+    /// by `service`.
+    pub async fn start_with(
+        name: &str,
+        ip: &str,
+        names: Option<&[&str]>,
+        service: impl FnOnce(SandboxManager) -> NodeService,
+    ) -> Self {
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -71,15 +83,19 @@ impl TestNode {
         let manager = SandboxManager::start(Arc::new(backend), vec![profile()], config)
             .expect("a valid configuration");
         let pki = Pki::new("sandgate test CA");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let listener = tokio::net::TcpListener::bind((ip, 0))
             .await
             .expect("a loopback port");
         let addr = listener.local_addr().expect("its address");
         let stop = CancellationToken::new();
-        let tls = pki.tls();
+        let tls = match names {
+            Some(names) => pki.tls_for(names),
+            None => pki.tls(),
+        };
         let wait = stop.clone().cancelled_owned();
+        let service = service(manager);
         tokio::spawn(async move {
-            sandgate_node::serve(listener, NodeService::new(manager), Some(&tls), wait)
+            sandgate_node::serve(listener, service, Some(&tls), wait)
                 .await
                 .expect("the node serves");
         });

@@ -23,13 +23,76 @@ pub struct IndexAnswer {
     pub body: IndexBody,
 }
 
-/// The body of an [`IndexAnswer`]: small pages from memory, wheels streamed from the host's cache.
-#[derive(Debug)]
+/// The body of an [`IndexAnswer`]: small pages from memory, wheels streamed from the host's cache
+/// or relayed from a gateway in chunks.
 pub enum IndexBody {
     /// A page (or an error text) held in memory.
     Bytes(Bytes),
     /// A file on this host (a cached wheel), sent in chunks without holding it in memory.
     File(PathBuf),
+    /// Chunks as they arrive from elsewhere (a node relaying its gateway's answer). The stream
+    /// bounds itself (size, deadlines). An error before the first chunk becomes the answer (502,
+    /// or 504 for [`std::io::ErrorKind::TimedOut`], with the error's text); a later one ends the
+    /// answer short, and pip fails on it.
+    Stream {
+        /// The body's length when known up front.
+        length: Option<u64>,
+        /// The body's chunks.
+        chunks: IndexStream,
+    },
+}
+
+/// The chunks of a streamed [`IndexBody`].
+pub type IndexStream = BoxStream<'static, std::io::Result<Bytes>>;
+
+impl std::fmt::Debug for IndexBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Bytes(b) => f.debug_tuple("Bytes").field(&b.len()).finish(),
+            Self::File(p) => f.debug_tuple("File").field(p).finish(),
+            Self::Stream { length, .. } => f
+                .debug_struct("Stream")
+                .field("length", length)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+impl IndexBody {
+    /// The body as its length (when known) and a stream of chunks of at most `CHUNK_BYTES`
+    /// (a streamed body passes as it comes); a file is opened now, so that a wheel missing from
+    /// the cache is an error here rather than a broken answer.
+    pub async fn open(self) -> std::io::Result<(Option<u64>, IndexStream)> {
+        match self {
+            Self::Bytes(bytes) => {
+                let length = bytes.len() as u64;
+                let mut chunks = Vec::new();
+                let mut rest = bytes;
+                while rest.len() > CHUNK_BYTES {
+                    chunks.push(Ok(rest.split_to(CHUNK_BYTES)));
+                }
+                chunks.push(Ok(rest));
+                Ok((Some(length), futures::stream::iter(chunks).boxed()))
+            }
+            Self::File(path) => {
+                let file = tokio::fs::File::open(&path).await?;
+                let length = file.metadata().await.ok().map(|m| m.len());
+                let chunks = futures::stream::try_unfold(
+                    (file, vec![0u8; CHUNK_BYTES]),
+                    |(mut file, mut buf)| async move {
+                        let n = read_full(&mut file, &mut buf).await?;
+                        if n == 0 {
+                            return Ok(None);
+                        }
+                        let chunk = Bytes::copy_from_slice(&buf[..n]);
+                        Ok(Some((chunk, (file, buf))))
+                    },
+                );
+                Ok((length, chunks.boxed()))
+            }
+            Self::Stream { length, chunks } => Ok((length, chunks)),
+        }
+    }
 }
 
 impl IndexAnswer {
@@ -132,51 +195,91 @@ impl AgentChannel {
         rid: u64,
         answer: IndexAnswer,
     ) -> Result<(), ChannelError> {
+        let IndexAnswer {
+            status,
+            content_type,
+            note,
+            body,
+        } = answer;
         let head = |length: Option<u64>, data: &[u8], last: bool| {
             let mut frame = Map::new();
             frame.insert("rid".into(), rid.into());
-            frame.insert("status".into(), answer.status.into());
-            frame.insert("content_type".into(), answer.content_type.clone().into());
-            frame.insert("note".into(), answer.note.clone().into());
+            frame.insert("status".into(), status.into());
+            frame.insert("content_type".into(), content_type.clone().into());
+            frame.insert("note".into(), note.clone().into());
             frame.insert("length".into(), length.into());
             frame.insert("data".into(), BASE64.encode(data).into());
             frame.insert("last".into(), last.into());
             protocol::request_line(id, "chunk", frame)
         };
-        match &answer.body {
-            IndexBody::Bytes(bytes) => self.send(head(Some(bytes.len() as u64), bytes, true)).await,
-            IndexBody::File(path) => {
-                let mut file = match tokio::fs::File::open(path).await {
-                    Ok(file) => file,
-                    Err(err) => {
-                        tracing::warn!(path = %path.display(), %err, "cached wheel unreadable");
-                        let text =
-                            "the gateway could not read this wheel from its cache; try again";
-                        let refused = IndexAnswer::refused(502, text);
-                        return Box::pin(self.send_index_answer(id, rid, refused)).await;
-                    }
-                };
-                let length = file.metadata().await.ok().map(|m| m.len());
-                let mut buf = vec![0u8; CHUNK_BYTES];
-                let mut first = true;
-                loop {
-                    let n = read_full(&mut file, &mut buf).await.unwrap_or(0);
-                    let last = n < buf.len();
-                    let line = if first {
-                        first = false;
-                        head(length, &buf[..n], last)
-                    } else {
-                        let mut frame = Map::new();
-                        frame.insert("rid".into(), rid.into());
-                        frame.insert("data".into(), BASE64.encode(&buf[..n]).into());
-                        frame.insert("last".into(), last.into());
-                        protocol::request_line(id, "chunk", frame)
-                    };
-                    self.send(line).await?;
-                    if last {
-                        return Ok(());
-                    }
+        let (length, mut chunks) = match body {
+            // A page: one frame, as it always was.
+            IndexBody::Bytes(bytes) => {
+                return self
+                    .send(head(Some(bytes.len() as u64), &bytes, true))
+                    .await;
+            }
+            body @ IndexBody::File(_) => match body.open().await {
+                Ok(opened) => opened,
+                Err(err) => {
+                    tracing::warn!(%err, "cached wheel unreadable");
+                    let text = "the gateway could not read this wheel from its cache; try again";
+                    let refused = IndexAnswer::refused(502, text);
+                    return Box::pin(self.send_index_answer(id, rid, refused)).await;
                 }
+            },
+            IndexBody::Stream { length, chunks } => (length, chunks),
+        };
+        // Frames of at most CHUNK_BYTES, whatever sizes the body comes in; the first carries the
+        // head, the last says so. A body that breaks off ends short (pip then fails on it).
+        let mut buf = bytes::BytesMut::new();
+        let mut first = true;
+        loop {
+            let done = match chunks.next().await {
+                Some(Ok(data)) => {
+                    buf.extend_from_slice(&data);
+                    false
+                }
+                Some(Err(err)) if first => {
+                    // Nothing sent yet: pip can still get a clear error instead of a short body.
+                    let status = if err.kind() == std::io::ErrorKind::TimedOut {
+                        504
+                    } else {
+                        502
+                    };
+                    let refused = IndexAnswer::refused(status, err.to_string());
+                    return Box::pin(self.send_index_answer(id, rid, refused)).await;
+                }
+                Some(Err(err)) => {
+                    tracing::debug!(%err, "package index answer broke off");
+                    true
+                }
+                None => true,
+            };
+            while buf.len() > CHUNK_BYTES || (done && (first || !buf.is_empty())) {
+                let data = buf.split_to(buf.len().min(CHUNK_BYTES));
+                let last = done && buf.is_empty();
+                let line = if std::mem::take(&mut first) {
+                    head(length, &data, last)
+                } else {
+                    let mut frame = Map::new();
+                    frame.insert("rid".into(), rid.into());
+                    frame.insert("data".into(), BASE64.encode(&data).into());
+                    frame.insert("last".into(), last.into());
+                    protocol::request_line(id, "chunk", frame)
+                };
+                self.send(line).await?;
+                if last {
+                    return Ok(());
+                }
+            }
+            if done {
+                // Everything was sent in full frames: an empty one says the body ended.
+                let mut frame = Map::new();
+                frame.insert("rid".into(), rid.into());
+                frame.insert("data".into(), "".into());
+                frame.insert("last".into(), true.into());
+                return self.send(protocol::request_line(id, "chunk", frame)).await;
             }
         }
     }

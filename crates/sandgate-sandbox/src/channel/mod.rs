@@ -20,7 +20,7 @@ mod types;
 use budget::*;
 pub use error::{AgentError, ChannelError};
 pub use files::FileChunks;
-pub use index::{IndexAnswer, IndexBody, IndexHandler};
+pub use index::{IndexAnswer, IndexBody, IndexHandler, IndexStream};
 use link::*;
 use output::*;
 pub use types::*;

@@ -12,6 +12,8 @@
 //!   RSS) at 0, 10, 50 and 150 sandboxes;
 //! - **the sandbox crate** directly (`SandboxManager`): warm lease, cold start, `1+1`, `true`,
 //!   1 MiB write + read;
+//! - **a sandbox node** (`sandgate node`, its own process and database): `1+1` through
+//!   `RemoteSandbox` over the node RPC (mutual TLS on loopback), after the MCP gateway stopped;
 //! - **the naive Docker-API path**: create + start + exec per call, `docker exec` into a running
 //!   container, a fresh container per call;
 //! - **the peers** (Python scripts under `bench/peers/`): llm-sandbox, jupyter-kernel-gateway and
@@ -80,6 +82,7 @@ mod sandbox_crate;
 mod series;
 mod through_mcp;
 mod via_node;
+mod through_node;
 mod workload;
 
 use gateway::*;
@@ -91,6 +94,7 @@ use sandbox_crate::*;
 use series::*;
 use through_mcp::*;
 use via_node::*;
+use through_node::*;
 use workload::*;
 
 #[derive(Debug, Clone, Copy)]
@@ -226,10 +230,14 @@ async fn run(opts: Options) -> Result<()> {
     if opts.exec_only {
         eprintln!("[bench] the sandbox crate directly (exec only)");
         rows.extend(bench_crate(&opts, &backend, &image).await?);
+        eprintln!("[bench] through a sandbox node process (exec only)");
+        rows.extend(bench_node(&opts, &docker, &image).await?);
     }
     if !opts.exec_only && !opts.series_only {
         eprintln!("[bench] the sandbox crate directly");
         rows.extend(bench_crate(&opts, &backend, &image).await?);
+        eprintln!("[bench] through a sandbox node process");
+        rows.extend(bench_node(&opts, &docker, &image).await?);
         rows.extend(start_path(&opts, &backend, &image).await?);
         eprintln!("[bench] the naive Docker-API path");
         rows.extend(bench_naive(&opts, &docker, &image).await?);

@@ -128,6 +128,11 @@ pub fn service(
         .with_allowed_hosts(dedup(vec![host_port, host]))
         .with_allowed_origins(origins)
         .with_max_request_body_bytes(config.mcp.max_request_bytes)
+        // A 2026-07-28 request whose first message is its answer (no progress notifications
+        // went before it) gets that answer as one `application/json` body, not an SSE stream
+        // held open until the handler's task ends. A client that disconnects before the answer
+        // still cancels the call; a call that streams progress still gets SSE.
+        .with_json_response(true)
         .with_cancellation_token(shutdown);
     // A session opened on another replica (or before a restart) is taken over, not refused.
     http_config.session_store = Some(Arc::new(session_store::PgSessionStore::new(bindings)));

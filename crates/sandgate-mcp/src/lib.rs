@@ -167,6 +167,11 @@ fn dedup(mut v: Vec<String>) -> Vec<String> {
     v
 }
 
+/// The `sandbox_id` a tool call's arguments name, if any.
+fn named_sandbox(arguments: Option<&rmcp::model::JsonObject>) -> Option<String> {
+    arguments?.get("sandbox_id")?.as_str().map(str::to_owned)
+}
+
 fn claims_of(ctx: &RequestContext<RoleServer>) -> Option<AccessClaims> {
     ctx.extensions
         .get::<axum::http::request::Parts>()
@@ -193,6 +198,7 @@ impl McpServer {
             token_id: claims.jti.clone(),
             grant: claims.grant,
             limits: service.limits(claims.tenant).await?,
+            read_at_admission: None,
         };
         Ok(caller)
     }
@@ -298,10 +304,14 @@ impl ServerHandler for McpServer {
             if unverified {
                 return Err(CallError::Service(ServiceError::DatabaseAway));
             }
-            let caller = self.caller(&claims).await?;
+            let mut caller = self.caller(&claims).await?;
             // The tenant's calls per minute and in flight: one statement now, one behind the
-            // answer.
-            let permit = self.inner.sandboxes.admit(&caller).await?;
+            // answer. A call naming its sandbox reads it in that same statement.
+            let service = &self.inner.sandboxes;
+            let permit = match named_sandbox(request.arguments.as_ref()) {
+                Some(id) => service.admit_naming(&mut caller, &id).await?,
+                None => service.admit(&caller).await?,
+            };
             let answer = self
                 .dispatch(
                     tool,

@@ -375,6 +375,9 @@ impl EntrySink {
         let mut tx = sandgate_store::begin(&self.db).await?;
         let appended = store::append_all(&mut tx, owner, &new, self.bound).await?;
         sandgate_store::commit(tx).await?;
+        if appended.is_empty() {
+            tracing::info!(sandbox_id = %first.sandbox_id, entries = entries.len(), "the tenant's content was purged; late transcript entries not written");
+        }
         let full = appended
             .iter()
             .filter(|a| matches!(a, Appended::Dropped))

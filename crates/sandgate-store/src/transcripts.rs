@@ -58,6 +58,12 @@ pub enum Appended {
 /// is counted as dropped instead (a later, smaller one may still fit). Takes the transcript's
 /// row lock, so appends from several processes get consecutive positions; run it in a
 /// transaction. Two statements however many entries.
+///
+/// Entries are written behind the calls that made them, so they may arrive after an
+/// operator's purge of the tenant (`sandgate admin tenant purge`, which closes the live
+/// sandboxes as `purged` and deletes their transcripts): for a sandbox closed as `purged`
+/// nothing is written and the result is empty. The sandbox's row is share-locked first, so a
+/// purge running at the same moment either sees these entries and deletes them, or is seen.
 #[tracing::instrument(skip_all, fields(sandbox_id = owner.sandbox_id, entries = new.len()))]
 pub async fn append_all(
     conn: &mut PgConnection,
@@ -66,16 +72,23 @@ pub async fn append_all(
     bound: Bound,
 ) -> Result<Vec<Appended>, StoreError> {
     // The no-op update takes the row lock and returns the counts as they are.
-    let (mut entries, mut bytes): (i32, i64) = sqlx::query_as(
-        "INSERT INTO transcripts (sandbox_id, tenant_id, conversation_id) VALUES ($1, $2, $3)
+    let counts: Option<(i32, i64)> = sqlx::query_as(
+        "WITH sandbox AS (SELECT id FROM sandboxes
+                           WHERE id = $1 AND close_reason IS DISTINCT FROM 'purged'
+                           FOR SHARE)
+         INSERT INTO transcripts (sandbox_id, tenant_id, conversation_id)
+         SELECT id, $2, $3 FROM sandbox
          ON CONFLICT (sandbox_id) DO UPDATE SET entries = transcripts.entries
          RETURNING entries, bytes",
     )
     .bind(owner.sandbox_id)
     .bind(owner.tenant_id)
     .bind(owner.conversation_id)
-    .fetch_one(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await?;
+    let Some((mut entries, mut bytes)) = counts else {
+        return Ok(Vec::new());
+    };
     let mut appended = Vec::with_capacity(new.len());
     let (mut seqs, mut ats, mut kinds, mut bodies) = (vec![], vec![], vec![], vec![]);
     let mut dropped = 0i32;

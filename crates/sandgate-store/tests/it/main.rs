@@ -4,3 +4,4 @@ mod audit;
 mod quotas;
 mod sandboxes;
 mod support;
+mod transcripts;

@@ -167,6 +167,18 @@ async fn a_tenant_limit_changed_by_the_operator_is_seen_by_every_replica() {
     );
 }
 
+/// A gateway on a fresh database (no warm pool), a tenant of it and a stateless client.
+async fn one_gateway() -> (String, Gateway, String, Client) {
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("connects");
+    (database, gateway, tenant, client)
+}
+
 #[tokio::test]
 async fn no_audit_event_is_lost_when_the_gateway_stops_right_after_its_calls() {
     const CALLS: usize = 40;
@@ -215,13 +227,7 @@ async fn no_audit_event_is_lost_when_the_gateway_stops_right_after_its_calls() {
 /// The audit writer never drops an event while Postgres answers.
 #[tokio::test]
 async fn no_audit_event_is_counted_as_dropped_in_normal_operation() {
-    let database = support::fresh_database().await;
-    let gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "0")]).await;
-    let tenant = gateway.create_tenant().await;
-    let token = gateway.token(&tenant).await;
-    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
-        .await
-        .expect("connects");
+    let (_, gateway, _, client) = one_gateway().await;
     client
         .call("list_files", json!({"sandbox_id": "sbx_missing"}))
         .await
@@ -235,6 +241,10 @@ async fn no_audit_event_is_counted_as_dropped_in_normal_operation() {
     assert!(
         metrics.contains("sandgate_audit_dropped_total 0"),
         "the dropped-events counter is exported and zero:\n{metrics}"
+    );
+    assert!(
+        metrics.contains("sandgate_transcript_entries_lost_total 0"),
+        "the lost-entries counter is exported and zero:\n{metrics}"
     );
 }
 
@@ -270,13 +280,7 @@ fn cells(n: usize) -> Vec<String> {
 #[tokio::test]
 async fn no_transcript_entry_is_lost_when_the_gateway_stops_right_after_its_cells() {
     const CELLS: usize = 30;
-    let database = support::fresh_database().await;
-    let mut gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "0")]).await;
-    let tenant = gateway.create_tenant().await;
-    let token = gateway.token(&tenant).await;
-    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
-        .await
-        .expect("connects");
+    let (database, mut gateway, _, client) = one_gateway().await;
     let created = client.ok("create_sandbox", json!({})).await;
     let sandbox = created.structured["sandbox_id"]
         .as_str()
@@ -303,13 +307,7 @@ async fn no_transcript_entry_is_lost_when_the_gateway_stops_right_after_its_cell
 #[tokio::test]
 async fn a_transcript_exported_right_after_its_cells_has_every_one_in_order() {
     const CELLS: usize = 20;
-    let database = support::fresh_database().await;
-    let gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "0")]).await;
-    let tenant = gateway.create_tenant().await;
-    let token = gateway.token(&tenant).await;
-    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
-        .await
-        .expect("connects");
+    let (_, _gateway, _, client) = one_gateway().await;
     let conversation = "ticket-write-behind";
     for code in cells(CELLS) {
         client

@@ -3,7 +3,9 @@
 //! replicas (LISTEN/NOTIFY): a disconnect through one gateway is refused at once by another,
 //! and an operator's change of a tenant's limits is seen by every replica. Audit events are
 //! written in batches behind the answers and never lost on graceful shutdown. (Events during a
-//! Postgres outage are kept: `lifecycle::calls_during_a_postgres_outage_…`.)
+//! Postgres outage are kept: `lifecycle::calls_during_a_postgres_outage_…`.) Transcript
+//! entries are written the same way: every cell that answered is there after a SIGTERM, and an
+//! export right after the cells shows them all, in order.
 
 use reqwest::StatusCode;
 use serde_json::json;
@@ -167,6 +169,18 @@ async fn a_tenant_limit_changed_by_the_operator_is_seen_by_every_replica() {
     );
 }
 
+/// A gateway on a fresh database (no warm pool), a tenant of it and a stateless client.
+async fn one_gateway() -> (String, Gateway, String, Client) {
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "0")]).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("connects");
+    (database, gateway, tenant, client)
+}
+
 #[tokio::test]
 async fn no_audit_event_is_lost_when_the_gateway_stops_right_after_its_calls() {
     const CALLS: usize = 40;
@@ -215,13 +229,7 @@ async fn no_audit_event_is_lost_when_the_gateway_stops_right_after_its_calls() {
 /// The audit writer never drops an event while Postgres answers.
 #[tokio::test]
 async fn no_audit_event_is_counted_as_dropped_in_normal_operation() {
-    let database = support::fresh_database().await;
-    let gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "0")]).await;
-    let tenant = gateway.create_tenant().await;
-    let token = gateway.token(&tenant).await;
-    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
-        .await
-        .expect("connects");
+    let (_, gateway, _, client) = one_gateway().await;
     client
         .call("list_files", json!({"sandbox_id": "sbx_missing"}))
         .await
@@ -236,4 +244,113 @@ async fn no_audit_event_is_counted_as_dropped_in_normal_operation() {
         metrics.contains("sandgate_audit_dropped_total 0"),
         "the dropped-events counter is exported and zero:\n{metrics}"
     );
+    assert!(
+        metrics.contains("sandgate_transcript_entries_lost_total 0"),
+        "the lost-entries counter is exported and zero:\n{metrics}"
+    );
+}
+
+/// The `print(i)` cells of a sandbox's transcript as stored, in the order of their positions,
+/// and whether the positions run 1, 2, 3… without a gap.
+async fn stored_cells(database: &str, sandbox: &str) -> (Vec<String>, bool) {
+    let mut conn = sqlx::PgConnection::connect(database)
+        .await
+        .expect("the test database");
+    let rows: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT seq, body->>'code' FROM transcript_entries WHERE sandbox_id = $1 ORDER BY seq",
+    )
+    .bind(sandbox)
+    .fetch_all(&mut conn)
+    .await
+    .expect("the transcript's entries");
+    let consecutive = rows
+        .iter()
+        .enumerate()
+        .all(|(i, (seq, _))| *seq == i as i32 + 1);
+    (
+        rows.into_iter().map(|(_, code)| code).collect(),
+        consecutive,
+    )
+}
+
+fn cells(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("print({i})")).collect()
+}
+
+/// Transcript entries are written behind the answer; a SIGTERM right after many cells still
+/// finds every one of them in Postgres, in the order the cells ran.
+#[tokio::test]
+async fn no_transcript_entry_is_lost_when_the_gateway_stops_right_after_its_cells() {
+    const CELLS: usize = 30;
+    let (database, mut gateway, _, client) = one_gateway().await;
+    let created = client.ok("create_sandbox", json!({})).await;
+    let sandbox = created.structured["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for code in cells(CELLS) {
+        client
+            .ok("execute_code", json!({"sandbox_id": sandbox, "code": code}))
+            .await;
+    }
+    // SIGTERM at once: the entries still queued are written before the process exits.
+    assert!(gateway.terminate().await, "the gateway stops cleanly");
+    let (stored, consecutive) = stored_cells(&database, &sandbox).await;
+    assert_eq!(
+        stored,
+        cells(CELLS),
+        "every cell that answered is in the transcript, in the order it ran"
+    );
+    assert!(consecutive, "positions 1..={CELLS} without a gap");
+}
+
+/// A person who takes over right after the last cell sees every cell, in order: the export
+/// waits for the entries its gateway has queued.
+#[tokio::test]
+async fn a_transcript_exported_right_after_its_cells_has_every_one_in_order() {
+    const CELLS: usize = 20;
+    let (_, _gateway, _, client) = one_gateway().await;
+    let conversation = "ticket-write-behind";
+    for code in cells(CELLS) {
+        client
+            .ok(
+                "execute_code",
+                json!({"conversation_id": conversation, "code": code}),
+            )
+            .await;
+    }
+    let exported = client
+        .ok(
+            "export_transcript",
+            json!({"conversation_id": conversation, "format": "ipynb"}),
+        )
+        .await;
+    assert_eq!(
+        exported.structured["calls"], CELLS,
+        "the export counts every cell: {}",
+        exported.structured
+    );
+    let notebook: serde_json::Value = reqwest::get(
+        exported.structured["download_url"]
+            .as_str()
+            .expect("a download link"),
+    )
+    .await
+    .expect("the link answers")
+    .json()
+    .await
+    .expect("a notebook");
+    let sources: Vec<String> = notebook["cells"]
+        .as_array()
+        .expect("cells")
+        .iter()
+        .filter(|c| c["cell_type"] == "code")
+        .map(|c| match &c["source"] {
+            serde_json::Value::Array(lines) => {
+                lines.iter().filter_map(|l| l.as_str()).collect::<String>()
+            }
+            other => other.as_str().unwrap_or_default().to_owned(),
+        })
+        .collect();
+    assert_eq!(sources, cells(CELLS), "every cell, in the order it ran");
 }

@@ -628,10 +628,15 @@ async fn retention_purges_transcripts_and_files_and_purge_removes_a_tenant_now()
             )
             .await;
         let sandbox = ran.structured["sandbox_id"].as_str().unwrap().to_owned();
-        assert!(
-            !rows_holding(&gateway.database_url, secret).await.is_empty(),
-            "the transcript holds the cell"
-        );
+        // Written behind the answer, within milliseconds.
+        eventually(
+            Duration::from_secs(30),
+            "the transcript to hold the cell",
+            || async {
+                (!rows_holding(&gateway.database_url, secret).await.is_empty()).then_some(())
+            },
+        )
+        .await;
         client
             .ok("close_sandbox", json!({"sandbox_id": sandbox}))
             .await;
@@ -681,6 +686,27 @@ async fn retention_purges_transcripts_and_files_and_purge_removes_a_tenant_now()
         )
         .await;
     let live_sandbox = live.structured["sandbox_id"].as_str().unwrap().to_owned();
+    // Its transcript is written behind the answer; the purge below is to count it.
+    eventually(
+        Duration::from_secs(30),
+        "the live sandbox's transcript",
+        || {
+            let (database, id) = (gateway.database_url.clone(), live_sandbox.clone());
+            async move {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(&database).await.ok()?;
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM transcript_entries WHERE sandbox_id = $1",
+                )
+                .bind(&id)
+                .fetch_one(&mut conn)
+                .await
+                .ok()?;
+                (n > 0).then_some(())
+            }
+        },
+    )
+    .await;
     let purged = gateway.cli(&["admin", "tenant", "purge", &long]).await;
     assert!(
         purged.contains("closed 1 live sandboxes, deleted 2 transcripts"),

@@ -149,6 +149,13 @@ impl Metrics {
              away at shutdown, or the database refused them",
             sandgate_service::audit::dropped_counter().clone(),
         );
+        registry.register(
+            "transcript_entries_lost",
+            "Transcript entries never written: the queue was full (Postgres away for long), \
+             Postgres was still away at shutdown, or the database refused them (not the entries a \
+             full transcript does not keep)",
+            sandgate_service::transcripts::lost_counter().clone(),
+        );
         let refusals = Family::<RefusalLabels, Counter>::default();
         registry.register(
             "http_refusals",

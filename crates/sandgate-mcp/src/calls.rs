@@ -203,7 +203,7 @@ impl McpServer {
             )
             .await?;
         let entry = crate::transcripts::file_entry(&info, false);
-        self.inner.transcripts.record(&resolved.row, &entry).await;
+        self.inner.transcripts.record(&resolved.row, entry);
         let out = UploadFileOutput {
             sandbox_id: resolved.row.id.clone(),
             path: info.path,
@@ -233,7 +233,7 @@ impl McpServer {
             .read_file(caller, to, &args.path)
             .await?;
         let entry = crate::transcripts::file_entry(&info, true);
-        self.inner.transcripts.record(&resolved.row, &entry).await;
+        self.inner.transcripts.record(&resolved.row, entry);
         let mime = mime_type(&info.path, &data[..data.len().min(512)]);
         let (download_url, expires) = self.inner.links.mint(caller, &resolved.row.id, &info.path);
         let out = GetFileOutput {
@@ -414,7 +414,7 @@ impl McpServer {
             })
             .await?;
         let entry = crate::transcripts::cell_entry(code, &outcome);
-        self.inner.transcripts.record(&resolved.row, &entry).await;
+        self.inner.transcripts.record(&resolved.row, entry);
         let sandbox_id = resolved.row.id.clone();
         let mut images = Vec::new();
         let mut blocks = Vec::new();
@@ -476,7 +476,7 @@ impl McpServer {
             })
             .await?;
         let entry = crate::transcripts::command_entry(command, cwd.as_deref(), &outcome);
-        self.inner.transcripts.record(&resolved.row, &entry).await;
+        self.inner.transcripts.record(&resolved.row, entry);
         let out = RunTerminalCommandOutput {
             sandbox_id: resolved.row.id.clone(),
             stdout: outcome.stdout,
@@ -541,7 +541,7 @@ impl McpServer {
             ..Default::default()
         };
         let entry = crate::transcripts::command_entry(&args.command, args.cwd.as_deref(), &outcome);
-        self.inner.transcripts.record(&resolved.row, &entry).await;
+        self.inner.transcripts.record(&resolved.row, entry);
         let out = RunTerminalCommandOutput {
             sandbox_id: resolved.row.id.clone(),
             stdout: String::new(),

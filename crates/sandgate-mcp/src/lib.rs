@@ -128,6 +128,11 @@ pub fn service(
         .with_allowed_hosts(dedup(vec![host_port, host]))
         .with_allowed_origins(origins)
         .with_max_request_body_bytes(config.mcp.max_request_bytes)
+        // A 2026-07-28 request whose first message is its answer (no progress notifications
+        // went before it) gets that answer as one `application/json` body, not an SSE stream
+        // held open until the handler's task ends. A client that disconnects before the answer
+        // still cancels the call; a call that streams progress still gets SSE.
+        .with_json_response(true)
         .with_cancellation_token(shutdown);
     // A session opened on another replica (or before a restart) is taken over, not refused.
     http_config.session_store = Some(Arc::new(session_store::PgSessionStore::new(bindings)));
@@ -162,6 +167,11 @@ fn dedup(mut v: Vec<String>) -> Vec<String> {
     v
 }
 
+/// The `sandbox_id` a tool call's arguments name, if any.
+fn named_sandbox(arguments: Option<&rmcp::model::JsonObject>) -> Option<String> {
+    arguments?.get("sandbox_id")?.as_str().map(str::to_owned)
+}
+
 fn claims_of(ctx: &RequestContext<RoleServer>) -> Option<AccessClaims> {
     ctx.extensions
         .get::<axum::http::request::Parts>()
@@ -188,6 +198,7 @@ impl McpServer {
             token_id: claims.jti.clone(),
             grant: claims.grant,
             limits: service.limits(claims.tenant).await?,
+            read_at_admission: None,
         };
         Ok(caller)
     }
@@ -293,10 +304,14 @@ impl ServerHandler for McpServer {
             if unverified {
                 return Err(CallError::Service(ServiceError::DatabaseAway));
             }
-            let caller = self.caller(&claims).await?;
+            let mut caller = self.caller(&claims).await?;
             // The tenant's calls per minute and in flight: one statement now, one behind the
-            // answer.
-            let permit = self.inner.sandboxes.admit(&caller).await?;
+            // answer. A call naming its sandbox reads it in that same statement.
+            let service = &self.inner.sandboxes;
+            let permit = match named_sandbox(request.arguments.as_ref()) {
+                Some(id) => service.admit_naming(&mut caller, &id).await?,
+                None => service.admit(&caller).await?,
+            };
             let answer = self
                 .dispatch(
                     tool,

@@ -130,6 +130,7 @@ async fn caller_of(server: &McpServer, claims: &AccessClaims) -> Result<Caller, 
         token_id: claims.jti.clone(),
         grant: claims.grant,
         limits,
+        read_at_admission: None,
     })
 }
 

@@ -18,6 +18,8 @@
 //! - [`transcripts`]: what ran in each sandbox, kept for the person who takes over.
 //! - [`resource_uri`]: the URIs of the MCP resources (files, transcripts, the data policy).
 //! - [`retention`]: what is kept after a sandbox ends and for how long; the purge job.
+//! - `write_behind`: the bounded queues that audit events and transcript entries are written
+//!   from in batches, behind the answers.
 
 pub mod admin;
 pub mod audit;
@@ -35,6 +37,7 @@ pub mod sandboxes;
 pub mod sessions;
 pub mod startup;
 pub mod transcripts;
+mod write_behind;
 
 pub use sandboxes::lifecycle;
 

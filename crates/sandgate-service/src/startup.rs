@@ -183,7 +183,12 @@ impl Services {
             background_stop.clone(),
             &background,
         );
-        let transcripts = Transcripts::new(db.clone(), &config.retention);
+        let transcripts = Transcripts::start(
+            db.clone(),
+            &config.retention,
+            background_stop.clone(),
+            &background,
+        );
         Ok(Self {
             db,
             docker,

@@ -2,22 +2,51 @@
 //! file transfer, kept in Postgres (so they survive the sandbox and every replica sees them),
 //! bounded per sandbox, readable by the sandbox's tenant only, and exported as a notebook or an
 //! HTML page for the person who takes over the conversation.
+//!
+//! Recording is off the answer's path (issue 16): a call queues its entry (a channel send) and
+//! a background writer appends what is queued in batches, per sandbox in the order the calls
+//! ended ([`crate::write_behind`]: drained at graceful shutdown, kept and retried while
+//! Postgres is away, anything lost counted in `sandgate_transcript_entries_lost_total`). A
+//! transcript loaded through this process first waits for the entries it has queued, so the
+//! person who takes over sees every call that answered, in order.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
+use prometheus_client::metrics::counter::Counter;
 use sandgate_sandbox::{CommandOutcome, ExecOutcome, FileInfo};
 use sandgate_store::sandboxes::SandboxRow;
-use sandgate_store::transcripts::{self as store, Appended, NewEntry};
+use sandgate_store::transcripts::{self as store, Appended, NewEntry, Owner};
 use sandgate_store::{PgPool, StoreError};
 use sandgate_transcript::{
     Bound, Cell, CellError, Command, Entry, FileEvent, Part, Record, Transcript,
 };
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::retention::RetentionConfig;
+use crate::write_behind::{Bounds, Dropped, Sink, WriteBehind};
+
+/// Most entries waiting to be written. Calls need Postgres to start, so the queue fills only
+/// when Postgres goes away with calls running; an entry can be large (output, charts).
+const QUEUE_ENTRIES: usize = 10_000;
+/// Most entries handed to the writer at once.
+const BATCH_ENTRIES: usize = 200;
+/// How long a load waits for this process's queued entries before it reads anyway.
+const FLUSH_BEFORE_LOAD: Duration = Duration::from_secs(5);
+
+/// Transcript entries never written (queue full, Postgres away through shutdown, or refused by
+/// the database): `sandgate_transcript_entries_lost_total` in `/metrics`. Not the entries a
+/// full transcript does not keep (those are counted in the transcript itself).
+pub fn lost_counter() -> &'static Counter {
+    static LOST: OnceLock<Counter> = OnceLock::new();
+    LOST.get_or_init(Counter::default)
+}
 
 /// Records and loads transcripts. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -25,6 +54,17 @@ pub struct Transcripts {
     db: PgPool,
     bound: Bound,
     retention_seconds: u64,
+    queue: WriteBehind<Queued>,
+}
+
+/// An entry waiting to be written.
+#[derive(Debug)]
+struct Queued {
+    tenant_id: Uuid,
+    sandbox_id: String,
+    conversation_id: Option<String>,
+    at: DateTime<Utc>,
+    entry: Entry,
 }
 
 /// Whose transcript.
@@ -114,54 +154,55 @@ pub enum TranscriptError {
 }
 
 impl Transcripts {
-    /// Transcripts kept under the `[retention]` settings.
-    pub fn new(db: PgPool, config: &RetentionConfig) -> Self {
+    /// Transcripts kept under the `[retention]` settings; their writer runs on `tasks` and
+    /// drains its queue when `stop` is cancelled.
+    pub fn start(
+        db: PgPool,
+        config: &RetentionConfig,
+        stop: CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Self {
+        let bound = Bound {
+            max_entries: config.transcript_max_entries,
+            max_bytes: config.transcript_max_bytes,
+        };
+        let sink = EntrySink {
+            db: db.clone(),
+            bound: store::Bound {
+                max_entries: i32::try_from(bound.max_entries).unwrap_or(i32::MAX),
+                max_bytes: i64::try_from(bound.max_bytes).unwrap_or(i64::MAX),
+            },
+        };
+        let bounds = Bounds {
+            queued: QUEUE_ENTRIES,
+            batch: BATCH_ENTRIES,
+        };
+        let lost = Dropped {
+            what: "transcript entries",
+            counter: lost_counter(),
+        };
         Self {
             db,
-            bound: Bound {
-                max_entries: config.transcript_max_entries,
-                max_bytes: config.transcript_max_bytes,
-            },
+            bound,
             retention_seconds: config.transcripts_seconds,
+            queue: WriteBehind::start(sink, bounds, lost, stop, tasks),
         }
     }
 
-    /// Appends what just happened in a sandbox to its transcript. Never fails the call that
-    /// produced it: a failure is logged (the call's own result is what the model needs).
-    pub async fn record(&self, row: &SandboxRow, entry: &Entry) {
+    /// Appends what just happened in a sandbox to its transcript, behind the answer: the entry
+    /// is queued, never waited for, and never fails the call that produced it (the call's own
+    /// result is what the model needs).
+    pub fn record(&self, row: &SandboxRow, entry: Entry) {
         let Some(tenant_id) = row.tenant_id else {
             return;
         };
-        let body = serde_json::to_value(entry).expect("entries serialize");
-        let bytes = body.to_string().len() as i64;
-        let new = NewEntry {
+        self.queue.push(Queued {
             tenant_id,
-            sandbox_id: &row.id,
-            conversation_id: row.conversation_id.as_deref(),
-            kind: entry.kind(),
-            body: &body,
-            bytes,
-        };
-        let bound = store::Bound {
-            max_entries: self.bound.max_entries as i32,
-            max_bytes: self.bound.max_bytes as i64,
-        };
-        let result = async {
-            let mut tx = self.db.begin().await?;
-            let appended = store::append(&mut tx, &new, bound).await?;
-            tx.commit().await?;
-            Ok::<_, StoreError>(appended)
-        }
-        .await;
-        match result {
-            Ok(Appended::Kept(_)) => {}
-            Ok(Appended::Dropped) => {
-                tracing::debug!(sandbox_id = %row.id, "transcript full; entry counted, not kept")
-            }
-            Err(err) => {
-                tracing::warn!(error = ?err, sandbox_id = %row.id, "recording the transcript failed")
-            }
-        }
+            sandbox_id: row.id.clone(),
+            conversation_id: row.conversation_id.clone(),
+            at: Utc::now(),
+            entry,
+        });
     }
 
     /// How much one sandbox's transcript keeps.
@@ -202,6 +243,12 @@ impl Transcripts {
         tenant: Uuid,
         subject: &Subject,
     ) -> Result<Transcript, TranscriptError> {
+        // What this process's calls queued is written first: the person who takes over sees
+        // every call that answered. (Another replica's last few milliseconds may still be on
+        // their way.)
+        if !self.queue.flush(FLUSH_BEFORE_LOAD).await {
+            tracing::warn!("transcript entries still queued; loading what is written");
+        }
         let mut conn = sandgate_store::acquire(&self.db).await?;
         let (summaries, conversation_id) = match subject {
             Subject::Sandbox(id) => {
@@ -256,6 +303,89 @@ impl Transcripts {
             bound: self.bound,
             exported_at: Utc::now(),
         })
+    }
+}
+
+/// Appends queued entries, one transaction per sandbox, each sandbox's in queue order.
+struct EntrySink {
+    db: PgPool,
+    bound: store::Bound,
+}
+
+impl Sink for EntrySink {
+    type Item = Queued;
+
+    async fn write(&self, batch: &mut Vec<Queued>, lost: &Dropped) -> Result<(), StoreError> {
+        // Sandboxes in the order their first entry was queued; each one's entries in order.
+        let mut sandboxes: Vec<&str> = Vec::new();
+        for queued in batch.iter() {
+            if !sandboxes.contains(&queued.sandbox_id.as_str()) {
+                sandboxes.push(&queued.sandbox_id);
+            }
+        }
+        let mut done: Vec<String> = Vec::with_capacity(sandboxes.len());
+        let mut outage = None;
+        for sandbox in sandboxes {
+            let entries: Vec<&Queued> = batch.iter().filter(|q| q.sandbox_id == sandbox).collect();
+            match self.append(&entries).await {
+                Ok(()) => {}
+                Err(err) if err.is_unavailable() => {
+                    outage = Some(err);
+                    break;
+                }
+                // Not an outage (the sandbox's row is gone, a bad value): retrying would not
+                // help, and the other sandboxes' entries must not wait for it.
+                Err(err) => lost.count(
+                    entries.len(),
+                    &format!("refused by the database for sandbox {sandbox}: {err}"),
+                ),
+            }
+            done.push(sandbox.to_owned());
+        }
+        batch.retain(|q| !done.contains(&q.sandbox_id));
+        outage.map_or(Ok(()), Err)
+    }
+}
+
+impl EntrySink {
+    /// Appends one sandbox's queued entries in one transaction.
+    async fn append(&self, entries: &[&Queued]) -> Result<(), StoreError> {
+        let Some(first) = entries.first() else {
+            return Ok(());
+        };
+        let bodies: Vec<serde_json::Value> = entries
+            .iter()
+            .map(|q| serde_json::to_value(&q.entry).expect("entries serialize"))
+            .collect();
+        let new: Vec<NewEntry<'_>> = entries
+            .iter()
+            .zip(&bodies)
+            .map(|(q, body)| NewEntry {
+                at: q.at,
+                kind: q.entry.kind(),
+                body,
+                bytes: body.to_string().len() as i64,
+            })
+            .collect();
+        let owner = Owner {
+            tenant_id: first.tenant_id,
+            sandbox_id: &first.sandbox_id,
+            conversation_id: first.conversation_id.as_deref(),
+        };
+        let mut tx = sandgate_store::begin(&self.db).await?;
+        let appended = store::append_all(&mut tx, owner, &new, self.bound).await?;
+        sandgate_store::commit(tx).await?;
+        if appended.is_empty() {
+            tracing::info!(sandbox_id = %first.sandbox_id, entries = entries.len(), "the tenant's content was purged; late transcript entries not written");
+        }
+        let full = appended
+            .iter()
+            .filter(|a| matches!(a, Appended::Dropped))
+            .count();
+        if full > 0 {
+            tracing::debug!(sandbox_id = %first.sandbox_id, entries = full, "transcript full; entries counted, not kept");
+        }
+        Ok(())
     }
 }
 

@@ -79,6 +79,10 @@ pub struct PoolSettings {
     pub acquire_timeout: Duration,
 }
 
+/// A pooled connection idle for longer than this is checked (one round trip) before it is
+/// handed out; one used more recently is handed out as it is.
+pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
 /// Opens a lazily connecting pool: the gateway starts (and reports not ready) even while
 /// Postgres is down, and recovers by itself when it returns.
 pub fn connect_lazy(url: &str, settings: &PoolSettings) -> Result<PgPool, StoreError> {
@@ -86,8 +90,21 @@ pub fn connect_lazy(url: &str, settings: &PoolSettings) -> Result<PgPool, StoreE
     Ok(PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
-        // A connection that died while Postgres was away must not be handed out again.
-        .test_before_acquire(true)
+        // A connection that died while Postgres was away must not be handed out again: one
+        // idle for a while is pinged first. sqlx's `test_before_acquire` would ping every time,
+        // a round trip before every statement of every call (two on an `execute_code`'s
+        // path); a connection used within the last [`PING_IF_IDLE_FOR`] is taken as alive.
+        // Should it have died in that moment (Postgres restarted), its statement fails as
+        // `Unavailable` ("retry in a moment") and sqlx closes it.
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for > PING_IF_IDLE_FOR {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_lazy_with(options))
 }
 

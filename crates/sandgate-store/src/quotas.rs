@@ -16,10 +16,11 @@
 //! the update on the newest row version, so concurrent starts on any number of replicas never
 //! admit more than the limits.
 
-use sqlx::PgConnection;
+use sqlx::{FromRow, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::StoreError;
+use crate::sandboxes::SandboxRow;
 
 /// The limits one call start is checked against.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -68,6 +69,20 @@ pub async fn admit(
     slot: &str,
     limits: CallLimits,
 ) -> Result<Admission, StoreError> {
+    Ok(admit_and_read(conn, tenant, slot, limits, None).await?.0)
+}
+
+/// [`admit`], and in the same statement (one round trip) the tenant's sandbox `sandbox_id` as
+/// it is (read only, like `sandboxes::get`: `None` when the tenant has no such sandbox). The
+/// row is read whether or not the call is admitted; a refused call changes nothing.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
+pub async fn admit_and_read(
+    conn: &mut PgConnection,
+    tenant: Uuid,
+    slot: &str,
+    limits: CallLimits,
+    sandbox_id: Option<&str>,
+) -> Result<(Admission, Option<SandboxRow>), StoreError> {
     let per_minute = f64::from(limits.per_minute.max(1));
     // GCRA: the emission interval, and the burst tolerance that admits `per_minute` at once.
     let interval = 60.0 / per_minute;
@@ -77,42 +92,63 @@ pub async fn admit(
     let admit = format!(
         "(greatest(q.rate_tat, now()) <= now() + make_interval(secs => $3) AND {LIVE_COUNT} < $4)"
     );
+    // The sandbox's row joins the admission's one row (its columns are named apart from the
+    // admission's): no sandbox named, or none of the tenant's by that id, leaves them NULL.
     let sql = format!(
-        "INSERT INTO call_quotas AS q (tenant_id, rate_tat, in_flight)
-         VALUES ($1, now() + make_interval(secs => $2),
-                 jsonb_build_object($5::text, extract(epoch FROM now()) + $6))
-         ON CONFLICT (tenant_id) DO UPDATE SET
-             rate_tat = CASE WHEN {admit}
-                 THEN greatest(q.rate_tat, now()) + make_interval(secs => $2)
-                 ELSE q.rate_tat END,
-             in_flight = CASE WHEN {admit}
-                 THEN {LIVE_SLOTS} || EXCLUDED.in_flight
-                 ELSE q.in_flight END
-         RETURNING q.in_flight ? $5::text,
-                   extract(epoch FROM (q.rate_tat - now()))::float8 - $3,
-                   {NOT_DURABLE}"
+        "WITH admission AS (
+           INSERT INTO call_quotas AS q (tenant_id, rate_tat, in_flight)
+           VALUES ($1, now() + make_interval(secs => $2),
+                   jsonb_build_object($5::text, extract(epoch FROM now()) + $6))
+           ON CONFLICT (tenant_id) DO UPDATE SET
+               rate_tat = CASE WHEN {admit}
+                   THEN greatest(q.rate_tat, now()) + make_interval(secs => $2)
+                   ELSE q.rate_tat END,
+               in_flight = CASE WHEN {admit}
+                   THEN {LIVE_SLOTS} || EXCLUDED.in_flight
+                   ELSE q.in_flight END
+           RETURNING q.in_flight ? $5::text AS admitted,
+                     extract(epoch FROM (q.rate_tat - now()))::float8 - $3 AS rate_wait,
+                     {NOT_DURABLE} AS not_durable)
+         SELECT admission.admitted, admission.rate_wait, admission.not_durable,
+                s.id IS NOT NULL AS found, {SANDBOX}
+           FROM admission
+           LEFT JOIN sandboxes s ON s.id = $7 AND s.tenant_id = $1",
+        SANDBOX = crate::sandboxes::COLUMNS
+            .split(',')
+            .map(|c| format!("s.{}", c.trim()))
+            .collect::<Vec<_>>()
+            .join(", "),
     );
-    let (admitted, rate_wait, _): (bool, f64, String) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(tenant)
         .bind(interval)
         .bind(tolerance)
         .bind(i64::from(limits.in_flight))
         .bind(slot)
         .bind(f64::from(limits.slot_ttl_seconds))
+        .bind(sandbox_id)
         .fetch_one(conn)
         .await?;
+    let admitted: bool = row.try_get("admitted")?;
+    let rate_wait: f64 = row.try_get("rate_wait")?;
+    let sandbox = if row.try_get::<bool, _>("found")? {
+        Some(SandboxRow::from_row(&row)?)
+    } else {
+        None
+    };
     if admitted {
-        return Ok(Admission::Admitted);
+        return Ok((Admission::Admitted, sandbox));
     }
     // Over the rate when the (unchanged) row says the next call fits only later; else it was
     // the calls in flight.
-    Ok(if rate_wait > 0.0 {
+    let refused = if rate_wait > 0.0 {
         Admission::OverRate {
             retry_after_seconds: (rate_wait.ceil() as u32).max(1),
         }
     } else {
         Admission::OverInFlight
-    })
+    };
+    Ok((refused, sandbox))
 }
 
 /// Frees a call's slot (its start stays counted in the rate).

@@ -66,7 +66,7 @@ impl SandboxRow {
     }
 }
 
-const COLUMNS: &str = "id, profile, container_id, node, state, tenant_id, conversation_id, \
+pub(crate) const COLUMNS: &str = "id, profile, container_id, node, state, tenant_id, conversation_id, \
      created_at, leased_at, last_used_at, idle_timeout_seconds, expires_at, closed_at, close_reason, grant_id";
 
 /// A sandbox being leased to a tenant.

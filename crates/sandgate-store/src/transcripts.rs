@@ -21,15 +21,22 @@ pub struct Bound {
     pub max_bytes: i64,
 }
 
-/// An entry to append.
+/// Whose transcript entries are appended: a sandbox and its owner.
 #[derive(Debug, Clone, Copy)]
-pub struct NewEntry<'a> {
+pub struct Owner<'a> {
     /// The sandbox's owner.
     pub tenant_id: Uuid,
     /// The sandbox.
     pub sandbox_id: &'a str,
     /// Its conversation, if any.
     pub conversation_id: Option<&'a str>,
+}
+
+/// An entry to append.
+#[derive(Debug, Clone, Copy)]
+pub struct NewEntry<'a> {
+    /// When it happened (the call's end).
+    pub at: DateTime<Utc>,
     /// `cell`, `command`, `upload` or `fetch`.
     pub kind: &'a str,
     /// The entry.
@@ -47,46 +54,77 @@ pub enum Appended {
     Dropped,
 }
 
-/// Appends an entry to a sandbox's transcript, or counts it as dropped when the transcript is
-/// at its bound. Takes the transcript's row lock, so concurrent calls on one sandbox get
-/// consecutive positions; run it in a transaction.
-#[tracing::instrument(skip_all, fields(sandbox_id = entry.sandbox_id))]
-pub async fn append(
+/// Appends entries, in order, to a sandbox's transcript; an entry that does not fit the bound
+/// is counted as dropped instead (a later, smaller one may still fit). Takes the transcript's
+/// row lock, so appends from several processes get consecutive positions; run it in a
+/// transaction. Two statements however many entries.
+///
+/// Entries are written behind the calls that made them, so they may arrive after an
+/// operator's purge of the tenant (`sandgate admin tenant purge`, which closes the live
+/// sandboxes as `purged` and deletes their transcripts): for a sandbox closed as `purged`
+/// nothing is written and the result is empty. The sandbox's row is share-locked first, so a
+/// purge running at the same moment either sees these entries and deletes them, or is seen.
+#[tracing::instrument(skip_all, fields(sandbox_id = owner.sandbox_id, entries = new.len()))]
+pub async fn append_all(
     conn: &mut PgConnection,
-    entry: &NewEntry<'_>,
+    owner: Owner<'_>,
+    new: &[NewEntry<'_>],
     bound: Bound,
-) -> Result<Appended, StoreError> {
+) -> Result<Vec<Appended>, StoreError> {
     // The no-op update takes the row lock and returns the counts as they are.
-    let (entries, bytes): (i32, i64) = sqlx::query_as(
-        "INSERT INTO transcripts (sandbox_id, tenant_id, conversation_id) VALUES ($1, $2, $3)
+    let counts: Option<(i32, i64)> = sqlx::query_as(
+        "WITH sandbox AS (SELECT id FROM sandboxes
+                           WHERE id = $1 AND close_reason IS DISTINCT FROM 'purged'
+                           FOR SHARE)
+         INSERT INTO transcripts (sandbox_id, tenant_id, conversation_id)
+         SELECT id, $2, $3 FROM sandbox
          ON CONFLICT (sandbox_id) DO UPDATE SET entries = transcripts.entries
          RETURNING entries, bytes",
     )
-    .bind(entry.sandbox_id)
-    .bind(entry.tenant_id)
-    .bind(entry.conversation_id)
-    .fetch_one(&mut *conn)
+    .bind(owner.sandbox_id)
+    .bind(owner.tenant_id)
+    .bind(owner.conversation_id)
+    .fetch_optional(&mut *conn)
     .await?;
-    if entries >= bound.max_entries || bytes + entry.bytes > bound.max_bytes {
-        sqlx::query("UPDATE transcripts SET dropped = dropped + 1 WHERE sandbox_id = $1")
-            .bind(entry.sandbox_id)
-            .execute(conn)
-            .await?;
-        return Ok(Appended::Dropped);
+    let Some((mut entries, mut bytes)) = counts else {
+        return Ok(Vec::new());
+    };
+    let mut appended = Vec::with_capacity(new.len());
+    let (mut seqs, mut ats, mut kinds, mut bodies) = (vec![], vec![], vec![], vec![]);
+    let mut dropped = 0i32;
+    for entry in new {
+        if entries >= bound.max_entries || bytes + entry.bytes > bound.max_bytes {
+            dropped += 1;
+            appended.push(Appended::Dropped);
+            continue;
+        }
+        entries += 1;
+        bytes += entry.bytes;
+        seqs.push(entries);
+        ats.push(entry.at);
+        kinds.push(entry.kind);
+        bodies.push(entry.body);
+        appended.push(Appended::Kept(entries));
     }
-    let seq = entries + 1;
     sqlx::query(
-        "WITH e AS (INSERT INTO transcript_entries (sandbox_id, seq, kind, body) VALUES ($1, $2, $3, $4))
-         UPDATE transcripts SET entries = $2, bytes = bytes + $5 WHERE sandbox_id = $1",
+        "WITH e AS (INSERT INTO transcript_entries (sandbox_id, seq, at, kind, body)
+                    SELECT $1, u.seq, u.at, u.kind, u.body
+                      FROM UNNEST($2::int4[], $3::timestamptz[], $4::text[], $5::jsonb[])
+                           AS u(seq, at, kind, body))
+         UPDATE transcripts SET entries = $6, bytes = $7, dropped = dropped + $8
+          WHERE sandbox_id = $1",
     )
-    .bind(entry.sandbox_id)
-    .bind(seq)
-    .bind(entry.kind)
-    .bind(entry.body)
-    .bind(entry.bytes)
+    .bind(owner.sandbox_id)
+    .bind(seqs)
+    .bind(ats)
+    .bind(kinds)
+    .bind(bodies)
+    .bind(entries)
+    .bind(bytes)
+    .bind(dropped)
     .execute(conn)
     .await?;
-    Ok(Appended::Kept(seq))
+    Ok(appended)
 }
 
 /// A sandbox's transcript, without its entries.

@@ -1,7 +1,8 @@
 //! The idle clock's writes, coalesced: a call refreshes its sandbox's `last_used_at` at most
 //! once per [`COALESCE`] per sandbox from this process, and in the same statement that finds
 //! the sandbox and checks its owner (one round trip, `sandboxes::touch_in_time`). A call within
-//! [`COALESCE`] of the last touch only reads the row.
+//! [`COALESCE`] of the last touch only reads the row, and when the call's admission read it
+//! already (`SandboxService::admit_naming`, the same statement as the quota's), not even that.
 //!
 //! What it costs: a sandbox's idle clock may run up to [`COALESCE`] behind its last call's
 //! start. It never extends a sandbox past `expires_at` (the touch refuses an overdue row, and
@@ -13,9 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sandgate_store::sandboxes::{self, SandboxRow};
-use uuid::Uuid;
 
-use super::{SandboxService, ServiceError};
+use super::{Caller, SandboxService, ServiceError};
 
 /// At most one idle-clock write per sandbox per this long, from one process.
 pub(crate) const COALESCE: Duration = Duration::from_secs(1);
@@ -56,13 +56,20 @@ impl SandboxService {
     /// module): one statement in the common case.
     pub(crate) async fn touch_for_call(
         &self,
-        tenant: Uuid,
+        caller: &Caller,
         id: &str,
         new_idle: Option<i32>,
     ) -> Result<Touched, ServiceError> {
-        let mut conn = self.db.acquire().await?;
+        let tenant = caller.tenant;
         if new_idle.is_none() && self.idle_clock.recently_touched(id) {
-            let row = sandboxes::get(&mut conn, tenant, id).await?;
+            // The row as the call's admission read it (same statement), else read now.
+            let row = match caller.read_at_admission.as_ref().filter(|r| r.id == id) {
+                Some(row) => Some(row.clone()),
+                None => {
+                    let mut conn = self.db.acquire().await?;
+                    sandboxes::get(&mut conn, tenant, id).await?
+                }
+            };
             return Ok(match row {
                 Some(row) if row.state == sandboxes::SandboxState::Leased => {
                     if super::overdue(&row, chrono::Utc::now()) {
@@ -74,6 +81,7 @@ impl SandboxService {
                 other => Touched::Untouched(other),
             });
         }
+        let mut conn = self.db.acquire().await?;
         match sandboxes::touch_in_time(&mut conn, tenant, id, new_idle).await? {
             Some(row) => {
                 self.idle_clock.wrote(id);

@@ -239,7 +239,7 @@ impl SandboxService {
                 let idle = Self::idle_timeout(&caller.limits, keep_alive)?;
                 let new_idle = keep_alive.map(|_| idle);
                 // The common case in one statement: found, owned, live, clock refreshed.
-                match self.touch_for_call(caller.tenant, id, new_idle).await? {
+                match self.touch_for_call(caller, id, new_idle).await? {
                     idle_clock::Touched::Live(row) => self.resolve_touched(row).await,
                     idle_clock::Touched::Untouched(row) => {
                         let row = row.ok_or_else(|| ServiceError::NotFound(id.to_owned()))?;

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use sandgate_store::PgPool;
 use sandgate_store::quotas::{self, Admission, CallLimits};
+use sandgate_store::sandboxes::SandboxRow;
 use tokio::task::JoinHandle;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
@@ -40,6 +41,30 @@ impl SandboxService {
     /// statement; a refusal is a [`ServiceError::Quota`] naming the limit and when to retry.
     #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant))]
     pub async fn admit(&self, caller: &Caller) -> Result<CallPermit, ServiceError> {
+        self.admit_reading(caller, None)
+            .await
+            .map(|(permit, _)| permit)
+    }
+
+    /// [`Self::admit`] for a call that names `sandbox_id`: the same statement reads the
+    /// tenant's sandbox by that id (one round trip for both), kept in
+    /// [`Caller::read_at_admission`] for the call's lookup.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant))]
+    pub async fn admit_naming(
+        &self,
+        caller: &mut Caller,
+        sandbox_id: &str,
+    ) -> Result<CallPermit, ServiceError> {
+        let (permit, row) = self.admit_reading(caller, Some(sandbox_id)).await?;
+        caller.read_at_admission = row;
+        Ok(permit)
+    }
+
+    async fn admit_reading(
+        &self,
+        caller: &Caller,
+        sandbox_id: Option<&str>,
+    ) -> Result<(CallPermit, Option<SandboxRow>), ServiceError> {
         let slot = Uuid::new_v4().simple().to_string();
         let ttl = self.limits.call_slot_ttl_seconds;
         let limits = CallLimits {
@@ -48,7 +73,9 @@ impl SandboxService {
             slot_ttl_seconds: ttl,
         };
         let mut conn = self.db.acquire().await?;
-        match quotas::admit(&mut conn, caller.tenant, &slot, limits).await? {
+        let (admission, row) =
+            quotas::admit_and_read(&mut conn, caller.tenant, &slot, limits, sandbox_id).await?;
+        match admission {
             Admission::Admitted => {}
             Admission::OverRate {
                 retry_after_seconds,
@@ -74,13 +101,14 @@ impl SandboxService {
             slot.clone(),
             ttl,
         ));
-        Ok(CallPermit {
+        let permit = CallPermit {
             tenant: caller.tenant,
             slot,
             db: self.db.clone(),
             renewer: Some(renewer),
             after_answer: self.after_answer.clone(),
-        })
+        };
+        Ok((permit, row))
     }
 }
 

@@ -5,3 +5,4 @@ mod nodes;
 mod quotas;
 mod sandboxes;
 mod support;
+mod transcripts;

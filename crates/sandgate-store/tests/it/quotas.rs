@@ -261,3 +261,67 @@ async fn sessions_are_capped_per_tenant_and_closed_or_expired_ones_free_their_sl
     drop(conn);
     db.drop_db().await;
 }
+
+/// The admission that reads the call's sandbox in the same statement: the tenant's own row,
+/// another tenant's as missing, and a refused start changes nothing while still reading.
+#[tokio::test]
+async fn an_admission_reads_only_its_own_tenants_sandbox_and_a_refusal_changes_nothing() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let owner = tenants::create(&mut conn, "owner").await.unwrap();
+    let intruder = tenants::create(&mut conn, "intruder").await.unwrap();
+    let lease = sandgate_store::sandboxes::NewLease {
+        tenant_id: owner.id,
+        conversation_id: None,
+        idle_timeout_seconds: 60,
+        expires_at: chrono::Utc::now() + chrono::Duration::hours(1),
+        grant_id: None,
+    };
+    sandgate_store::sandboxes::insert_leased(&mut conn, "sbx_owned", "default", "c", "n", &lease)
+        .await
+        .unwrap();
+    let limits = CallLimits {
+        per_minute: 10_000,
+        in_flight: 1,
+        slot_ttl_seconds: 60,
+    };
+
+    let (admission, row) =
+        quotas::admit_and_read(&mut conn, owner.id, &slot(), limits, Some("sbx_owned"))
+            .await
+            .unwrap();
+    assert_eq!(admission, Admission::Admitted);
+    let row = row.expect("the owner's sandbox is read with the admission");
+    assert_eq!(
+        (row.id.as_str(), row.tenant_id),
+        ("sbx_owned", Some(owner.id))
+    );
+
+    let (admission, row) =
+        quotas::admit_and_read(&mut conn, intruder.id, &slot(), limits, Some("sbx_owned"))
+            .await
+            .unwrap();
+    assert_eq!(admission, Admission::Admitted, "the intruder's own quota");
+    assert!(row.is_none(), "another tenant's sandbox reads as missing");
+
+    let (admission, row) =
+        quotas::admit_and_read(&mut conn, owner.id, &slot(), limits, Some("sbx_owned"))
+            .await
+            .unwrap();
+    assert_eq!(
+        admission,
+        Admission::OverInFlight,
+        "the cap of one is taken"
+    );
+    assert!(row.is_some(), "a refused start still reads the row");
+    assert_eq!(
+        quotas::in_flight(&mut conn, owner.id).await.unwrap(),
+        1,
+        "the refused start took no slot"
+    );
+
+    let (_, row) = quotas::admit_and_read(&mut conn, owner.id, &slot(), limits, Some("sbx_nope"))
+        .await
+        .unwrap();
+    assert!(row.is_none(), "a missing sandbox reads as missing");
+}

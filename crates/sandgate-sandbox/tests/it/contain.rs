@@ -144,12 +144,12 @@ async fn processes_started_by_a_cancelled_cell_do_not_survive() {
     let code = STARTING_CELL.replace("MARK", &m);
     let mut running = Box::pin(sandbox.exec(&code, ExecOptions::default(), None));
     // Commands poll for the cell's file; each one ends, and sweeps, while the cell runs.
+    let probe = format!("test -e /tmp/started-{m}");
     let deadline = tokio::time::Instant::now() + secs(60);
     loop {
-        let poll = shell(&sandbox, &format!("test -e /tmp/started-{m}"));
         let started = tokio::select! {
             done = &mut running => panic!("the cell ended by itself: {done:?}"),
-            polled = poll => polled.exit_code == Some(0),
+            polled = shell(&sandbox, &probe) => polled.exit_code == Some(0),
         };
         if started {
             break;

@@ -894,6 +894,13 @@ def test_escapes_from_an_interrupted_cell_do_not_survive(agent):
     assert agent.run("1 + 1")[0]["result"]["text/plain"] == "2"
 
 
+def test_the_kernel_does_not_load_the_package_index_relays_http_server(agent):
+    # Only the agent serves the index; in the kernel (the same source) http.server and what it
+    # pulls in (email, http.client, mimetypes) would cost ~2 MB for nothing.
+    result, _ = agent.run("import sys\nsorted(m for m in ('http.server', 'email') if m in sys.modules)")
+    assert result["result"]["text/plain"] == "[]", result
+
+
 def test_what_a_running_cell_started_survives_other_calls_until_the_cell_is_interrupted(agent):
     marker = f"{os.getpid()}{time.monotonic_ns() % 100000}"
     started = agent.home / f"started-{marker}"

@@ -3,7 +3,8 @@
 It speaks the newline-delimited JSON protocol described in PROTOCOL.md (next to this file) over the
 container's attached stdin/stdout. The same source runs in two roles:
 
-* the **agent** (started by the gateway as ``python3 -u -c <bootstrap.py> <source>``, as root with
+* the **agent** (started by the gateway as ``python3 -u -c <bootstrap.py> <source>``, the source
+  compressed (zlib, base64: bootstrap.py decompresses it), as root with
   only the capabilities SETUID, SETGID and KILL): owns the protocol descriptors, answers
   ``ping``, runs ``command`` (shell commands and background jobs), the file operations,
   ``interrupt`` and ``restart``, supervises the kernel, and ends every process a call leaves

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from pathlib import Path
 
 import pytest
@@ -88,8 +89,10 @@ class AgentProcess:
         if not via_c:
             argv = [python, "-u", str(AGENT)]
         elif bootstrap:
-            # The gateway starts the agent as `python3 -u -c <bootstrap.py> <agent.py>`.
-            argv = [python, "-u", "-c", BOOTSTRAP.read_text(), AGENT.read_text()]
+            # The gateway starts the agent as `python3 -u -c <bootstrap.py> <agent.py>`, agent.py
+            # compressed as sandgate-sandbox's docker.rs does (zlib, then base64).
+            packed = base64.b64encode(zlib.compress(AGENT.read_bytes(), 9)).decode()
+            argv = [python, "-u", "-c", BOOTSTRAP.read_text(), packed]
         else:
             argv = [python, "-u", "-c", AGENT.read_text()]
         self.proc = subprocess.Popen(

@@ -3,7 +3,8 @@
 It speaks the newline-delimited JSON protocol described in PROTOCOL.md (next to this file) over the
 container's attached stdin/stdout. The same source runs in two roles:
 
-* the **agent** (started by the gateway as ``python3 -u -c <bootstrap.py> <source>``, as root with
+* the **agent** (started by the gateway as ``python3 -u -c <bootstrap.py> <source>``, the source
+  compressed (zlib, base64: bootstrap.py decompresses it), as root with
   only the capabilities SETUID, SETGID and KILL): owns the protocol descriptors, answers
   ``ping``, runs ``command`` (shell commands and background jobs), the file operations,
   ``interrupt`` and ``restart``, supervises the kernel, and ends every process a call leaves
@@ -54,7 +55,10 @@ import time
 import traceback
 import types
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+# http.server is imported where the agent starts the package index relay (IndexRelay.start), not
+# here: the kernel runs this same source and never serves the index, and the import (with email,
+# http.client, socketserver, mimetypes …) costs each process ~2.8 MB.
 
 PROTOCOL_VERSION = 2
 
@@ -244,8 +248,11 @@ class Credentials:
 CREDS = None  # Credentials, set in agent_main()
 
 
+ProcInfo = collections.namedtuple("ProcInfo", "ppid uid state sid")
+
+
 def read_processes():
-    """pid -> (ppid, real uid, state) of every process visible in /proc."""
+    """pid -> ProcInfo(ppid, real uid, state, session id) of every process visible in /proc."""
     procs = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -254,8 +261,9 @@ def read_processes():
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 data = f.read()
+            # After "(comm)": state, ppid, pgrp, session, ...
             fields = data[data.rindex(b")") + 2 :].split()
-            state, ppid = fields[0].decode(), int(fields[1])
+            state, ppid, sid = fields[0].decode(), int(fields[1]), int(fields[3])
             uid = None
             with open(f"/proc/{pid}/status", "rb") as f:
                 for line in f:
@@ -264,15 +272,15 @@ def read_processes():
                         break
         except (OSError, ValueError, IndexError):
             continue  # gone meanwhile
-        procs[pid] = (ppid, uid, state)
+        procs[pid] = ProcInfo(ppid, uid, state, sid)
     return procs
 
 
 def tree(procs, roots):
     """The pids in `roots` and all their descendants."""
     children = collections.defaultdict(list)
-    for pid, (ppid, _, _) in procs.items():
-        children[ppid].append(pid)
+    for pid, info in procs.items():
+        children[info.ppid].append(pid)
     seen = set()
     todo = [pid for pid in roots if pid in procs]
     while todo:
@@ -284,6 +292,20 @@ def tree(procs, roots):
     return seen
 
 
+def belonging(procs, roots):
+    """The processes of the calls whose main processes are `roots` (the kernel, commands, jobs):
+    each root's tree, and every process of the session the root leads, with its tree.
+
+    Every root leads a session of its own (start_new_session). A process orphaned by a double fork
+    or `nohup … &` is reparented out of its call's tree but keeps the call's session, so a sweep
+    after *another* call spares it while its own call runs. Only `setsid` leaves the session;
+    what also leaves the tree then belongs to no call (PROTOCOL.md, "Sweeps").
+    """
+    sessions = {pid for pid in roots if pid in procs and procs[pid].sid == pid}
+    members = [pid for pid, info in procs.items() if info.sid in sessions]
+    return tree(procs, list(roots) + members)
+
+
 # Starting a user process and recording it where `keep_roots` finds it happen under SPAWN_LOCK,
 # and each round of a sweep decides and kills under it: a sweep (another call ending) never sees a
 # process that was started but not yet recorded, and so never kills a call that is just starting.
@@ -291,9 +313,9 @@ SPAWN_LOCK = threading.Lock()
 
 
 def sweep(keep_roots, keep_pids=()):
-    """Kills every user process outside the trees of `keep_roots()` (the kernel, running commands,
-    background jobs: asked again each round, under SPAWN_LOCK), repeating until none is left or
-    SWEEP_S has passed.
+    """Kills every user process that does not belong to one of `keep_roots()` (the kernel, running
+    commands, background jobs: asked again each round, under SPAWN_LOCK; see `belonging`) nor is
+    one of `keep_pids`, repeating until none is left or SWEEP_S has passed.
 
     As root the candidates are all processes of the sandbox user, wherever they were reparented
     (setsid, double fork, nohup: none of them changes the uid); on a host (tests), the agent's own
@@ -305,12 +327,12 @@ def sweep(keep_roots, keep_pids=()):
     while True:
         with SPAWN_LOCK:
             procs = read_processes()
-            keep = tree(procs, keep_roots()) | {me} | set(keep_pids)
+            keep = belonging(procs, keep_roots()) | {me} | set(keep_pids)
             if CREDS is not None and CREDS.root:
-                candidates = {pid for pid, (_, uid, _) in procs.items() if uid == USER_UID}
+                candidates = {pid for pid, info in procs.items() if info.uid == USER_UID}
             else:
                 candidates = tree(procs, [me])
-            victims = [pid for pid in candidates - keep if procs[pid][2] not in ("Z", "X")]
+            victims = [pid for pid in candidates - keep if procs[pid].state not in ("Z", "X")]
             if not victims:
                 return killed
             for pid in victims:
@@ -1266,8 +1288,11 @@ class IndexRelay:
         self.server = None
 
     def start(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        handler = type("IndexHandler", (IndexHandler, BaseHTTPRequestHandler), {})
         try:
-            self.server = ThreadingHTTPServer(("127.0.0.1", INDEX_PORT), IndexHandler)
+            self.server = ThreadingHTTPServer(("127.0.0.1", INDEX_PORT), handler)
         except OSError as err:
             log(f"package index relay not started on 127.0.0.1:{INDEX_PORT}: {err}")
             return
@@ -1358,8 +1383,11 @@ class IndexRelay:
             self.pending.pop(rid, None)
 
 
-class IndexHandler(BaseHTTPRequestHandler):
-    """pip's side of the relay: GET only, known paths only, the answer streamed as it arrives."""
+class IndexHandler:
+    """pip's side of the relay: GET only, known paths only, the answer streamed as it arrives.
+
+    The methods of an http.server.BaseHTTPRequestHandler, which IndexRelay.start puts under it
+    (imported there, in the agent only)."""
 
     server_version = "sandgate-index"
     # HTTP/1.0: the answer's end is the connection's end, so a streamed body needs no length.
@@ -1968,7 +1996,7 @@ class Agent(FrameServer):
         if proc is not None:
             kill_group(proc.pid)
             procs = read_processes()
-            for pid in tree(procs, [proc.pid]):
+            for pid in belonging(procs, [proc.pid]):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -2431,8 +2459,8 @@ def reap_strays():
             known = set(AGENT.commands.values()) | {p.pid for p in AGENT.job_procs.values()}
             if AGENT.kernel is not None:
                 known.add(AGENT.kernel.pid)
-        for pid, (ppid, _, state) in read_processes().items():
-            if ppid == os.getpid() and state == "Z" and pid not in known:
+        for pid, info in read_processes().items():
+            if info.ppid == os.getpid() and info.state == "Z" and pid not in known:
                 try:
                     os.waitpid(pid, os.WNOHANG)
                 except ChildProcessError:

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from pathlib import Path
 
 import pytest
@@ -88,8 +89,10 @@ class AgentProcess:
         if not via_c:
             argv = [python, "-u", str(AGENT)]
         elif bootstrap:
-            # The gateway starts the agent as `python3 -u -c <bootstrap.py> <agent.py>`.
-            argv = [python, "-u", "-c", BOOTSTRAP.read_text(), AGENT.read_text()]
+            # The gateway starts the agent as `python3 -u -c <bootstrap.py> <agent.py>`, agent.py
+            # compressed as sandgate-sandbox's docker.rs does (zlib, then base64).
+            packed = base64.b64encode(zlib.compress(AGENT.read_bytes(), 9)).decode()
+            argv = [python, "-u", "-c", BOOTSTRAP.read_text(), packed]
         else:
             argv = [python, "-u", "-c", AGENT.read_text()]
         self.proc = subprocess.Popen(
@@ -892,6 +895,66 @@ def test_escapes_from_an_interrupted_cell_do_not_survive(agent):
     for prefix in "65":
         assert gone_within(f"sleep {prefix}{marker}"), f"sleep {prefix}{marker} survived"
     assert agent.run("1 + 1")[0]["result"]["text/plain"] == "2"
+
+
+def test_the_kernel_does_not_load_the_package_index_relays_http_server(agent):
+    # Only the agent serves the index; in the kernel (the same source) http.server and what it
+    # pulls in (email, http.client, mimetypes) would cost ~2 MB for nothing.
+    result, _ = agent.run("import sys\nsorted(m for m in ('http.server', 'email') if m in sys.modules)")
+    assert result["result"]["text/plain"] == "[]", result
+
+
+def test_what_a_running_cell_started_survives_other_calls_until_the_cell_is_interrupted(agent):
+    marker = f"{os.getpid()}{time.monotonic_ns() % 100000}"
+    started = agent.home / f"started-{marker}"
+    cell = agent.start(
+        "exec",
+        code=(
+            "import subprocess, time\n"
+            f"subprocess.Popen(['setsid', 'sleep', '6{marker}'])\n"
+            # The shell has exited when wait() returns: its background sleep is an orphan.
+            f"subprocess.Popen(['sh', '-c', '(sleep 5{marker} &)']).wait()\n"
+            f"subprocess.Popen(['nohup', 'sleep', '4{marker}'], stdout=subprocess.DEVNULL,"
+            " stderr=subprocess.DEVNULL)\n"
+            f"open({str(started)!r}, 'w').close()\n"
+            "time.sleep(100)"
+        ),
+    )
+    wait_until(started.exists, 30, "the cell never started its children")
+    # Other calls end, and sweep, while the cell runs (commands: a cell would wait behind it).
+    agent.ok("command", command="true", timeout_ms=5000)
+    agent.ok("command", command="true", timeout_ms=5000)
+    for prefix in "654":
+        assert alive(f"sleep {prefix}{marker}"), (
+            f"sleep {prefix}{marker} of the running cell was killed by another call's sweep"
+        )
+    agent.ok("interrupt", target=cell)
+    _, final = agent.wait(cell)
+    assert final["result"]["error"]["name"] == "KeyboardInterrupt"
+    for prefix in "654":
+        assert gone_within(f"sleep {prefix}{marker}"), f"sleep {prefix}{marker} survived"
+
+
+def test_what_a_running_command_started_survives_other_calls_until_the_command_ends(agent):
+    marker = f"{os.getpid()}{time.monotonic_ns() % 100000}"
+    started = agent.home / f"started-{marker}"
+    command = agent.start(
+        "command",
+        command=f"(sleep 3{marker} &); nohup sleep 2{marker} >/dev/null 2>&1 & "
+        f"touch {started}; sleep 100",
+        timeout_ms=60000,
+    )
+    wait_until(started.exists, 30, "the command never started its children")
+    agent.run("1 + 1")  # a cell's end sweeps
+    agent.ok("command", command="true", timeout_ms=5000)  # so does another command's
+    for prefix in "32":
+        assert alive(f"sleep {prefix}{marker}"), (
+            f"sleep {prefix}{marker} of the running command was killed by another call's sweep"
+        )
+    agent.ok("interrupt", target=command)
+    agent.wait(command)
+    for prefix in "32":
+        assert gone_within(f"sleep {prefix}{marker}"), f"sleep {prefix}{marker} survived"
 
 
 def test_a_background_job_survives_and_can_be_listed_and_killed(agent):

@@ -20,13 +20,30 @@ use crate::backend::{
 use crate::config::SandboxProfile;
 
 /// The agent, embedded in the binary and handed to `python3 -c` (DESIGN §3: any image with
-/// python3 can be a profile), as the argument of [`AGENT_BOOTSTRAP`].
+/// python3 can be a profile), as the argument of [`AGENT_BOOTSTRAP`] ([`agent_argument`]).
 pub const AGENT_SOURCE: &str = include_str!("../agent/agent.py");
 
-/// The `-c` program that compiles and runs [`AGENT_SOURCE`] (its first argument). Running the agent
-/// as the `-c` program itself would keep its whole parse tree alive in every sandbox's agent and
-/// kernel (~4.5 MB each; `agent/bootstrap.py` says why).
+/// The `-c` program that decompresses, compiles and runs [`AGENT_SOURCE`] (its first argument,
+/// [`agent_argument`]). Running the agent as the `-c` program itself would keep its whole parse
+/// tree alive in every sandbox's agent and kernel (~4.5 MB each; `agent/bootstrap.py` says why).
 pub const AGENT_BOOTSTRAP: &str = include_str!("../agent/bootstrap.py");
+
+/// [`AGENT_SOURCE`] as it travels on the container's command line: zlib-compressed, then base64
+/// (an argument cannot hold NUL bytes). Linux caps one argument at 128 KiB (`MAX_ARG_STRLEN`);
+/// compressed, the agent takes about a third of what its source would.
+pub fn agent_argument() -> &'static str {
+    static ARGUMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        use base64::Engine as _;
+        use std::io::Write as _;
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        // Writing to a Vec cannot fail.
+        zlib.write_all(AGENT_SOURCE.as_bytes())
+            .and_then(|()| zlib.finish())
+            .map(|packed| base64::engine::general_purpose::STANDARD.encode(packed))
+            .expect("compressing into memory cannot fail")
+    });
+    &ARGUMENT
+}
 
 /// The sandbox user's home; the only writable place besides /tmp.
 const HOME: &str = "/home/user";
@@ -216,7 +233,7 @@ pub fn container_config(spec: &LaunchSpec) -> ContainerCreateBody {
             "-u".into(),
             "-c".into(),
             AGENT_BOOTSTRAP.into(),
-            AGENT_SOURCE.into(),
+            agent_argument().to_owned(),
         ]),
         entrypoint: Some(Vec::new()),
         // Root with the three capabilities above: PID 1 (docker-init) and the agent hold the
@@ -461,24 +478,48 @@ impl SandboxBackend for DockerBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::{AGENT_BOOTSTRAP, AGENT_SOURCE};
+    use std::io::Read as _;
 
-    /// Linux caps one argument of `execve` at 32 pages (`MAX_ARG_STRLEN`, 128 KiB): the agent's
-    /// source travels as one argument (`python3 -u -c <bootstrap> <source>`), so a sandbox whose
-    /// agent outgrew it would not start at all. Fail here first, with what to do.
+    use base64::Engine as _;
+
+    use super::{AGENT_BOOTSTRAP, AGENT_SOURCE, agent_argument};
+
+    /// Linux caps one argument of `execve` at 32 pages (`MAX_ARG_STRLEN`, 128 KiB, the final NUL
+    /// included): the agent travels as one argument (`python3 -u -c <bootstrap> <compressed
+    /// agent>`), so a sandbox whose agent outgrew it would not start at all. Fail here first, with
+    /// what to do.
     #[test]
     fn the_agent_fits_in_one_command_line_argument() {
         const MAX_ARG_STRLEN: usize = 32 * 4096;
         for (name, text) in [
-            ("agent.py", AGENT_SOURCE),
+            ("the compressed agent.py", agent_argument()),
             ("bootstrap.py", AGENT_BOOTSTRAP),
         ] {
             assert!(
                 text.len() < MAX_ARG_STRLEN,
-                "{name} is {} bytes, over the kernel's {MAX_ARG_STRLEN}-byte limit for one argument: \
-                 pass it compressed (bootstrap.py would decompress) or copy it into the container",
-                text.len()
+                "{name} is {} bytes, over the kernel's {MAX_ARG_STRLEN}-byte limit for one argument \
+                 (agent.py itself is {} bytes): split agent.py into modules the image ships, or \
+                 copy the agent into the container before it starts",
+                text.len(),
+                AGENT_SOURCE.len()
             );
         }
+    }
+
+    /// What bootstrap.py does with the argument (base64, then zlib) gives back agent.py exactly.
+    #[test]
+    fn the_compressed_agent_decompresses_to_its_source() {
+        let packed = base64::engine::general_purpose::STANDARD
+            .decode(agent_argument())
+            .expect("the argument is base64");
+        let mut source = String::new();
+        flate2::read::ZlibDecoder::new(packed.as_slice())
+            .read_to_string(&mut source)
+            .expect("the argument is zlib data");
+        assert!(source == AGENT_SOURCE, "the round trip changed agent.py");
+        assert!(
+            agent_argument().bytes().all(|b| b.is_ascii_graphic()),
+            "one argument, no NUL, no white space"
+        );
     }
 }

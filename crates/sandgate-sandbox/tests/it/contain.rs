@@ -77,7 +77,8 @@ async fn setsid_nohup_and_double_fork_do_not_outlive_a_timed_out_command() {
         .command(
             &format!(
                 "setsid sleep 71{m} & nohup sleep 72{m} >/dev/null 2>&1 & (sleep 73{m} &) ; \
-                 setsid sh -c 'sleep 74{m} & exec sleep 75{m}' & sleep 60"
+                 setsid sh -c 'sleep 74{m} & exec sleep 75{m}' & setsid sh -c '(sleep 77{m} &)'; \
+                 sleep 60"
             ),
             CommandOptions {
                 timeout: secs(2),
@@ -100,6 +101,7 @@ const ESCAPING_CELL: &str = "import subprocess, time\n\
     subprocess.Popen(['setsid', 'sleep', '81MARK'])\n\
     subprocess.Popen(['sh', '-c', '(sleep 82MARK &)'])\n\
     subprocess.Popen(['nohup', 'sleep', '83MARK'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n\
+    subprocess.Popen(['setsid', 'sh', '-c', '(sleep 84MARK &)'])\n\
     while True:\n    time.sleep(0.1)";
 
 #[tokio::test]
@@ -125,28 +127,48 @@ async fn processes_started_by_a_timed_out_cell_do_not_survive_and_its_variables_
     env.cleanup().await;
 }
 
+/// Starts a child that calls setsid, an orphan of a double fork (the shell has exited when its
+/// `wait()` returns) and a nohup child, says so with a file, and runs on.
+const STARTING_CELL: &str = "import subprocess, time\n\
+    subprocess.Popen(['setsid', 'sleep', '81MARK'])\n\
+    subprocess.Popen(['sh', '-c', '(sleep 82MARK &)']).wait()\n\
+    subprocess.Popen(['nohup', 'sleep', '83MARK'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n\
+    open('/tmp/started-MARK', 'w').close()\n\
+    while True:\n    time.sleep(0.1)";
+
 #[tokio::test]
 async fn processes_started_by_a_cancelled_cell_do_not_survive() {
     let env = TestEnv::new("contain-cancel", 0).await;
     let sandbox = env.lease().await;
     let m = marker();
-    let code = ESCAPING_CELL.replace("MARK", &m);
+    let code = STARTING_CELL.replace("MARK", &m);
     let mut running = Box::pin(sandbox.exec(&code, ExecOptions::default(), None));
-    // Cancel (drop the call) once its children run.
-    let deadline = tokio::time::Instant::now() + secs(30);
+    // Commands poll for the cell's file; each one ends, and sweeps, while the cell runs.
+    let probe = format!("test -e /tmp/started-{m}");
+    let deadline = tokio::time::Instant::now() + secs(60);
     loop {
-        tokio::select! {
+        let started = tokio::select! {
             done = &mut running => panic!("the cell ended by itself: {done:?}"),
-            () = tokio::time::sleep(Duration::from_millis(200)) => {}
-        }
-        if survivors(&sandbox, &m).await.len() >= 3 {
+            polled = shell(&sandbox, &probe) => polled.exit_code == Some(0),
+        };
+        if started {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the cell's children never started"
+            "the cell never started its children"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shell(&sandbox, "true").await;
+    let alive = survivors(&sandbox, &m).await;
+    for n in 81..=83 {
+        assert!(
+            alive.iter().any(|p| p.contains(&format!("sleep {n}{m}"))),
+            "sleep {n}{m} of the running cell was killed by another call's sweep: {alive:?}"
         );
     }
+    // Cancel (drop the call): now everything the cell started goes, and the kernel stays.
     drop(running);
     none_survive(&sandbox, &m).await;
     assert_eq!(text(&cell(&sandbox, "1 + 1").await), "2");

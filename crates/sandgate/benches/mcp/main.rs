@@ -81,8 +81,8 @@ mod samples;
 mod sandbox_crate;
 mod series;
 mod through_mcp;
-mod via_node;
 mod through_node;
+mod via_node;
 mod workload;
 
 use gateway::*;
@@ -93,8 +93,8 @@ use samples::*;
 use sandbox_crate::*;
 use series::*;
 use through_mcp::*;
-use via_node::*;
 use through_node::*;
+use via_node::*;
 use workload::*;
 
 #[derive(Debug, Clone, Copy)]

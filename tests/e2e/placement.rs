@@ -234,3 +234,50 @@ async fn a_killed_node_s_sandbox_is_lost_with_a_clear_error_and_its_return_remov
     let fresh = client.ok("execute_code", json!({"code": "'fresh'"})).await;
     assert_ne!(sandbox_id(&fresh), id, "a new sandbox on the returned node");
 }
+
+#[tokio::test]
+async fn a_gateway_only_replica_needs_no_docker_and_is_ready_once_a_live_node_is_registered() {
+    let database = support::fresh_database().await;
+    let instance = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    // An engine address nothing answers at: a gateway-only replica never talks to Docker.
+    let env: Vec<(&str, &str)> = QUICK_NODE
+        .iter()
+        .copied()
+        .chain([("SANDGATE_DOCKER__HOST", "tcp://127.0.0.1:1")])
+        .collect();
+    let gateway = Gateway::start_gateway_only(&database, &instance, &env).await;
+    let readyz = || async {
+        let response = reqwest::get(format!("{}/readyz", gateway.base_url))
+            .await
+            .expect("/readyz answers");
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.expect("a JSON body");
+        (status, body)
+    };
+    let (status, body) = readyz().await;
+    assert_eq!(status, 503, "no node registered yet: {body}");
+    assert_eq!(body["checks"]["postgres"]["ok"], true, "{body}");
+    assert_eq!(body["checks"]["nodes"]["ok"], false, "{body}");
+    assert!(
+        body["checks"]["nodes"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("sandgate node")),
+        "the failed check says what to do: {body}"
+    );
+    assert!(
+        body["checks"].get("docker").is_none(),
+        "a gateway-only replica does not check Docker: {body}"
+    );
+
+    let _node = start_node(&database, &instance).await;
+    let body = eventually(
+        WITHIN,
+        "the replica to be ready once a node runs",
+        || async {
+            let (status, body) = readyz().await;
+            (status == 200).then_some(body)
+        },
+    )
+    .await;
+    assert_eq!(body["checks"]["nodes"]["ok"], true, "{body}");
+}

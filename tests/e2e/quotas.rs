@@ -577,7 +577,13 @@ async fn the_in_flight_cap_holds_across_replicas_and_a_dead_replicas_slots_expir
         ("SANDGATE_POOL__MIN_READY", "1"),
     ];
     let mut first = Gateway::start(&database, &env).await;
-    let second = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "0"), env[0]]).await;
+    // A gateway-only replica: the engine's one node is the first's.
+    let second = Gateway::start_gateway_only(
+        &database,
+        &first.instance,
+        &[("SANDGATE_POOL__MIN_READY", "0"), env[0]],
+    )
+    .await;
     let tenant = first.create_tenant().await;
     set_limits(&first, &tenant, &[("--max-calls-in-flight", "1")]).await;
     let client = std::sync::Arc::new(

@@ -298,14 +298,9 @@ impl SandboxService {
     /// Every `every`, runs [`Self::sweep_lost_nodes`] until `stop`.
     fn spawn_sweeper(&self, every: Duration, stop: CancellationToken, tasks: &TaskTracker) {
         let sweeper = self.clone();
-        tasks.spawn(async move {
-            let mut ticker = tokio::time::interval(every);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {}
-                    () = stop.cancelled() => return,
-                }
+        spawn_every(every, stop, tasks, move || {
+            let sweeper = sweeper.clone();
+            async move {
                 if let Err(err) = sweeper.sweep_lost_nodes().await {
                     tracing::warn!(error = %err, "the lost-node sweep failed");
                 }
@@ -314,17 +309,12 @@ impl SandboxService {
     }
 
     /// Once a second, gives up the warm sandboxes the pool's target no longer covers (the manager
-    /// leaves that to this service, which owns their rows).
+    /// leaves that to this service, which owns their rows), all of them while the node drains.
     fn spawn_trimmer(&self, stop: CancellationToken, tasks: &TaskTracker) {
         let trimmer = self.clone();
-        tasks.spawn(async move {
-            let mut ticker = tokio::time::interval(TRIM_INTERVAL);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = ticker.tick() => {}
-                    () = stop.cancelled() => return,
-                }
+        spawn_every(TRIM_INTERVAL, stop, tasks, move || {
+            let trimmer = trimmer.clone();
+            async move {
                 if let Err(err) = trimmer.trim_pool().await {
                     tracing::warn!(error = %err, "shrinking the warm pool failed");
                 }
@@ -408,4 +398,23 @@ impl SandboxService {
             }
         });
     }
+}
+
+/// Runs `tick` every `every` (a missed tick waits for the next) until `stop`.
+fn spawn_every<F, Fut>(every: Duration, stop: CancellationToken, tasks: &TaskTracker, mut tick: F)
+where
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    tasks.spawn(async move {
+        let mut ticker = tokio::time::interval(every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                () = stop.cancelled() => return,
+            }
+            tick().await;
+        }
+    });
 }

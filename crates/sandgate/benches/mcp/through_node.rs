@@ -114,9 +114,25 @@ impl NodeProcess {
     }
 }
 
+const NODE_EXEC: (&str, &str, &str) = (
+    "node.exec_1p1",
+    "sandbox node",
+    "exec 1+1 through RemoteSandbox to a `sandgate node` process (gRPC, mutual TLS, loopback)",
+);
+
 /// `node.exec_1p1`: 10 warm-up calls, then `exec` calls of `1+1` on one sandbox of the node.
+/// A node that does not start (e.g. a binary from before the node existed, in an A/B run) is
+/// the row's error, not the whole run's.
 pub(crate) async fn bench_node(opts: &Options, docker: &Docker, image: &str) -> Result<Vec<Row>> {
-    let node = NodeProcess::start(image).await?;
+    let (name, system, what) = NODE_EXEC;
+    let node = match NodeProcess::start(image).await {
+        Ok(node) => node,
+        Err(err) => {
+            let mut failed = Samples::default();
+            failed.fail(format!("{err:#}"));
+            return Ok(vec![Row::ms(name, system, what, &failed).vs("crate.exec_1p1")]);
+        }
+    };
     let result = async {
         let gateway = RemoteNode::connect_lazy(&node.url, &node.pki.tls())?;
         let sandbox = tokio::time::timeout(
@@ -138,13 +154,7 @@ pub(crate) async fn bench_node(opts: &Options, docker: &Docker, image: &str) -> 
         }
         gateway.remove(sandbox.container_id()).await?;
         Ok::<_, anyhow::Error>(vec![
-            Row::ms(
-                "node.exec_1p1",
-                "sandbox node",
-                "exec 1+1 through RemoteSandbox to a `sandgate node` process (gRPC, mutual TLS, loopback)",
-                &exec,
-            )
-            .vs("crate.exec_1p1"),
+            Row::ms(name, system, what, &exec).vs("crate.exec_1p1"),
         ])
     }
     .await;

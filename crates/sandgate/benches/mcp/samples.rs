@@ -140,3 +140,46 @@ impl Budget {
         Instant::now() >= self.0
     }
 }
+
+/// Busy and total jiffies of the whole host, from `/proc/stat`.
+fn host_jiffies() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    // user nice system idle iowait …: idle and iowait are not busy.
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    Some((total - idle, total))
+}
+
+/// Waits (at most `limit`) until the host's CPU was under 15 % busy for a whole second, so a
+/// row that times single calls does not measure the warm pool's background imports (a sandbox
+/// says ready before its kernel has imported pandas and matplotlib: ten fresh pool members are
+/// ~10 CPU-seconds of imports right after `wait_pool`). Says so when the host did not settle.
+pub(crate) async fn wait_quiet(limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut last = host_jiffies();
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = host_jiffies();
+        if let (Some((b0, t0)), Some((b1, t1))) = (last, now)
+            && t1 > t0
+            && ((b1 - b0) as f64) / ((t1 - t0) as f64) < 0.15
+        {
+            return;
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "[bench] the host did not settle under 15 % CPU within {} s; measuring anyway",
+                limit.as_secs()
+            );
+            return;
+        }
+        last = now;
+    }
+}

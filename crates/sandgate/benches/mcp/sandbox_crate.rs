@@ -76,6 +76,7 @@ pub(crate) async fn bench_crate(
             ));
         }
         let sandbox = manager.lease("default").await?;
+        wait_quiet(Duration::from_secs(90)).await;
         let mut exec = Samples::default();
         for i in 0..c.exec + 10 {
             let mut sink = Samples::default();

@@ -229,6 +229,7 @@ async fn per_call(
     gateway
         .wait_pool(taken, MIN_READY, Duration::from_secs(120))
         .await?;
+    wait_quiet(Duration::from_secs(90)).await;
     let created = call_ok(
         client,
         "create_sandbox",

@@ -146,6 +146,7 @@ async fn exec_through(gateway: &Gateway, node: &NodeProcess, c: Counts) -> Resul
     )
     .await?;
     let id = sandbox_id(&created)?;
+    wait_quiet(Duration::from_secs(90)).await;
     let exec = exec_1p1(&client, &id, c.exec, &Budget::secs(240)).await;
     Ok(exec)
 }

@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
 # sandgate's benchmark, side by side with the alternatives, in one run (docs/benchmarks.md):
 #
-#   scripts/bench.sh [--quick] [--no-peers] [--no-150] [--no-series | --series-only]
+#   scripts/bench.sh [--quick] [--no-peers] [--no-150] [--no-series | --series-only | --exec-only]
 #
 # Brings the local stack up (Docker engine, Postgres, the sandbox image), installs the peers
 # (bench/peers/requirements.txt) into $SANDGATE_CACHE/bench-venv, builds the image llm-sandbox
 # runs FROM the sandbox image (nothing is pulled), builds sandgate in release mode and runs the
-# bench binary (crates/sandgate/benches/mcp.rs). It prints the table and writes it as JSON to
+# bench binary (crates/sandgate/benches/mcp/main.rs). It prints the table and writes it as JSON to
 # bench/results/<UTC time>.json (and bench/results/latest.json).
 #
 # Everything talks to loopback and the local Docker engine only. A full run takes about 15-25
 # minutes on 2 cores; --quick takes a few. --no-150 skips filling up to 150 live sandboxes.
 # --series-only runs the cold-start rows and the SDK series (back to back, open loop at 30-240
 # conversations per minute with the CPU by component) alone; --no-series skips the series.
+# --exec-only runs only the rows that time one call (execute_code 1+1 through MCP, through a
+# node, through the sandbox crate), for before/after comparisons (docs/benchmarks.md).
 set -euo pipefail
+
+for arg in "$@"; do
+	case $arg in
+	-h | --help)
+		sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'
+		exit 0
+		;;
+	esac
+done
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"

@@ -677,7 +677,10 @@ async fn calls_longer_than_the_idle_timeout_are_answered_and_idle_connections_st
     // timeout. Every call sleeps past two idle timeouts.
     const IDLE_SECONDS: u64 = 3;
     let stack = Stack::start(&[
-        ("SANDGATE_HTTP__IDLE_TIMEOUT_SECONDS", "3"),
+        (
+            "SANDGATE_HTTP__IDLE_TIMEOUT_SECONDS",
+            &IDLE_SECONDS.to_string(),
+        ),
         ("SANDGATE_MCP__SSE_KEEP_ALIVE_SECONDS", "1"),
         ("SANDGATE_HTTP__HEADER_READ_TIMEOUT_SECONDS", "100"),
         ("SANDGATE_HTTP__BODY_READ_TIMEOUT_SECONDS", "20"),
@@ -696,29 +699,34 @@ async fn calls_longer_than_the_idle_timeout_are_answered_and_idle_connections_st
         env!("CARGO_MANIFEST_DIR"),
         "/../../tests/e2e/python/long_call.py"
     );
-    let sleep_arg = sleep.to_string();
-    // The official Python SDK: `auto` is its default (2026-07-28, what the benchmark hit), and
-    // the 2025-11-25 era; rmcp's client in both eras. All at once.
-    let python_sdk = |mode: &'static str| {
-        let (python, mcp_url, token, sleep_arg) = (&python, &mcp_url, &token, &sleep_arg);
-        async move {
-            let stdout = crate::python_sdk::run_python(
-                python,
-                script,
-                &["--mode", mode, "--sleep", sleep_arg],
-                mcp_url,
-                token,
-                Duration::from_secs(240),
-            )
-            .await;
+    // rmcp's client in both eras, and the official Python SDK: `auto` is its default (2026-07-28,
+    // what the benchmark hit) and `legacy` 2025-11-25. All at once; each failure is reported.
+    let mut calls = tokio::task::JoinSet::new();
+    for era in [Era::Stateless, Era::Sessions] {
+        let (mcp_url, token) = (mcp_url.clone(), token.clone());
+        calls.spawn(async move { silent_calls_are_answered(&mcp_url, &token, era, sleep).await });
+    }
+    for mode in ["auto", "legacy"] {
+        let (python, mcp_url, token) = (python.clone(), mcp_url.clone(), token.clone());
+        calls.spawn(async move {
+            let sleep = sleep.to_string();
+            let args = ["--mode", mode, "--sleep", &sleep];
+            let within = Duration::from_secs(240);
+            let stdout =
+                crate::python_sdk::run_python(&python, script, &args, &mcp_url, &token, within)
+                    .await;
             assert!(stdout.contains(&format!("ok ({mode}")), "{mode}: {stdout}");
+        });
+    }
+    let mut failed = Vec::new();
+    while let Some(joined) = calls.join_next().await {
+        if let Err(panicked) = joined {
+            failed.push(panicked.to_string());
         }
-    };
-    tokio::join!(
-        silent_calls_are_answered(&mcp_url, &token, Era::Stateless, sleep),
-        silent_calls_are_answered(&mcp_url, &token, Era::Sessions, sleep),
-        python_sdk("auto"),
-        python_sdk("legacy"),
+    }
+    assert!(
+        failed.is_empty(),
+        "every call longer than the idle timeout is answered; failed: {failed:#?}"
     );
 
     // A connection that never sends a byte is closed.

@@ -745,7 +745,10 @@ async fn calls_longer_than_the_idle_timeout_are_answered_and_idle_connections_st
     let answer = until_closed(&mut kept, Duration::from_secs(30))
         .await
         .expect("a kept-alive connection is closed by the idle timeout after its answer");
-    assert!(answer.starts_with("HTTP/1.1 200"), "answered first: {answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "answered first: {answer}"
+    );
     // A request held "in flight" by a body that never ends keeps its connection only until the
     // body deadline: answered 408, not held for as long as the client keeps it open.
     let mut stalled = TcpStream::connect(&addr).await.expect("connects");

@@ -477,7 +477,10 @@ mod tests {
         drop(first);
         let mut buf = [0; 8];
         let waited = tokio::time::timeout(IDLE * 2, stream.read(&mut buf)).await;
-        assert!(waited.is_err(), "the second request still holds it: {waited:?}");
+        assert!(
+            waited.is_err(),
+            "the second request still holds it: {waited:?}"
+        );
         // Cancelled: the future that held it is dropped (the client went away).
         drop(second);
         let error = stream

@@ -26,11 +26,10 @@ import mcp.types as types
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+# The script's own directory is on sys.path: the conversation script's failure type and helper.
+from support_analyst import Failure, leaf
+
 EXPECTED_VERSION = {"legacy": "2025-11-25", "2026-07-28": "2026-07-28", "auto": "2026-07-28"}
-
-
-class Failure(Exception):
-    """An expectation about the server's behaviour did not hold."""
 
 
 def text_of(result: types.CallToolResult) -> str:
@@ -65,13 +64,6 @@ async def run(url: str, token: str, mode: str, sleep: float) -> None:
     async with http:
         async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
             await long_calls(client, mode, sleep)
-
-
-def leaf(error: BaseException) -> BaseException:
-    """The first non-group exception inside anyio's task-group wrapping."""
-    while isinstance(error, BaseExceptionGroup) and error.exceptions:
-        error = error.exceptions[0]
-    return error
 
 
 def main() -> int:

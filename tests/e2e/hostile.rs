@@ -618,6 +618,150 @@ async fn slow_clients_cannot_pin_the_gateway() {
     assert!(refusals(&stack, "timeout").await >= 1);
 }
 
+/// Reads from `socket` until the gateway closes (or resets) it: what was read, or `None` when it
+/// is still open after `within`.
+async fn until_closed(socket: &mut TcpStream, within: Duration) -> Option<String> {
+    let mut read = Vec::new();
+    tokio::time::timeout(within, socket.read_to_end(&mut read))
+        .await
+        .ok()
+        .map(|_| String::from_utf8_lossy(&read).into_owned())
+}
+
+/// With rmcp's client in `era`: an `execute_code` cell and a `run_terminal_command` that each
+/// sleep `sleep` seconds without output are answered.
+async fn silent_calls_are_answered(mcp_url: &str, token: &str, era: Era, sleep: u64) {
+    let client = Client::connect(mcp_url, token, era)
+        .await
+        .unwrap_or_else(|e| panic!("{era:?}: connects: {e}"));
+    let conversation = format!("long-{era:?}-{}", uuid::Uuid::new_v4().simple());
+    let cell = client
+        .ok(
+            "execute_code",
+            json!({
+                "conversation_id": conversation,
+                "code": format!("import time\ntime.sleep({sleep})\n'slept'"),
+            }),
+        )
+        .await;
+    assert_eq!(
+        cell.structured["result"]["text/plain"], "'slept'",
+        "{era:?}: the {sleep} s cell's value comes back: {}",
+        cell.text
+    );
+    let command = client
+        .ok(
+            "run_terminal_command",
+            json!({"conversation_id": conversation, "command": format!("sleep {sleep}; echo slept")}),
+        )
+        .await;
+    assert_eq!(
+        command.structured["stdout"], "slept\n",
+        "{era:?}: the {sleep} s command's output comes back: {}",
+        command.text
+    );
+}
+
+/// The idle timeout closes connections on which nothing is happening, not those with a request
+/// being answered: a stateless (2026-07-28) call is answered with one JSON body when it ends and
+/// nothing moves on its connection meanwhile, so before this a call longer than the idle timeout
+/// lost its answer ("Server disconnected without sending a response" in the Python SDK). The
+/// 2025-11-25 era answers on an SSE stream whose keep-alives move bytes. Plays the attacker too:
+/// a connection that sends nothing, one kept alive after its answer, and one holding a request
+/// "in flight" with a body that never ends are each still closed.
+#[tokio::test]
+async fn calls_longer_than_the_idle_timeout_are_answered_and_idle_connections_still_close() {
+    // Idle 3 s, SSE keep-alive 1 s: the configuration allows 2 s (it must exceed the keep-alive);
+    // 3 leaves a loaded machine a margin between keep-alives. Headers may take 100 s (the
+    // default) and bodies 20 s, so a connection closed well before those was closed by the idle
+    // timeout. Every call sleeps past two idle timeouts.
+    const IDLE_SECONDS: u64 = 3;
+    let stack = Stack::start(&[
+        (
+            "SANDGATE_HTTP__IDLE_TIMEOUT_SECONDS",
+            &IDLE_SECONDS.to_string(),
+        ),
+        ("SANDGATE_MCP__SSE_KEEP_ALIVE_SECONDS", "1"),
+        ("SANDGATE_HTTP__HEADER_READ_TIMEOUT_SECONDS", "100"),
+        ("SANDGATE_HTTP__BODY_READ_TIMEOUT_SECONDS", "20"),
+    ])
+    .await;
+    let sleep = IDLE_SECONDS * 2 + 1;
+    let token = stack.gateway.token(&stack.tenant).await;
+    let mcp_url = stack.gateway.mcp_url();
+    let addr = stack
+        .gateway
+        .base_url
+        .trim_start_matches("http://")
+        .to_owned();
+    let python = crate::python_sdk::python();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/e2e/python/long_call.py"
+    );
+    // rmcp's client in both eras, and the official Python SDK: `auto` is its default (2026-07-28,
+    // what the benchmark hit) and `legacy` 2025-11-25. All at once; each failure is reported.
+    let mut calls = tokio::task::JoinSet::new();
+    for era in [Era::Stateless, Era::Sessions] {
+        let (mcp_url, token) = (mcp_url.clone(), token.clone());
+        calls.spawn(async move { silent_calls_are_answered(&mcp_url, &token, era, sleep).await });
+    }
+    for mode in ["auto", "legacy"] {
+        let (python, mcp_url, token) = (python.clone(), mcp_url.clone(), token.clone());
+        calls.spawn(async move {
+            let sleep = sleep.to_string();
+            let args = ["--mode", mode, "--sleep", &sleep];
+            let within = Duration::from_secs(240);
+            let stdout =
+                crate::python_sdk::run_python(&python, script, &args, &mcp_url, &token, within)
+                    .await;
+            assert!(stdout.contains(&format!("ok ({mode}")), "{mode}: {stdout}");
+        });
+    }
+    let mut failed = Vec::new();
+    while let Some(joined) = calls.join_next().await {
+        if let Err(panicked) = joined {
+            failed.push(panicked.to_string());
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "every call longer than the idle timeout is answered; failed: {failed:#?}"
+    );
+
+    // A connection that never sends a byte is closed.
+    let mut silent = TcpStream::connect(&addr).await.expect("connects");
+    assert!(
+        until_closed(&mut silent, Duration::from_secs(30))
+            .await
+            .is_some(),
+        "a connection that sends nothing is closed by the idle timeout"
+    );
+    // A kept-alive connection after its answer is closed: the answered request no longer holds it.
+    let mut kept = TcpStream::connect(&addr).await.expect("connects");
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("writes");
+    let answer = until_closed(&mut kept, Duration::from_secs(30))
+        .await
+        .expect("a kept-alive connection is closed by the idle timeout after its answer");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "answered first: {answer}"
+    );
+    // A request held "in flight" by a body that never ends keeps its connection only until the
+    // body deadline: answered 408, not held for as long as the client keeps it open.
+    let mut stalled = TcpStream::connect(&addr).await.expect("connects");
+    stalled
+        .write_all(b"POST /mcp HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{\"jsonrpc\":")
+        .await
+        .expect("writes");
+    let answer = until_closed(&mut stalled, Duration::from_secs(90))
+        .await
+        .expect("a request whose body never ends is answered at the body deadline");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
+
 #[tokio::test]
 async fn expired_codes_sessions_tokens_and_unused_clients_are_purged() {
     let stack = Stack::start(&[

@@ -29,11 +29,37 @@ pub(crate) fn python() -> String {
 /// Runs the script in `mode` against the MCP endpoint `mcp_url`; panics with its output unless it
 /// exits 0.
 pub(crate) async fn run_script(python: &str, mcp_url: &str, token: &str, mode: &str) {
-    let script = Path::new(SCRIPT);
+    let stdout = run_python(
+        python,
+        SCRIPT,
+        &["--mode", mode],
+        mcp_url,
+        token,
+        Duration::from_secs(360),
+    )
+    .await;
+    assert!(
+        stdout.contains(&format!("ok ({mode}")),
+        "the script reported success for {mode}:\n{stdout}"
+    );
+}
+
+/// Runs the Python `script` with `args` against the MCP endpoint `mcp_url` (given as
+/// `SANDGATE_MCP_URL` and `SANDGATE_MCP_TOKEN`); panics with its output unless it exits 0
+/// within `within`. Returns its stdout.
+pub(crate) async fn run_python(
+    python: &str,
+    script: &str,
+    args: &[&str],
+    mcp_url: &str,
+    token: &str,
+    within: Duration,
+) -> String {
+    let script = Path::new(script);
     assert!(script.is_file(), "{} exists", script.display());
     let child = Command::new(python)
         .arg(script)
-        .args(["--mode", mode])
+        .args(args)
         .env("SANDGATE_MCP_URL", mcp_url)
         .env("SANDGATE_MCP_TOKEN", token)
         .env("PYTHONUNBUFFERED", "1")
@@ -43,21 +69,19 @@ pub(crate) async fn run_script(python: &str, mcp_url: &str, token: &str, mode: &
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("SANDGATE_TEST_PYTHON={python} could not be started: {e}"));
-    let output = tokio::time::timeout(Duration::from_secs(360), child.wait_with_output())
+    let name = script.display();
+    let output = tokio::time::timeout(within, child.wait_with_output())
         .await
-        .unwrap_or_else(|_| panic!("the Python SDK conversation ({mode}) finished within 6 min"))
+        .unwrap_or_else(|_| panic!("{name} {args:?} finished within {within:?}"))
         .expect("the script's output can be read");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
-        "the Python SDK conversation in mode {mode} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        "{name} {args:?} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
         output.status
     );
-    assert!(
-        stdout.contains(&format!("ok ({mode}")),
-        "the script reported success for {mode}:\n{stdout}"
-    );
+    stdout.into_owned()
 }
 
 #[tokio::test]

@@ -5,8 +5,18 @@
 //! connection builder (with `header_read_timeout`, which on HTTP/1.1 also bounds how long a
 //! keep-alive connection waits for its next request), its graceful-shutdown watcher, a
 //! semaphore of connection slots taken *before* `accept` (beyond the cap, new connections wait
-//! in the kernel's backlog and use no memory here), and a stream wrapper that closes a
-//! connection on which no byte moved either way for `idle_timeout_seconds`.
+//! in the kernel's backlog and use no memory here), and a stream wrapper that closes an idle
+//! connection: one on which no byte moved either way for `idle_timeout_seconds` *and* no
+//! request is being answered.
+//!
+//! A request is "being answered" from when hyper hands it to the service until the service has
+//! produced the response head (its future completed or was dropped). A stateless 2026-07-28
+//! tool call is answered with one JSON body when the call ends, and nothing moves on its
+//! connection meanwhile: without this rule a call longer than the idle timeout lost its
+//! connection, and its caller the answer. Such a request is bounded by what it waits for (the
+//! call's deadline, the lease's wait, the body read timeout), not by the idle timeout. Once the
+//! head is out, the body is on its own again: an SSE stream moves keep-alives, a download moves
+//! data, and a client that stops reading is closed after `idle_timeout_seconds`.
 
 use std::io;
 use std::net::SocketAddr;
@@ -71,11 +81,20 @@ pub async fn serve(
             continue;
         };
         let app = app.clone();
+        let answering = Answering::new();
+        let io = TokioIo::new(IdleTimeout::new(stream, idle, answering.clone()));
         let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(ConnectInfo(peer));
-            app.clone().oneshot(request.map(Body::new))
+            // Held until the response head exists, released too when hyper drops the future
+            // (the client went away, the connection ended).
+            let answer = answering.start();
+            let response = app.clone().oneshot(request.map(Body::new));
+            async move {
+                let response = response.await;
+                drop(answer);
+                response
+            }
         });
-        let io = TokioIo::new(IdleTimeout::new(stream, idle));
         let builder = Arc::clone(&builder);
         let watcher = graceful.watcher();
         tokio::spawn(async move {
@@ -179,19 +198,73 @@ async fn accept(
     }
 }
 
-/// A stream that fails with `TimedOut` once no byte moved either way for `idle`.
+/// The requests of one connection that are being answered (received, their response head not
+/// produced yet), and when the last of them was. While one is, the connection is busy, not idle.
+#[derive(Clone)]
+struct Answering(Arc<std::sync::Mutex<Busy>>);
+
+struct Busy {
+    /// Requests being answered now.
+    open: usize,
+    /// When the last answer was produced (the connection's start before the first).
+    since: Instant,
+}
+
+/// One request being answered; no longer once dropped.
+struct Answer(Answering);
+
+impl Answering {
+    fn new() -> Self {
+        Self(Arc::new(std::sync::Mutex::new(Busy {
+            open: 0,
+            since: Instant::now(),
+        })))
+    }
+
+    fn busy(&self) -> std::sync::MutexGuard<'_, Busy> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn start(&self) -> Answer {
+        self.busy().open += 1;
+        Answer(self.clone())
+    }
+
+    /// `None` while a request is being answered; else when the last answer was produced.
+    fn idle_since(&self) -> Option<Instant> {
+        let busy = self.busy();
+        (busy.open == 0).then_some(busy.since)
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        let mut busy = self.0.busy();
+        busy.open -= 1;
+        if busy.open == 0 {
+            busy.since = Instant::now();
+        }
+    }
+}
+
+/// A stream that fails with `TimedOut` once, for `idle`, no byte moved either way and no request
+/// was being answered.
 struct IdleTimeout<S> {
     inner: S,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
+    answering: Answering,
 }
 
 impl<S> IdleTimeout<S> {
-    fn new(inner: S, idle: Duration) -> Self {
+    fn new(inner: S, idle: Duration, answering: Answering) -> Self {
         Self {
             inner,
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
+            answering,
         }
     }
 
@@ -200,8 +273,19 @@ impl<S> IdleTimeout<S> {
         self.deadline.as_mut().reset(next);
     }
 
+    /// Whether the connection has been idle for `idle`. A deadline that passes while a request
+    /// is being answered, or less than `idle` after one was, is moved on instead (and polled
+    /// again, so this task is woken at the new one).
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        self.deadline.as_mut().poll(cx).is_ready()
+        while self.deadline.as_mut().poll(cx).is_ready() {
+            let next = match self.answering.idle_since() {
+                None => Instant::now() + self.idle,
+                Some(since) if since + self.idle > Instant::now() => since + self.idle,
+                Some(_) => return true,
+            };
+            self.deadline.as_mut().reset(next);
+        }
+        false
     }
 
     /// A write's outcome: bytes written count as movement; a pending write past the idle
@@ -334,4 +418,75 @@ fn refusal(status: StatusCode, code: &str, description: &str) -> Response {
         axum::Json(serde_json::json!({ "error": code, "error_description": description })),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, DuplexStream};
+
+    use super::*;
+
+    const IDLE: Duration = Duration::from_secs(10);
+
+    /// A wrapped connection on which the peer (kept open) sends nothing.
+    fn silent() -> (IdleTimeout<DuplexStream>, DuplexStream, Answering) {
+        let (ours, peer) = tokio::io::duplex(64);
+        let answering = Answering::new();
+        let stream = IdleTimeout::new(ours, IDLE, answering.clone());
+        (stream, peer, answering)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_on_which_nothing_happens_is_closed() {
+        let (mut stream, _peer, _answering) = silent();
+        let error = stream
+            .read(&mut [0; 8])
+            .await
+            .expect_err("an idle connection fails its read");
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_being_answered_keeps_a_silent_connection_and_idle_counts_from_its_answer() {
+        let (mut stream, _peer, answering) = silent();
+        let mut buf = [0; 8];
+        let answer = answering.start();
+        let waited = tokio::time::timeout(IDLE * 5 / 2, stream.read(&mut buf)).await;
+        assert!(
+            waited.is_err(),
+            "nothing ends the connection while a request is being answered: {waited:?}"
+        );
+        // Answered between two of the deadline's checks: the idle time counts from here.
+        drop(answer);
+        let waited = tokio::time::timeout(IDLE * 3 / 4, stream.read(&mut buf)).await;
+        assert!(
+            waited.is_err(),
+            "not idle yet, less than the idle timeout after the answer: {waited:?}"
+        );
+        let error = stream
+            .read(&mut buf)
+            .await
+            .expect_err("idle again once the answer is out: the connection fails");
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_dropped_unanswered_no_longer_holds_the_connection() {
+        let (mut stream, _peer, answering) = silent();
+        let (first, second) = (answering.start(), answering.start());
+        drop(first);
+        let mut buf = [0; 8];
+        let waited = tokio::time::timeout(IDLE * 2, stream.read(&mut buf)).await;
+        assert!(
+            waited.is_err(),
+            "the second request still holds it: {waited:?}"
+        );
+        // Cancelled: the future that held it is dropped (the client went away).
+        drop(second);
+        let error = stream
+            .read(&mut buf)
+            .await
+            .expect_err("no request left: the idle connection fails");
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+    }
 }

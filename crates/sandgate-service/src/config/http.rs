@@ -15,7 +15,8 @@ pub struct HttpConfig {
     pub header_read_timeout_seconds: u64,
     /// Deadline for reading a whole request body, seconds.
     pub body_read_timeout_seconds: u64,
-    /// A connection on which nothing moved for this long is closed, seconds.
+    /// A connection on which nothing moved for this long, with no request being answered (from
+    /// its arrival until its response head is ready), is closed, seconds.
     pub idle_timeout_seconds: u64,
     /// Header a trusted reverse proxy sets to the client's address; empty: the peer address.
     pub client_address_header: String,

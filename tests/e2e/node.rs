@@ -150,7 +150,7 @@ fn profile() -> SandboxProfile {
 #[tokio::test]
 async fn pip_on_a_sandgate_node_installs_through_the_gateways_package_index() {
     let (upstream, addr, _wheels) = crate::packages::serve_index().await;
-    let cache = crate::packages::TempDir::new("sandgate-test-node-wheel-cache");
+    let cache = crate::wheels::TempDir::new("sandgate-test-node-wheel-cache");
     // The gateway's side: the service's own package index (policy, wheels only, hashes, cache),
     // fetching from the test's loopback index.
     let index = sandgate_service::packages::PackageIndex::new(

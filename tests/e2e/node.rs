@@ -134,16 +134,8 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
 /// The node's `default` profile by name (image and runtime are the node's own).
 fn profile() -> SandboxProfile {
     SandboxProfile {
-        name: "default".into(),
         image: String::new(),
-        runtime: sandgate_sandbox::OciRuntime::Runc,
-        memory_mb: 512,
-        cpus: 1.0,
-        pids_limit: 256,
-        nofile: 1024,
-        tmp_size_mb: 64,
-        home_size_mb: 512,
-        packages_size_mb: 256,
+        ..SandboxProfile::default()
     }
 }
 

@@ -129,14 +129,10 @@ impl SandboxService {
         let live = async {
             let own = self.nodes.own_id()?;
             let mut conn = self.db.acquire().await.ok()?;
-            sandboxes::live_on_node(&mut conn, own).await.ok()
+            sandboxes::count_leased_on_node(&mut conn, own).await.ok()
         }
         .await
-        .map_or(0, |rows| {
-            rows.iter()
-                .filter(|r| r.state == SandboxState::Leased)
-                .count()
-        });
+        .unwrap_or(0);
         let ready = self
             .nodes
             .local()

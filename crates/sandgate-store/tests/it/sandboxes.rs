@@ -193,3 +193,37 @@ async fn overdue_finds_sandboxes_past_their_idle_timeout_or_lifetime_on_its_node
     drop(conn);
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn count_leased_on_node_counts_only_that_nodes_leased_rows() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let tenant = tenants::create(&mut conn, "acme").await.unwrap();
+    assert_eq!(
+        sandboxes::count_leased_on_node(&mut conn, "node1")
+            .await
+            .unwrap(),
+        0,
+        "a node without rows runs none"
+    );
+    for (id, node) in [("sbx_1", "node1"), ("sbx_2", "node1"), ("sbx_3", "node2")] {
+        sandboxes::insert_leased(&mut conn, id, "default", id, node, &lease(tenant.id, None))
+            .await
+            .unwrap();
+    }
+    sandboxes::insert_warm(&mut conn, "sbx_warm", "default", "ctr_warm", "node1")
+        .await
+        .unwrap();
+    sandboxes::end(&mut conn, "sbx_2", &CloseReason::Closed)
+        .await
+        .unwrap();
+    assert_eq!(
+        sandboxes::count_leased_on_node(&mut conn, "node1")
+            .await
+            .unwrap(),
+        1,
+        "node1's one live lease: not the closed one, the warm one, or node2's"
+    );
+    drop(conn);
+    db.drop_db().await;
+}

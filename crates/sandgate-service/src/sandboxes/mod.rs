@@ -284,13 +284,7 @@ impl SandboxService {
             }
         };
         drop(conn);
-        let sandbox = self.handle(&row).await?;
-        Ok(Resolved {
-            sandbox,
-            row,
-            created: false,
-            busy,
-        })
+        self.resolved(row, busy).await
     }
 
     /// A live row whose clock [`Self::touch_for_call`] refreshed: the call's busy mark and
@@ -298,6 +292,16 @@ impl SandboxService {
     async fn resolve_touched(&self, row: SandboxRow) -> Result<Resolved, ServiceError> {
         tracing::Span::current().record("sandbox_id", &row.id);
         let busy = self.mark_busy(&row.id)?;
+        self.resolved(row, busy).await
+    }
+
+    /// The end of resolving an existing sandbox for a call: its live, touched `row`, the call's
+    /// `busy` mark, and the handle (from this process, else adopted).
+    async fn resolved(
+        &self,
+        row: SandboxRow,
+        busy: Arc<BusyGuard>,
+    ) -> Result<Resolved, ServiceError> {
         let sandbox = self.handle(&row).await?;
         Ok(Resolved {
             sandbox,

@@ -313,13 +313,7 @@ impl SandboxService {
 
     /// Marks a call on the sandbox (see [`Resolved::busy`]), unless it runs its most already.
     fn mark_busy(&self, id: &str) -> Result<Arc<BusyGuard>, ServiceError> {
-        BusyGuard::try_new(
-            id,
-            &self.busy,
-            &self.db,
-            self.limits.max_calls_per_sandbox,
-            self.limits.call_slot_ttl_seconds,
-        )
+        BusyGuard::try_new(self, id)
     }
 
     /// The live handle for a leased row: from this process, else adopted from the engine.

@@ -227,3 +227,35 @@ async fn count_leased_on_node_counts_only_that_nodes_leased_rows() {
     drop(conn);
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn the_idle_clock_never_moves_back() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let tenant = tenants::create(&mut conn, "acme").await.unwrap();
+    sandboxes::insert_leased(&mut conn, "sbx_a", "default", "c1", "node1", &lease(tenant.id, None))
+        .await
+        .unwrap();
+    let ids = ["sbx_a".to_owned()];
+    let clock = |row: Option<sandboxes::SandboxRow>| row.expect("the row").last_used_at;
+    let ahead = Utc::now() + Duration::seconds(30);
+    sandboxes::touch_live(&mut conn, &ids, ahead).await.unwrap();
+    let read = sandboxes::get(&mut conn, tenant.id, "sbx_a").await.unwrap();
+    // Postgres keeps microseconds.
+    let written = clock(read).expect("a clock");
+    assert!(
+        (written - ahead).num_milliseconds().abs() < 1,
+        "touch_live sets the clock to the time given: {written} vs {ahead}"
+    );
+    sandboxes::touch_live(&mut conn, &ids, Utc::now()).await.unwrap();
+    let touched = sandboxes::touch(&mut conn, tenant.id, "sbx_a", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        clock(touched),
+        Some(written),
+        "an earlier time, from touch_live or a call's touch, leaves the later clock alone"
+    );
+    drop(conn);
+    db.drop_db().await;
+}

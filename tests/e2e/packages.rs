@@ -131,8 +131,11 @@ fn hex(bytes: &[u8]) -> String {
 /// Builds the wheels into a fresh directory and serves them on 127.0.0.1.
 pub(crate) async fn serve_index() -> (TestIndex, SocketAddr, TempDir) {
     let dir = wheels::build("sandgate-test-index", WHEELS);
-    std::fs::write(dir.path().join("sgsdist-1.0.tar.gz"), b"not really a tarball")
-        .expect("the sdist is written");
+    std::fs::write(
+        dir.path().join("sgsdist-1.0.tar.gz"),
+        b"not really a tarball",
+    )
+    .expect("the sdist is written");
     let index = TestIndex {
         dir: dir.path().to_path_buf(),
         downloads: Arc::default(),

@@ -278,7 +278,10 @@ mod tests {
 
     #[test]
     fn the_container_limit_covers_memory_and_every_tmpfs_mount() {
-        assert_eq!(SandboxProfile::default().container_memory_mb(), 512 + 64 + 512 + 256);
+        assert_eq!(
+            SandboxProfile::default().container_memory_mb(),
+            512 + 64 + 512 + 256
+        );
         assert_eq!(SandboxProfile::default().validate(), Ok(()));
     }
 

@@ -485,12 +485,12 @@ pub async fn live_on_node(
 /// How many leased sandboxes `node` runs (its heartbeat reports it), counted in the database.
 #[tracing::instrument(skip_all, fields(node = %node))]
 pub async fn count_leased_on_node(conn: &mut PgConnection, node: &str) -> Result<i64, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM sandboxes WHERE node = $1 AND state = 'leased'",
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM sandboxes WHERE node = $1 AND state = 'leased'")
+            .bind(node)
+            .fetch_one(conn)
+            .await?,
     )
-    .bind(node)
-    .fetch_one(conn)
-    .await?)
 }
 
 /// Leased sandboxes on `node` past their idle deadline or hard expiry at `now`.

@@ -8,8 +8,7 @@ use std::time::Duration;
 pub use sandgate_node::test_pki::Pki;
 use sandgate_node::{NodeService, RemoteNode};
 use sandgate_sandbox::{
-    DockerBackend, ManagerConfig, PoolConfig, SandboxBackend as _, SandboxManager,
-    SandboxProfile,
+    DockerBackend, ManagerConfig, PoolConfig, SandboxBackend as _, SandboxManager, SandboxProfile,
 };
 use tokio_util::sync::CancellationToken;
 

@@ -206,7 +206,10 @@ mod tests {
                 writes.push(now);
             }
             let clock = clock.expect("the first end writes");
-            assert!(clock >= at(now), "the clock reads {clock} after a call ended at {now}");
+            assert!(
+                clock >= at(now),
+                "the clock reads {clock} after a call ended at {now}"
+            );
             assert!(
                 clock <= at(now) + ahead(),
                 "the clock reads {clock}, more than a second after the last end at {now}"

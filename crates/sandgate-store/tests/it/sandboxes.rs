@@ -233,9 +233,16 @@ async fn the_idle_clock_never_moves_back() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
     let tenant = tenants::create(&mut conn, "acme").await.unwrap();
-    sandboxes::insert_leased(&mut conn, "sbx_a", "default", "c1", "node1", &lease(tenant.id, None))
-        .await
-        .unwrap();
+    sandboxes::insert_leased(
+        &mut conn,
+        "sbx_a",
+        "default",
+        "c1",
+        "node1",
+        &lease(tenant.id, None),
+    )
+    .await
+    .unwrap();
     let ids = ["sbx_a".to_owned()];
     let clock = |row: Option<sandboxes::SandboxRow>| row.expect("the row").last_used_at;
     let ahead = Utc::now() + Duration::seconds(30);
@@ -247,7 +254,9 @@ async fn the_idle_clock_never_moves_back() {
         (written - ahead).num_milliseconds().abs() < 1,
         "touch_live sets the clock to the time given: {written} vs {ahead}"
     );
-    sandboxes::touch_live(&mut conn, &ids, Utc::now()).await.unwrap();
+    sandboxes::touch_live(&mut conn, &ids, Utc::now())
+        .await
+        .unwrap();
     let touched = sandboxes::touch(&mut conn, tenant.id, "sbx_a", None)
         .await
         .unwrap();

@@ -23,3 +23,5 @@ mod replicas;
 mod scale_out;
 mod support;
 mod webdriver;
+#[path = "../shared/wheels.rs"]
+mod wheels;

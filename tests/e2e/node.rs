@@ -2,15 +2,14 @@
 //! TLS (certificates made here), and refusing an address other hosts can reach without TLS; pip
 //! in a sandbox on it installs through the package index of the gateway that made the call.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use sandgate_node::test_pki::Pki;
 use sandgate_node::{RemoteNode, SandboxHandle};
 use sandgate_sandbox::{ChannelError, CommandOptions, ExecOptions, SandboxError, SandboxProfile};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support;
+use crate::support::node::{NodeStart, TlsFiles};
 
 #[tokio::test]
 async fn sandgate_node_refuses_a_reachable_address_without_tls_naming_the_keys() {
@@ -39,15 +38,11 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
         "e2e-node-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
-    let _cleanup = RemoveOnDrop(instance.clone());
-    let dir = std::env::temp_dir().join(&instance);
-    let pki = write_certificates(&dir);
-    let (mut child, addr) = start_node(&database, &instance, &dir)
-        .await
-        .unwrap_or_else(|stderr| panic!("the node did not start: {stderr}"));
-    let url = format!("https://{addr}");
+    let tls = TlsFiles::new(&instance);
+    let node = NodeStart::new(&database, &instance).tls(&tls).start().await;
+    let url = node.url.clone();
 
-    let gateway = RemoteNode::connect_lazy(&url, &pki.tls()).expect("a client");
+    let gateway = RemoteNode::connect_lazy(&url, &tls.pki().tls()).expect("a client");
     let sandbox = tokio::time::timeout(Duration::from_secs(180), gateway.launch(&profile()))
         .await
         .expect("a launch within 180 s")
@@ -72,7 +67,7 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
     // A client whose certificate another CA signed gets nothing.
     let stranger = RemoteNode::connect_lazy(
         &url,
-        &Pki::new("a stranger's CA").tls_trusting(&pki.ca_pem()),
+        &Pki::new("a stranger's CA").tls_trusting(&tls.pki().ca_pem()),
     )
     .expect("a client");
     let refused = stranger
@@ -97,18 +92,19 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
     );
 
     // The node is registered under its engine's id, with the URL it serves.
-    let engine = engine_id();
+    let engine = node.id();
     let listed = admin_cli(&database, &["nodes", "list"]).await;
     assert!(
-        listed.contains(&engine) && listed.contains(&url) && listed.contains(" up "),
+        listed.contains(engine) && listed.contains(&url) && listed.contains(" up "),
         "`admin nodes list` shows the node {engine} at {url}, up; got:\n{listed}"
     );
 
     // A second node on the same engine is refused while the first one heartbeats.
-    let second = start_node(&database, &format!("{instance}-2"), &dir).await;
-    let stderr = second
-        .map(|(child, addr)| (child.id(), addr))
-        .expect_err("a second node on the same engine must not start");
+    let second = NodeStart::new(&database, &format!("{instance}-2"))
+        .tls(&tls)
+        .try_start()
+        .await;
+    let stderr = second.expect_err("a second node on the same engine must not start");
     assert!(
         stderr.contains("another sandgate node already serves this Docker engine")
             && stderr.contains(&url),
@@ -116,13 +112,13 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
     );
 
     // Draining and taking back.
-    admin_cli(&database, &["nodes", "drain", &engine]).await;
+    admin_cli(&database, &["nodes", "drain", engine]).await;
     let listed = admin_cli(&database, &["nodes", "list"]).await;
     assert!(
         listed.contains(" draining "),
         "the node shows as draining:\n{listed}"
     );
-    admin_cli(&database, &["nodes", "undrain", &engine]).await;
+    admin_cli(&database, &["nodes", "undrain", engine]).await;
     let listed = admin_cli(&database, &["nodes", "list"]).await;
     assert!(
         listed.contains(" up "),
@@ -133,47 +129,20 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
         unknown.contains("no sandbox node with id"),
         "draining an unknown node says so, got: {unknown}"
     );
-
-    let _ = child.start_kill();
-    let _ = child.wait().await;
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The node's `default` profile by name (image and runtime are the node's own).
 fn profile() -> SandboxProfile {
     SandboxProfile {
-        name: "default".into(),
         image: String::new(),
-        runtime: sandgate_sandbox::OciRuntime::Runc,
-        memory_mb: 512,
-        cpus: 1.0,
-        pids_limit: 256,
-        nofile: 1024,
-        tmp_size_mb: 64,
-        home_size_mb: 512,
-        packages_size_mb: 256,
+        ..SandboxProfile::default()
     }
-}
-
-/// Writes a node certificate of a new CA into `dir` (`node.crt`, `node.key`, `ca.crt`); the CA.
-fn write_certificates(dir: &std::path::Path) -> Pki {
-    std::fs::create_dir_all(dir).expect("a temp dir");
-    let pki = Pki::new("e2e deployment CA");
-    let (cert, key) = pki.leaf_pem();
-    for (name, pem) in [
-        ("node.crt", &cert),
-        ("node.key", &key),
-        ("ca.crt", &pki.ca_pem()),
-    ] {
-        std::fs::write(dir.join(name), pem).expect("a PEM file");
-    }
-    pki
 }
 
 #[tokio::test]
 async fn pip_on_a_sandgate_node_installs_through_the_gateways_package_index() {
     let (upstream, addr, _wheels) = crate::packages::serve_index().await;
-    let cache = crate::packages::TempDir::new("sandgate-test-node-wheel-cache");
+    let cache = crate::wheels::TempDir::new("sandgate-test-node-wheel-cache");
     // The gateway's side: the service's own package index (policy, wheels only, hashes, cache),
     // fetching from the test's loopback index.
     let index = sandgate_service::packages::PackageIndex::new(
@@ -194,14 +163,9 @@ async fn pip_on_a_sandgate_node_installs_through_the_gateways_package_index() {
         "e2e-node-pip-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
-    let _cleanup = RemoveOnDrop(instance.clone());
-    let dir = std::env::temp_dir().join(&instance);
-    let pki = write_certificates(&dir);
-    let (mut child, addr) = start_node(&database, &instance, &dir)
-        .await
-        .unwrap_or_else(|stderr| panic!("the node did not start: {stderr}"));
-    let gateway =
-        RemoteNode::connect_lazy(&format!("https://{addr}"), &pki.tls()).expect("a client");
+    let tls = TlsFiles::new(&instance);
+    let node = NodeStart::new(&database, &instance).tls(&tls).start().await;
+    let gateway = RemoteNode::connect_lazy(&node.url, &tls.pki().tls()).expect("a client");
     let sandbox = tokio::time::timeout(Duration::from_secs(180), gateway.launch(&profile()))
         .await
         .expect("a launch within 180 s")
@@ -272,63 +236,6 @@ async fn pip_on_a_sandgate_node_installs_through_the_gateways_package_index() {
         .remove(sandbox.container_id())
         .await
         .expect("the node removes the container");
-    let _ = child.start_kill();
-    let _ = child.wait().await;
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Starts `sandgate node` on a free loopback port with the certificates in `dir`; its child and
-/// address once it serves, or its standard error when it exits first.
-async fn start_node(
-    database: &str,
-    instance: &str,
-    dir: &std::path::Path,
-) -> Result<(tokio::process::Child, String), String> {
-    let path = |name: &str| dir.join(name).display().to_string();
-    let mut child = support::sandgate_command()
-        .arg("node")
-        .env("SANDGATE_DATABASE__URL", database)
-        .env("SANDGATE_INSTANCE", instance)
-        .env("SANDGATE_POOL__MIN_READY", "0")
-        .env("SANDGATE_NODE__LISTEN", "127.0.0.1:0")
-        .env("SANDGATE_NODE__TLS_CERT", path("node.crt"))
-        .env("SANDGATE_NODE__TLS_KEY", path("node.key"))
-        .env("SANDGATE_NODE__TLS_CA", path("ca.crt"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the sandgate binary starts");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .expect("the node prints its address or exits within 60 s")
-        .expect("stdout is readable");
-    let Some(line) = line else {
-        let output = child.wait_with_output().await.expect("the node's output");
-        return Err(String::from_utf8_lossy(&output.stderr).into_owned());
-    };
-    let addr = line
-        .strip_prefix("sandgate node serving at ")
-        .unwrap_or_else(|| panic!("unexpected first line from sandgate node: {line:?}"))
-        .to_owned();
-    // Keep draining both pipes so the node never blocks on a full one.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    if let Some(stderr) = child.stderr.take() {
-        let mut err = BufReader::new(stderr).lines();
-        tokio::spawn(async move { while let Ok(Some(_)) = err.next_line().await {} });
-    }
-    Ok((child, addr))
-}
-
-/// The engine's id, as `docker info` reports it.
-fn engine_id() -> String {
-    let output = std::process::Command::new("docker")
-        .args(["info", "--format", "{{.ID}}"])
-        .output()
-        .expect("the docker CLI runs");
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
 
 /// Runs `sandgate admin …` against `database`; its standard output (it must succeed).
@@ -361,14 +268,4 @@ async fn admin_run(database: &str, args: &[&str], succeed: bool) -> String {
         "sandgate admin {args:?}: unexpected exit; stderr: {stderr}"
     );
     if succeed { stdout } else { stderr }
-}
-
-/// Removes the test's containers when it ends, passed or not (the node's warm pool follows
-/// demand, so it may have started more than the test leased).
-struct RemoveOnDrop(String);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        support::remove_containers_of(&self.0);
-    }
 }

@@ -15,61 +15,47 @@ use sha2::{Digest, Sha256};
 
 use crate::mcp_client::{Client, Era};
 use crate::support::{self, Gateway};
+use crate::wheels::{self, TempDir, Wheel};
 
-/// A directory of its own under the system's temporary directory, removed when dropped.
-pub(crate) struct TempDir(PathBuf);
-
-impl TempDir {
-    pub(crate) fn new(prefix: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        Self(dir)
-    }
-
-    pub(crate) fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Builds tiny pure-Python wheels with the standard library's zipfile (a wheel is a zip with a
-/// dist-info directory), so the test needs no build backend and no index.
-const MAKE_WHEELS: &str = r#"
-import base64, hashlib, os, sys, zipfile
-dest = sys.argv[1]
-def wheel(name, version, source, requires=()):
-    mod = name.replace("-", "_")
-    dist = f"{mod}-{version}"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
-    files = {
-        f"{mod}.py": source,
-        f"{dist}.dist-info/METADATA": meta,
-        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: sandgate-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    with zipfile.ZipFile(os.path.join(dest, f"{dist}-py3-none-any.whl"), "w") as z:
-        for path, text in files.items():
-            data = text.encode()
-            z.writestr(path, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{path},sha256={digest},{len(data)}")
-        record.append(f"{dist}.dist-info/RECORD,,")
-        z.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
-wheel("sgdemo-dep", "1.0", "VALUE = 41\n")
-wheel("sgdemo", "1.0", "from sgdemo_dep import VALUE\nANSWER = VALUE + 1\n", ["sgdemo-dep"])
-wheel("sgtool", "2.0", "NAME = 'sgtool'\n")
-wheel("sgcell", "1.0", "GREETING = 'hello from a cell'\n")
-wheel("sgcorrupt", "1.0", "BAD = True\n")
-wheel("sgevil", "1.0", "EVIL = True\n")
-with open(os.path.join(dest, "sgsdist-1.0.tar.gz"), "wb") as f:
-    f.write(b"not really a tarball")
-"#;
+/// The wheels the loopback index serves (and an sdist-only project, `sgsdist`).
+const WHEELS: &[Wheel<'static>] = &[
+    Wheel {
+        name: "sgdemo-dep",
+        version: "1.0",
+        source: "VALUE = 41\n",
+        requires: &[],
+    },
+    Wheel {
+        name: "sgdemo",
+        version: "1.0",
+        source: "from sgdemo_dep import VALUE\nANSWER = VALUE + 1\n",
+        requires: &["sgdemo-dep"],
+    },
+    Wheel {
+        name: "sgtool",
+        version: "2.0",
+        source: "NAME = 'sgtool'\n",
+        requires: &[],
+    },
+    Wheel {
+        name: "sgcell",
+        version: "1.0",
+        source: "GREETING = 'hello from a cell'\n",
+        requires: &[],
+    },
+    Wheel {
+        name: "sgcorrupt",
+        version: "1.0",
+        source: "BAD = True\n",
+        requires: &[],
+    },
+    Wheel {
+        name: "sgevil",
+        version: "1.0",
+        source: "EVIL = True\n",
+        requires: &[],
+    },
+];
 
 /// The loopback index: PEP 503 HTML pages of the files in a directory, downloads counted.
 #[derive(Clone)]
@@ -144,14 +130,12 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Builds the wheels into a fresh directory and serves them on 127.0.0.1.
 pub(crate) async fn serve_index() -> (TestIndex, SocketAddr, TempDir) {
-    let dir = TempDir::new("sandgate-test-index");
-    let python = std::env::var("SANDGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    let status = std::process::Command::new(&python)
-        .args(["-c", MAKE_WHEELS])
-        .arg(dir.path())
-        .status()
-        .expect("python runs");
-    assert!(status.success(), "the test wheels are built");
+    let dir = wheels::build("sandgate-test-index", WHEELS);
+    std::fs::write(
+        dir.path().join("sgsdist-1.0.tar.gz"),
+        b"not really a tarball",
+    )
+    .expect("the sdist is written");
     let index = TestIndex {
         dir: dir.path().to_path_buf(),
         downloads: Arc::default(),

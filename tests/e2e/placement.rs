@@ -4,14 +4,13 @@
 //! node's return removes the container without taking the row back. Two engines side by side
 //! are the two-node test's (`scripts/stack.sh`'s second engine).
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::lifecycle::{FAST, db, plain, row_state, sandbox_id};
 use crate::mcp_client::{Client, Era};
+use crate::support::node::{Engine, NodeProcess, NodeStart};
 use crate::support::{self, Gateway, eventually};
 
 const WITHIN: Duration = Duration::from_secs(90);
@@ -21,15 +20,6 @@ const QUICK_NODE: [(&str, &str); 2] = [
     ("SANDGATE_NODE__HEARTBEAT_SECONDS", "1"),
     ("SANDGATE_NODE__LOST_AFTER_SECONDS", "3"),
 ];
-
-/// The engine's id, as `docker info` reports it (the node's registry id).
-fn engine_id() -> String {
-    let output = std::process::Command::new("docker")
-        .args(["info", "--format", "{{.ID}}"])
-        .output()
-        .expect("the docker CLI runs");
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
 
 /// How many warm rows the deployment has.
 async fn warm_rows(database: &str) -> i64 {
@@ -73,7 +63,7 @@ async fn a_drained_node_takes_no_new_lease_gives_up_its_pool_and_runs_its_sandbo
     })
     .await;
 
-    let engine = engine_id();
+    let engine = Engine::first().id;
     gateway.cli(&["admin", "nodes", "drain", &engine]).await;
     // The node hears of it at its next heartbeat: its pool stops refilling and its warm
     // sandboxes go, rows and containers.
@@ -124,39 +114,14 @@ async fn a_drained_node_takes_no_new_lease_gives_up_its_pool_and_runs_its_sandbo
     );
 }
 
-/// Starts `sandgate node` for `instance` on a loopback port (cleartext); its child once it
-/// serves.
-async fn start_node(database: &str, instance: &str) -> tokio::process::Child {
-    let mut child = support::sandgate_command()
-        .arg("node")
-        .env("SANDGATE_DATABASE__URL", database)
-        .env("SANDGATE_INSTANCE", instance)
-        .env("SANDGATE_POOL__MIN_READY", "0")
-        .env("SANDGATE_NODE__LISTEN", "127.0.0.1:0")
-        .envs(QUICK_NODE)
-        .envs(FAST)
-        .stdout(Stdio::piped())
-        .stderr(if std::env::var_os("RUST_LOG").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        })
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the sandgate binary starts");
-    let stdout = child.stdout.take().expect("stdout is piped");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+/// Starts `sandgate node` for `instance` on a loopback port (cleartext), with a fast heartbeat
+/// and the fast clocks of the lifecycle tests.
+async fn start_node(database: &str, instance: &str) -> NodeProcess {
+    NodeStart::new(database, instance)
+        .env(QUICK_NODE)
+        .env(FAST)
+        .start()
         .await
-        .expect("the node prints its address within 60 s")
-        .expect("stdout is readable")
-        .expect("the node printed a line before exiting (run with RUST_LOG=info to see why)");
-    assert!(
-        line.starts_with("sandgate node serving at "),
-        "unexpected first line from sandgate node: {line:?}"
-    );
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    child
 }
 
 #[tokio::test]
@@ -182,7 +147,7 @@ async fn a_killed_node_s_sandbox_is_lost_with_a_clear_error_and_its_return_remov
         "the gateway-only replica placed the sandbox on the node"
     );
 
-    node.kill().await.expect("SIGKILL");
+    node.kill().await;
     // Before the sweep a call gets a retryable "did not answer"; after it, the sandbox is lost,
     // and the error names the node and says what to do.
     let lost = eventually(WITHIN, "a call to say the sandbox was lost", || async {
@@ -203,10 +168,9 @@ async fn a_killed_node_s_sandbox_is_lost_with_a_clear_error_and_its_return_remov
         r.text.contains("was lost").then_some(r.text)
     })
     .await;
-    let engine = engine_id();
     assert!(
         lost.contains(&id)
-            && lost.contains(&engine)
+            && lost.contains(node.id())
             && lost.contains("stopped answering at")
             && lost.contains("create_sandbox"),
         "the error names the sandbox, its node and when it went silent, and what to do: {lost}"

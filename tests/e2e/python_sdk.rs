@@ -137,7 +137,7 @@ async fn official_python_sdk_installs_packages_from_the_loopback_index() {
         "/../../tests/e2e/python/packages.py"
     );
     let (index, addr, _wheels) = crate::packages::serve_index().await;
-    let cache = crate::packages::TempDir::new("sandgate-test-wheel-cache");
+    let cache = crate::wheels::TempDir::new("sandgate-test-wheel-cache");
     let (gateway, _tenant, token) = crate::packages::gateway_with_index(addr, cache.path()).await;
     let output = Command::new(&python)
         .arg(script)

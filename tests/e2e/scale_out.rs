@@ -16,10 +16,11 @@ use serde_json::{Value, json};
 use crate::lifecycle::{FAST, plain, row_state, sandbox_id};
 use crate::mcp_client::{Client, Era, ToolResult};
 use crate::support::eventually;
+use crate::support::node::{Engine, TlsFiles};
 use crate::support::replicas::{Deployment, RoundRobin};
 use crate::support::scale_out::{
-    Engine, TlsFiles, kill_second_engine, node_of, nodes_admin, nodes_cli, nodes_with_leases,
-    ownership_problems_on, spawn_gateway, spawn_node,
+    kill_second_engine, node_of, nodes_admin, nodes_cli, nodes_with_leases, ownership_problems_on,
+    spawn_gateway, spawn_node,
 };
 
 const WITHIN: Duration = Duration::from_secs(90);

@@ -161,20 +161,202 @@ fn reply<T, U: Into<T>>(result: Result<U, SandboxError>) -> Reply<T> {
         .map_err(|e| to_status(&e))
 }
 
+/// One kind of streamed call (exec, command) as it travels over the RPC: its request opens the
+/// input stream and the gateway's answers to index requests follow it; output events, index
+/// requests and the outcome go back. The two kinds differ only in what is said here, so one
+/// relay step ([`NodeService::streamed_call`]) serves both.
+trait StreamedCall: Sized + Send + 'static {
+    /// A message of the call's input stream.
+    type Input: Send + 'static;
+    /// What the sandbox answers the call with.
+    type Outcome: Send + 'static;
+    /// A message of the call's output stream.
+    type Event: Send + 'static;
+
+    /// The request, when `input` is the message that opens the call.
+    fn request(input: Self::Input) -> Option<Self>;
+    /// The gateway's answer to an index request, when `input` is one.
+    fn index_answer(input: Self::Input) -> Option<proto::IndexChunk>;
+    /// The sandbox the request names, taken out of it.
+    fn take_sandbox(&mut self) -> Option<proto::SandboxCall>;
+    /// Whether the caller wants the call's output events (progress) at all.
+    fn streams(&self) -> bool;
+    /// Whether the caller serves the sandbox's package index for this call.
+    fn serves_index(&self) -> bool;
+    /// Runs the call on `sandbox`, its output events sent to `events`.
+    fn run(
+        self,
+        sandbox: &Sandbox,
+        events: Option<mpsc::Sender<OutputEvent>>,
+    ) -> impl Future<Output = Result<Self::Outcome, SandboxError>> + Send;
+    /// The output message of an output event.
+    fn output(event: proto::OutputEvent) -> Self::Event;
+    /// The output message of an index request of the sandbox's pip.
+    fn index_request(request: proto::IndexRequest) -> Self::Event;
+    /// The last output message: the call's outcome.
+    fn outcome(outcome: Self::Outcome) -> Self::Event;
+}
+
+impl StreamedCall for proto::ExecRequest {
+    type Input = proto::ExecInput;
+    type Outcome = sandgate_sandbox::ExecOutcome;
+    type Event = proto::ExecEvent;
+
+    fn request(input: proto::ExecInput) -> Option<Self> {
+        match input.input {
+            Some(proto::exec_input::Input::Start(request)) => Some(request),
+            _ => None,
+        }
+    }
+
+    fn index_answer(input: proto::ExecInput) -> Option<proto::IndexChunk> {
+        match input.input {
+            Some(proto::exec_input::Input::IndexAnswer(chunk)) => Some(chunk),
+            _ => None,
+        }
+    }
+
+    fn take_sandbox(&mut self) -> Option<proto::SandboxCall> {
+        self.sandbox.take()
+    }
+
+    fn streams(&self) -> bool {
+        self.stream
+    }
+
+    fn serves_index(&self) -> bool {
+        self.index
+    }
+
+    fn run(
+        self,
+        sandbox: &Sandbox,
+        events: Option<mpsc::Sender<OutputEvent>>,
+    ) -> impl Future<Output = Result<Self::Outcome, SandboxError>> + Send {
+        let options = ExecOptions {
+            timeout: Duration::from_millis(self.timeout_ms),
+            output_limit: usize::try_from(self.output_limit).unwrap_or(usize::MAX),
+            display_limit: usize::try_from(self.display_limit).unwrap_or(usize::MAX),
+        };
+        async move { sandbox.exec(&self.code, options, events).await }
+    }
+
+    fn output(event: proto::OutputEvent) -> proto::ExecEvent {
+        proto::ExecEvent {
+            event: Some(proto::exec_event::Event::Output(event)),
+        }
+    }
+
+    fn index_request(request: proto::IndexRequest) -> proto::ExecEvent {
+        proto::ExecEvent {
+            event: Some(proto::exec_event::Event::IndexRequest(request)),
+        }
+    }
+
+    fn outcome(outcome: Self::Outcome) -> proto::ExecEvent {
+        proto::ExecEvent {
+            event: Some(proto::exec_event::Event::Outcome(outcome.into())),
+        }
+    }
+}
+
+impl StreamedCall for proto::CommandRequest {
+    type Input = proto::CommandInput;
+    type Outcome = sandgate_sandbox::CommandOutcome;
+    type Event = proto::CommandEvent;
+
+    fn request(input: proto::CommandInput) -> Option<Self> {
+        match input.input {
+            Some(proto::command_input::Input::Start(request)) => Some(request),
+            _ => None,
+        }
+    }
+
+    fn index_answer(input: proto::CommandInput) -> Option<proto::IndexChunk> {
+        match input.input {
+            Some(proto::command_input::Input::IndexAnswer(chunk)) => Some(chunk),
+            _ => None,
+        }
+    }
+
+    fn take_sandbox(&mut self) -> Option<proto::SandboxCall> {
+        self.sandbox.take()
+    }
+
+    fn streams(&self) -> bool {
+        self.stream
+    }
+
+    fn serves_index(&self) -> bool {
+        self.index
+    }
+
+    fn run(
+        self,
+        sandbox: &Sandbox,
+        events: Option<mpsc::Sender<OutputEvent>>,
+    ) -> impl Future<Output = Result<Self::Outcome, SandboxError>> + Send {
+        let options = CommandOptions {
+            timeout: Duration::from_millis(self.timeout_ms),
+            output_limit: usize::try_from(self.output_limit).unwrap_or(usize::MAX),
+            cwd: self.cwd,
+        };
+        async move { sandbox.command(&self.command, options, events).await }
+    }
+
+    fn output(event: proto::OutputEvent) -> proto::CommandEvent {
+        proto::CommandEvent {
+            event: Some(proto::command_event::Event::Output(event)),
+        }
+    }
+
+    fn index_request(request: proto::IndexRequest) -> proto::CommandEvent {
+        proto::CommandEvent {
+            event: Some(proto::command_event::Event::IndexRequest(request)),
+        }
+    }
+
+    fn outcome(outcome: Self::Outcome) -> proto::CommandEvent {
+        proto::CommandEvent {
+            event: Some(proto::command_event::Event::Outcome(outcome.into())),
+        }
+    }
+}
+
+impl NodeService {
+    /// Serves one streamed call of kind `C`: reads its request, finds its sandbox, opens the
+    /// package-index relay when the gateway serves the index, and streams the call's messages.
+    async fn streamed_call<C: StreamedCall>(
+        &self,
+        request: Request<tonic::Streaming<C::Input>>,
+    ) -> Reply<BoxStream<'static, Result<C::Event, Status>>> {
+        let mut inputs = request.into_inner();
+        let mut req = first_input(&mut inputs, C::request).await?;
+        let sandbox = self.sandbox(req.take_sandbox()).await?;
+        tracing::Span::current().record("sandbox_id", sandbox.id());
+        let (tx, rx) = mpsc::channel(EVENT_BUFFER);
+        let events = req.streams().then_some(tx);
+        let (relay, asked) = self.relay(req.serves_index(), inputs, C::index_answer);
+        let call = async move {
+            let run = req.run(&sandbox, events);
+            match &relay {
+                Some(relay) => sandbox.channel().with_index(relay, run).await,
+                None => run.await,
+            }
+        };
+        Ok(Response::new(call_stream::<C>(call, rx, asked)))
+    }
+}
+
 /// A streamed call's messages: its output events and the package index requests of its relay
 /// as they come, then its outcome. Nothing is spawned: dropping the stream (the gateway went
 /// away or cancelled) drops the call, and the channel interrupts the cell or kills the command
 /// as it does in one process.
-fn call_stream<T, M>(
-    call: impl Future<Output = Result<T, SandboxError>> + Send + 'static,
+fn call_stream<C: StreamedCall>(
+    call: impl Future<Output = Result<C::Outcome, SandboxError>> + Send + 'static,
     events: mpsc::Receiver<OutputEvent>,
     index: Option<mpsc::Receiver<proto::IndexRequest>>,
-    to: Messages<T, M>,
-) -> BoxStream<'static, Result<M, Status>>
-where
-    T: Send + 'static,
-    M: Send + 'static,
-{
+) -> BoxStream<'static, Result<C::Event, Status>> {
     enum State<F, M> {
         Running(Pin<Box<F>>, mpsc::Receiver<OutputEvent>),
         Draining(mpsc::Receiver<OutputEvent>, Result<M, Status>),
@@ -195,22 +377,22 @@ where
                     tokio::select! {
                         biased;
                         Some(e) = events.recv() => {
-                            let m = (to.event)(e.into());
+                            let m = C::output(e.into());
                             return Some((Ok(m), (State::Running(call, events), index)));
                         }
                         Some(r) = asked => {
-                            let m = (to.index)(r);
+                            let m = C::index_request(r);
                             return Some((Ok(m), (State::Running(call, events), index)));
                         }
                         out = &mut call => {
-                            let last = out.map(to.outcome).map_err(|e| to_status(&e));
+                            let last = out.map(C::outcome).map_err(|e| to_status(&e));
                             State::Draining(events, last)
                         }
                     }
                 }
                 State::Draining(mut events, last) => match events.recv().await {
                     Some(e) => {
-                        let m = (to.event)(e.into());
+                        let m = C::output(e.into());
                         return Some((Ok(m), (State::Draining(events, last), index)));
                     }
                     None => return Some((last, (State::Done, index))),
@@ -221,22 +403,6 @@ where
     })
     .boxed()
 }
-
-/// How a streamed call's messages are made.
-struct Messages<T, M> {
-    event: fn(proto::OutputEvent) -> M,
-    index: fn(proto::IndexRequest) -> M,
-    outcome: fn(T) -> M,
-}
-
-// Not derived: the derive would ask for `T: Copy` and `M: Copy`, and only the pointers are copied.
-impl<T, M> Clone for Messages<T, M> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<T, M> Copy for Messages<T, M> {}
 
 #[tonic::async_trait]
 impl node_server::Node for NodeService {
@@ -344,47 +510,7 @@ impl node_server::Node for NodeService {
         &self,
         request: Request<tonic::Streaming<proto::ExecInput>>,
     ) -> Reply<Self::ExecStream> {
-        use proto::exec_input::Input;
-        let mut inputs = request.into_inner();
-        let req = first_input(&mut inputs, |i| match i.input {
-            Some(Input::Start(r)) => Some(r),
-            _ => None,
-        })
-        .await?;
-        let sandbox = self.sandbox(req.sandbox).await?;
-        tracing::Span::current().record("sandbox_id", sandbox.id());
-        let options = ExecOptions {
-            timeout: Duration::from_millis(req.timeout_ms),
-            output_limit: usize::try_from(req.output_limit).unwrap_or(usize::MAX),
-            display_limit: usize::try_from(req.display_limit).unwrap_or(usize::MAX),
-        };
-        let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-        let events = req.stream.then_some(tx);
-        let (relay, asked) = self.relay(req.index, inputs, |i| match i.input {
-            Some(Input::IndexAnswer(chunk)) => Some(chunk),
-            _ => None,
-        });
-        let code = req.code;
-        let call = async move {
-            let exec = sandbox.exec(&code, options, events);
-            match &relay {
-                Some(relay) => sandbox.channel().with_index(relay, exec).await,
-                None => exec.await,
-            }
-        };
-        use proto::exec_event::Event;
-        let to = Messages {
-            event: |e| proto::ExecEvent {
-                event: Some(Event::Output(e)),
-            },
-            index: |r| proto::ExecEvent {
-                event: Some(Event::IndexRequest(r)),
-            },
-            outcome: |o: sandgate_sandbox::ExecOutcome| proto::ExecEvent {
-                event: Some(Event::Outcome(o.into())),
-            },
-        };
-        Ok(Response::new(call_stream(call, rx, asked, to)))
+        self.streamed_call::<proto::ExecRequest>(request).await
     }
 
     type CommandStream = BoxStream<'static, Result<proto::CommandEvent, Status>>;
@@ -394,47 +520,7 @@ impl node_server::Node for NodeService {
         &self,
         request: Request<tonic::Streaming<proto::CommandInput>>,
     ) -> Reply<Self::CommandStream> {
-        use proto::command_input::Input;
-        let mut inputs = request.into_inner();
-        let req = first_input(&mut inputs, |i| match i.input {
-            Some(Input::Start(r)) => Some(r),
-            _ => None,
-        })
-        .await?;
-        let sandbox = self.sandbox(req.sandbox).await?;
-        tracing::Span::current().record("sandbox_id", sandbox.id());
-        let options = CommandOptions {
-            timeout: Duration::from_millis(req.timeout_ms),
-            output_limit: usize::try_from(req.output_limit).unwrap_or(usize::MAX),
-            cwd: req.cwd,
-        };
-        let (tx, rx) = mpsc::channel(EVENT_BUFFER);
-        let events = req.stream.then_some(tx);
-        let (relay, asked) = self.relay(req.index, inputs, |i| match i.input {
-            Some(Input::IndexAnswer(chunk)) => Some(chunk),
-            _ => None,
-        });
-        let command = req.command;
-        let call = async move {
-            let run = sandbox.command(&command, options, events);
-            match &relay {
-                Some(relay) => sandbox.channel().with_index(relay, run).await,
-                None => run.await,
-            }
-        };
-        use proto::command_event::Event;
-        let to = Messages {
-            event: |e| proto::CommandEvent {
-                event: Some(Event::Output(e)),
-            },
-            index: |r| proto::CommandEvent {
-                event: Some(Event::IndexRequest(r)),
-            },
-            outcome: |o: sandgate_sandbox::CommandOutcome| proto::CommandEvent {
-                event: Some(Event::Outcome(o.into())),
-            },
-        };
-        Ok(Response::new(call_stream(call, rx, asked, to)))
+        self.streamed_call::<proto::CommandRequest>(request).await
     }
 
     async fn write_file(

@@ -1008,9 +1008,19 @@ def relay_get(agent, path, timeout=90):
         conn.close()
 
 
+def open_index_serve(agent):
+    """Opens an `index_serve` call and returns its id once the relay is open. The agent opens it
+    when its reader thread takes the frame, which pip's request (another thread) could overtake:
+    without a running call to ask, that request hears 503 at once. The reader handles frames in
+    order, so the answer to a ping sent behind it means the serve call is open."""
+    serve = agent.start("index_serve")
+    agent.ok("ping")
+    return serve
+
+
 def test_the_index_relay_forwards_pip_requests_to_the_open_serve_call(agent):
     assert isinstance(agent.ready["index_port"], int), agent.ready
-    serve = agent.start("index_serve")
+    serve = open_index_serve(agent)
     got = {}
 
     def fetch():
@@ -1083,7 +1093,7 @@ def test_pip_without_a_running_call_hears_503_at_once(agent):
 
 
 def test_the_index_relay_forwards_nothing_but_index_paths(agent):
-    serve = agent.start("index_serve")
+    serve = open_index_serve(agent)
     for path in ("/etc/passwd", "/simple/../../x/", "/files/abc/x.whl", "/simple/a%20b/", "/" + "a" * 3000):
         status, _, _ = relay_get(agent, path)
         assert status == 404, path

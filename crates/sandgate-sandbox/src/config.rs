@@ -35,6 +35,25 @@ pub struct SandboxProfile {
     pub packages_size_mb: u64,
 }
 
+/// The `[sandbox]` defaults of `config/default.toml` (sandgate-service's configuration tests
+/// keep the two equal): the profile named `default`, the `sandgate-sandbox:latest` image, runc.
+impl Default for SandboxProfile {
+    fn default() -> Self {
+        SandboxProfile {
+            name: "default".into(),
+            image: "sandgate-sandbox:latest".into(),
+            runtime: OciRuntime::Runc,
+            memory_mb: 512,
+            cpus: 1.0,
+            pids_limit: 256,
+            nofile: 1024,
+            tmp_size_mb: 64,
+            home_size_mb: 512,
+            packages_size_mb: 256,
+        }
+    }
+}
+
 impl SandboxProfile {
     /// The memory limit the container gets: the profile's memory plus the sizes of the tmpfs
     /// mounts on /tmp, /home/user and /opt/packages, whose pages the memory cgroup counts.
@@ -257,32 +276,20 @@ impl ManagerConfig {
 mod tests {
     use super::*;
 
-    fn profile() -> SandboxProfile {
-        SandboxProfile {
-            name: "default".into(),
-            image: "sandgate-sandbox:latest".into(),
-            runtime: OciRuntime::Runc,
-            memory_mb: 512,
-            cpus: 1.0,
-            pids_limit: 256,
-            nofile: 1024,
-            tmp_size_mb: 64,
-            home_size_mb: 512,
-            packages_size_mb: 256,
-        }
-    }
-
     #[test]
     fn the_container_limit_covers_memory_and_every_tmpfs_mount() {
-        assert_eq!(profile().container_memory_mb(), 512 + 64 + 512 + 256);
-        assert_eq!(profile().validate(), Ok(()));
+        assert_eq!(
+            SandboxProfile::default().container_memory_mb(),
+            512 + 64 + 512 + 256
+        );
+        assert_eq!(SandboxProfile::default().validate(), Ok(()));
     }
 
     #[test]
     fn a_home_too_large_to_account_for_is_refused_naming_the_key() {
         let huge = SandboxProfile {
             home_size_mb: MAX_CONTAINER_MEMORY_MB,
-            ..profile()
+            ..SandboxProfile::default()
         };
         let err = huge.validate().unwrap_err();
         assert_eq!(err.field(), "home_size_mb");

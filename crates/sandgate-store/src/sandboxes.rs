@@ -288,8 +288,10 @@ pub async fn last_for_conversation(
     .await?)
 }
 
-/// Marks a call on a leased sandbox: refreshes `last_used_at` and, if given, sets a new idle
-/// timeout. Returns the updated row, or `None` if it is not a live sandbox of this tenant.
+/// Marks a call on a leased sandbox: refreshes `last_used_at` (never moving it back: an
+/// end-of-call touch may have set it up to a second ahead, see [`touch_live`]) and, if given,
+/// sets a new idle timeout. Returns the updated row, or `None` if it is not a live sandbox of
+/// this tenant.
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, sandbox_id = %id))]
 pub async fn touch(
     conn: &mut PgConnection,
@@ -328,7 +330,7 @@ async fn touch_where(
     condition: &str,
 ) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
-        "UPDATE sandboxes SET last_used_at = now(),
+        "UPDATE sandboxes SET last_used_at = GREATEST(last_used_at, now()),
                 idle_timeout_seconds = COALESCE($3, idle_timeout_seconds)
          WHERE id = $1 AND tenant_id = $2 AND state = 'leased' AND {condition}
          RETURNING {COLUMNS}"
@@ -480,6 +482,17 @@ pub async fn live_on_node(
     .await?)
 }
 
+/// How many leased sandboxes `node` runs (its heartbeat reports it), counted in the database.
+#[tracing::instrument(skip_all, fields(node = %node))]
+pub async fn count_leased_on_node(conn: &mut PgConnection, node: &str) -> Result<i64, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM sandboxes WHERE node = $1 AND state = 'leased'")
+            .bind(node)
+            .fetch_one(conn)
+            .await?,
+    )
+}
+
 /// Leased sandboxes on `node` past their idle deadline or hard expiry at `now`.
 #[tracing::instrument(skip_all, fields(node = %node))]
 pub async fn overdue(
@@ -498,14 +511,22 @@ pub async fn overdue(
     .await?)
 }
 
-/// Refreshes the idle clock of a leased sandbox, whoever owns it (a call on it just ended, or is
-/// still running). Does nothing to a sandbox that is not live.
+/// Refreshes the idle clock of leased sandboxes, whoever owns them (a call on them just ended,
+/// or is still running), to `at` unless it already reads later: the clock never moves back, so
+/// a writer that sets it a moment ahead (coalescing the next calls' writes) can rely on it.
+/// Does nothing to a sandbox that is not live.
 #[tracing::instrument(skip_all)]
-pub async fn touch_live(conn: &mut PgConnection, ids: &[String]) -> Result<(), StoreError> {
+pub async fn touch_live(
+    conn: &mut PgConnection,
+    ids: &[String],
+    at: DateTime<Utc>,
+) -> Result<(), StoreError> {
     sqlx::query(
-        "UPDATE sandboxes SET last_used_at = now() WHERE id = ANY($1) AND state = 'leased'",
+        "UPDATE sandboxes SET last_used_at = GREATEST(last_used_at, $2)
+         WHERE id = ANY($1) AND state = 'leased'",
     )
     .bind(ids)
+    .bind(at)
     .execute(conn)
     .await?;
     Ok(())

@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 
+pub mod node;
 pub mod oauth;
 pub mod replicas;
 pub mod scale_out;
@@ -340,7 +341,7 @@ pub fn docker_words(args: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Removes every container labelled with `instance` (a test's own, e.g. a killed node's).
+/// Removes every container labelled with `instance` (a test's own).
 pub fn remove_containers_of(instance: &str) {
     let ids = containers_of(instance);
     if !ids.is_empty() {
@@ -356,13 +357,7 @@ impl Drop for Gateway {
         if let Some(child) = self.child.as_mut() {
             let _ = child.start_kill();
         }
-        let ids = containers_of(&self.instance);
-        if !ids.is_empty() {
-            let _ = std::process::Command::new("docker")
-                .args(["rm", "-f"])
-                .args(&ids)
-                .output();
-        }
+        remove_containers_of(&self.instance);
     }
 }
 

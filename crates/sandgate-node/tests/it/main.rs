@@ -8,3 +8,5 @@ mod calls;
 mod relay;
 mod support;
 mod tls;
+#[path = "../../../../tests/shared/wheels.rs"]
+mod wheels;

@@ -17,31 +17,23 @@ use sandgate_sandbox::{CommandOptions, ExecOptions, IndexAnswer, IndexBody, Inde
 use tokio::sync::mpsc;
 
 use crate::support::{TestNode, profile, within};
+use crate::wheels::{self, TempDir, Wheel};
 
-/// Builds tiny pure-Python wheels with the standard library's zipfile (a wheel is a zip with a
-/// dist-info directory): no build backend, no index.
-const MAKE_WHEELS: &str = r#"
-import base64, hashlib, os, sys, zipfile
-dest = sys.argv[1]
-def wheel(name, version, source):
-    dist = f"{name}-{version}"
-    files = {
-        f"{name}.py": source,
-        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: sandgate-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    with zipfile.ZipFile(os.path.join(dest, f"{dist}-py3-none-any.whl"), "w") as z:
-        for path, text in files.items():
-            data = text.encode()
-            z.writestr(path, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{path},sha256={digest},{len(data)}")
-        record.append(f"{dist}.dist-info/RECORD,,")
-        z.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
-wheel("sgnode", "1.0", "ANSWER = 42\n")
-wheel("sgnodecell", "1.0", "GREETING = 'hello from a remote cell'\n")
-"#;
+/// The wheels the gateway's side serves.
+const WHEELS: &[Wheel<'static>] = &[
+    Wheel {
+        name: "sgnode",
+        version: "1.0",
+        source: "ANSWER = 42\n",
+        requires: &[],
+    },
+    Wheel {
+        name: "sgnodecell",
+        version: "1.0",
+        source: "GREETING = 'hello from a remote cell'\n",
+        requires: &[],
+    },
+];
 
 /// The gateway's side in these tests: PEP 691 pages of the wheels in a directory, the wheels
 /// from disk; every path asked and the most requests served at once recorded.
@@ -55,15 +47,8 @@ struct TestIndex {
 }
 
 impl TestIndex {
-    fn build() -> (Self, tempdir::Dir) {
-        let dir = tempdir::Dir::new("sandgate-node-test-wheels");
-        let python = std::env::var("SANDGATE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-        let status = std::process::Command::new(&python)
-            .args(["-c", MAKE_WHEELS])
-            .arg(dir.path())
-            .status()
-            .expect("python runs");
-        assert!(status.success(), "the test wheels are built");
+    fn build() -> (Self, TempDir) {
+        let dir = wheels::build("sandgate-node-test-wheels", WHEELS);
         let mut wheels = HashMap::new();
         for entry in std::fs::read_dir(dir.path()).expect("the wheels' directory") {
             let name = entry
@@ -152,32 +137,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-mod tempdir {
-    use std::path::{Path, PathBuf};
-
-    /// A directory of its own under the system's temporary directory, removed when dropped.
-    pub struct Dir(PathBuf);
-
-    impl Dir {
-        pub fn new(prefix: &str) -> Self {
-            let dir =
-                std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
-            std::fs::create_dir_all(&dir).expect("a temporary directory");
-            Self(dir)
-        }
-
-        pub fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 async fn launch(node: &TestNode) -> RemoteSandbox {

@@ -8,8 +8,7 @@ use std::time::Duration;
 pub use sandgate_node::test_pki::Pki;
 use sandgate_node::{NodeService, RemoteNode};
 use sandgate_sandbox::{
-    DockerBackend, ManagerConfig, OciRuntime, PoolConfig, SandboxBackend as _, SandboxManager,
-    SandboxProfile,
+    DockerBackend, ManagerConfig, PoolConfig, SandboxBackend as _, SandboxManager, SandboxProfile,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -23,16 +22,8 @@ pub fn image() -> String {
 /// The default profile of `config/default.toml`.
 pub fn profile() -> SandboxProfile {
     SandboxProfile {
-        name: "default".into(),
         image: image(),
-        runtime: OciRuntime::Runc,
-        memory_mb: 512,
-        cpus: 1.0,
-        pids_limit: 256,
-        nofile: 1024,
-        tmp_size_mb: 64,
-        home_size_mb: 512,
-        packages_size_mb: 256,
+        ..SandboxProfile::default()
     }
 }
 

@@ -690,16 +690,8 @@ mod tests {
 
     fn profile() -> SandboxProfile {
         SandboxProfile {
-            name: "default".into(),
             image: "fake".into(),
-            runtime: crate::OciRuntime::Runc,
-            memory_mb: 512,
-            cpus: 1.0,
-            pids_limit: 256,
-            nofile: 1024,
-            tmp_size_mb: 64,
-            home_size_mb: 512,
-            packages_size_mb: 256,
+            ..SandboxProfile::default()
         }
     }
 

@@ -700,6 +700,18 @@ mod tests {
     }
 
     #[test]
+    fn the_sandbox_profiles_default_is_the_default_files() {
+        let profile: SandboxProfile = Figment::from(Toml::string(DEFAULT_TOML))
+            .extract_inner("sandbox")
+            .expect("config/default.toml has a valid [sandbox] table");
+        assert_eq!(
+            profile,
+            SandboxProfile::default(),
+            "SandboxProfile::default() must say what config/default.toml's [sandbox] says"
+        );
+    }
+
+    #[test]
     fn replicas_configured_alike_share_the_cookie_key_and_off_loopback_one_is_required() {
         Jail::expect_with(|jail| {
             jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");

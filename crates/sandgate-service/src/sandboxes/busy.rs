@@ -21,8 +21,9 @@ use sandgate_store::{call_marks, sandboxes};
 use tokio::task::AbortHandle;
 use uuid::Uuid;
 
-use super::ServiceError;
 use super::error::Quota;
+use super::idle_clock::IdleClock;
+use super::{SandboxService, ServiceError};
 
 /// Sandboxes with calls in flight in this process, by id, with how many.
 pub(crate) type BusyMap = Arc<Mutex<HashMap<String, usize>>>;
@@ -37,6 +38,8 @@ pub struct BusyGuard {
     busy: BusyMap,
     db: PgPool,
     mark: CallMark,
+    /// The process's idle-clock writes, which coalesce the one at the call's end.
+    clock: IdleClock,
 }
 
 /// A call's mark in Postgres: written by a task once the call has run [`MARK_AFTER`], renewed
@@ -95,16 +98,11 @@ async fn renew_mark(
 }
 
 impl BusyGuard {
-    /// Marks a call on `id` unless the sandbox already runs `cap` calls.
-    pub(super) fn try_new(
-        id: &str,
-        busy: &BusyMap,
-        db: &PgPool,
-        cap: u32,
-        ttl_seconds: u32,
-    ) -> Result<Arc<Self>, ServiceError> {
+    /// Marks a call on `id` unless the sandbox already runs `limits.max_calls_per_sandbox`.
+    pub(super) fn try_new(service: &SandboxService, id: &str) -> Result<Arc<Self>, ServiceError> {
+        let cap = service.limits.max_calls_per_sandbox;
         {
-            let mut map = busy.lock().expect("busy map");
+            let mut map = service.busy.lock().expect("busy map");
             let running = map.entry(id.to_owned()).or_default();
             if *running >= cap as usize {
                 if *running == 0 {
@@ -118,25 +116,28 @@ impl BusyGuard {
             }
             *running += 1;
         }
-        Ok(Arc::new(Self {
-            id: id.to_owned(),
-            busy: busy.clone(),
-            db: db.clone(),
-            mark: CallMark::start(db, id, ttl_seconds),
-        }))
+        Ok(Self::counted(service, id))
     }
 
-    pub(super) fn new(id: &str, busy: &BusyMap, db: &PgPool, ttl_seconds: u32) -> Arc<Self> {
-        *busy
+    /// Marks a call on `id` whatever the sandbox runs (a sandbox this call just leased).
+    pub(super) fn new(service: &SandboxService, id: &str) -> Arc<Self> {
+        *service
+            .busy
             .lock()
             .expect("busy map")
             .entry(id.to_owned())
             .or_default() += 1;
+        Self::counted(service, id)
+    }
+
+    /// The guard of a call already counted in the busy map.
+    fn counted(service: &SandboxService, id: &str) -> Arc<Self> {
         Arc::new(Self {
             id: id.to_owned(),
-            busy: busy.clone(),
-            db: db.clone(),
-            mark: CallMark::start(db, id, ttl_seconds),
+            busy: service.busy.clone(),
+            db: service.db.clone(),
+            mark: CallMark::start(&service.db, id, service.limits.call_slot_ttl_seconds),
+            clock: service.idle_clock.clone(),
         })
     }
 }
@@ -163,24 +164,37 @@ impl Drop for BusyGuard {
             .load(Ordering::SeqCst)
             .then_some(self.mark.id);
         // The end of a call is use too: a long cell must not leave its sandbox already idle.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let db = self.db.clone();
-            let ids = vec![self.id.clone()];
-            runtime.spawn(async move {
-                let result = async {
-                    let mut conn = db.acquire().await?;
-                    // The clock first: between the two no reaper may find the sandbox idle.
-                    sandboxes::touch_live(&mut conn, &ids).await?;
-                    if let Some(mark) = mark {
-                        call_marks::remove(&mut conn, mark).await?;
-                    }
-                    Ok::<_, sandgate_store::StoreError>(())
-                }
-                .await;
-                if let Err(err) = result {
-                    tracing::warn!(error = %err, sandbox_id = %ids[0], "refreshing the idle clock after a call failed");
-                }
-            });
+        // Coalesced (see `idle_clock`): nothing to write when the clock already reads later.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let touch = self.clock.call_ended(&self.id);
+        if touch.is_none() && mark.is_none() {
+            return;
         }
+        let (db, clock) = (self.db.clone(), self.clock.clone());
+        let ids = vec![self.id.clone()];
+        runtime.spawn(async move {
+            let mut touched = touch.is_none();
+            let result = async {
+                let mut conn = db.acquire().await?;
+                // The clock first: between the two no reaper may find the sandbox idle.
+                if let Some(at) = touch {
+                    sandboxes::touch_live(&mut conn, &ids, at).await?;
+                    touched = true;
+                }
+                if let Some(mark) = mark {
+                    call_marks::remove(&mut conn, mark).await?;
+                }
+                Ok::<_, sandgate_store::StoreError>(())
+            }
+            .await;
+            if let Err(err) = result {
+                if let (Some(at), false) = (touch, touched) {
+                    clock.end_write_failed(&ids[0], at);
+                }
+                tracing::warn!(error = %err, sandbox_id = %ids[0], "refreshing the idle clock after a call failed");
+            }
+        });
     }
 }

@@ -125,12 +125,7 @@ impl SandboxService {
             .lock()
             .expect("live map")
             .insert(row.id.clone(), sandbox.clone());
-        let busy = BusyGuard::new(
-            &row.id,
-            &self.busy,
-            &self.db,
-            self.limits.call_slot_ttl_seconds,
-        );
+        let busy = BusyGuard::new(self, &row.id);
         Resolved {
             sandbox,
             row,

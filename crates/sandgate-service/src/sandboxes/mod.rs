@@ -129,14 +129,10 @@ impl SandboxService {
         let live = async {
             let own = self.nodes.own_id()?;
             let mut conn = self.db.acquire().await.ok()?;
-            sandboxes::live_on_node(&mut conn, own).await.ok()
+            sandboxes::count_leased_on_node(&mut conn, own).await.ok()
         }
         .await
-        .map_or(0, |rows| {
-            rows.iter()
-                .filter(|r| r.state == SandboxState::Leased)
-                .count()
-        });
+        .unwrap_or(0);
         let ready = self
             .nodes
             .local()
@@ -288,13 +284,7 @@ impl SandboxService {
             }
         };
         drop(conn);
-        let sandbox = self.handle(&row).await?;
-        Ok(Resolved {
-            sandbox,
-            row,
-            created: false,
-            busy,
-        })
+        self.resolved(row, busy).await
     }
 
     /// A live row whose clock [`Self::touch_for_call`] refreshed: the call's busy mark and
@@ -302,6 +292,16 @@ impl SandboxService {
     async fn resolve_touched(&self, row: SandboxRow) -> Result<Resolved, ServiceError> {
         tracing::Span::current().record("sandbox_id", &row.id);
         let busy = self.mark_busy(&row.id)?;
+        self.resolved(row, busy).await
+    }
+
+    /// The end of resolving an existing sandbox for a call: its live, touched `row`, the call's
+    /// `busy` mark, and the handle (from this process, else adopted).
+    async fn resolved(
+        &self,
+        row: SandboxRow,
+        busy: Arc<BusyGuard>,
+    ) -> Result<Resolved, ServiceError> {
         let sandbox = self.handle(&row).await?;
         Ok(Resolved {
             sandbox,
@@ -313,13 +313,7 @@ impl SandboxService {
 
     /// Marks a call on the sandbox (see [`Resolved::busy`]), unless it runs its most already.
     fn mark_busy(&self, id: &str) -> Result<Arc<BusyGuard>, ServiceError> {
-        BusyGuard::try_new(
-            id,
-            &self.busy,
-            &self.db,
-            self.limits.max_calls_per_sandbox,
-            self.limits.call_slot_ttl_seconds,
-        )
+        BusyGuard::try_new(self, id)
     }
 
     /// The live handle for a leased row: from this process, else adopted from the engine.

@@ -193,3 +193,78 @@ async fn overdue_finds_sandboxes_past_their_idle_timeout_or_lifetime_on_its_node
     drop(conn);
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn count_leased_on_node_counts_only_that_nodes_leased_rows() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let tenant = tenants::create(&mut conn, "acme").await.unwrap();
+    assert_eq!(
+        sandboxes::count_leased_on_node(&mut conn, "node1")
+            .await
+            .unwrap(),
+        0,
+        "a node without rows runs none"
+    );
+    for (id, node) in [("sbx_1", "node1"), ("sbx_2", "node1"), ("sbx_3", "node2")] {
+        sandboxes::insert_leased(&mut conn, id, "default", id, node, &lease(tenant.id, None))
+            .await
+            .unwrap();
+    }
+    sandboxes::insert_warm(&mut conn, "sbx_warm", "default", "ctr_warm", "node1")
+        .await
+        .unwrap();
+    sandboxes::end(&mut conn, "sbx_2", &CloseReason::Closed)
+        .await
+        .unwrap();
+    assert_eq!(
+        sandboxes::count_leased_on_node(&mut conn, "node1")
+            .await
+            .unwrap(),
+        1,
+        "node1's one live lease: not the closed one, the warm one, or node2's"
+    );
+    drop(conn);
+    db.drop_db().await;
+}
+
+#[tokio::test]
+async fn the_idle_clock_never_moves_back() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let tenant = tenants::create(&mut conn, "acme").await.unwrap();
+    sandboxes::insert_leased(
+        &mut conn,
+        "sbx_a",
+        "default",
+        "c1",
+        "node1",
+        &lease(tenant.id, None),
+    )
+    .await
+    .unwrap();
+    let ids = ["sbx_a".to_owned()];
+    let clock = |row: Option<sandboxes::SandboxRow>| row.expect("the row").last_used_at;
+    let ahead = Utc::now() + Duration::seconds(30);
+    sandboxes::touch_live(&mut conn, &ids, ahead).await.unwrap();
+    let read = sandboxes::get(&mut conn, tenant.id, "sbx_a").await.unwrap();
+    // Postgres keeps microseconds.
+    let written = clock(read).expect("a clock");
+    assert!(
+        (written - ahead).num_milliseconds().abs() < 1,
+        "touch_live sets the clock to the time given: {written} vs {ahead}"
+    );
+    sandboxes::touch_live(&mut conn, &ids, Utc::now())
+        .await
+        .unwrap();
+    let touched = sandboxes::touch(&mut conn, tenant.id, "sbx_a", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        clock(touched),
+        Some(written),
+        "an earlier time, from touch_live or a call's touch, leaves the later clock alone"
+    );
+    drop(conn);
+    db.drop_db().await;
+}

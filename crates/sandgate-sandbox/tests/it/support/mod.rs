@@ -47,16 +47,9 @@ pub fn runtime() -> OciRuntime {
 /// The profile the tests run: the defaults of `config/default.toml`.
 pub fn profile() -> SandboxProfile {
     SandboxProfile {
-        name: "default".into(),
         image: image(),
         runtime: runtime(),
-        memory_mb: 512,
-        cpus: 1.0,
-        pids_limit: 256,
-        nofile: 1024,
-        tmp_size_mb: 64,
-        home_size_mb: 512,
-        packages_size_mb: 256,
+        ..SandboxProfile::default()
     }
 }
 

@@ -466,6 +466,31 @@ pub async fn end_all_of_tenant(
     Ok(ended)
 }
 
+/// A tenant's `lost` sandboxes on nodes silent past `lost_after_seconds`: the lost-node sweep
+/// ended their rows, but their containers (with the tenant's files) stay on their engines until
+/// their node answers again and its reconciliation removes them.
+#[tracing::instrument(skip_all)]
+pub async fn lost_on_silent_nodes(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    lost_after_seconds: i64,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    let columns = COLUMNS
+        .split(", ")
+        .map(|c| format!("s.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {columns} FROM sandboxes s JOIN nodes n ON n.id = s.node
+         WHERE s.tenant_id = $1 AND s.state = 'lost'
+           AND n.heartbeat_at < now() - make_interval(secs => $2)"
+    )))
+    .bind(tenant_id)
+    .bind(lost_after_seconds as f64)
+    .fetch_all(conn)
+    .await?)
+}
+
 /// Live sandboxes (warm and leased) on `node`, for reconciliation with the Docker engine.
 #[tracing::instrument(skip_all, fields(node = %node))]
 pub async fn live_on_node(

@@ -200,9 +200,9 @@ pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, Admin
     let mut by_node: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for row in ended.iter().chain(&stranded) {
         by_node
-            .entry(&row.node)
+            .entry(row.node.as_str())
             .or_default()
-            .push(&row.container_id);
+            .push(row.container_id.as_str());
     }
     let mut conn = sandgate_store::acquire(&db).await?;
     let registry: HashMap<String, nodes::NodeRow> = nodes::list(&mut conn)

@@ -171,7 +171,7 @@ async fn a_nodes_own_failure_reaches_the_gateway_as_an_incident_id_never_its_err
     let refused_start = within(limit, "a remote start", client.launch(&broken))
         .await
         .expect_err("the image is missing");
-    let start = incident_of(&refused_start, true, &[&missing, "image", "No such"]);
+    let start = incident_of(&refused_start, true, &[missing.as_str(), "image", "No such"]);
     let oversized = SandboxProfile {
         cpus: 1000.0,
         ..profile()

@@ -358,9 +358,7 @@ async fn a_gateway_only_replica_exports_every_nodes_pool_numbers_from_postgres()
         !text.contains(&sandbox) && !text.contains(&tenant),
         "no sandbox or tenant ids in /metrics:\n{text}"
     );
-    gateway
-        .cli(&["admin", "nodes", "drain", &node])
-        .await;
+    gateway.cli(&["admin", "nodes", "drain", &node]).await;
     eventually(WITHIN, "the drain on the replica's /metrics", || async {
         let text = scrape().await;
         (node_series(&text, "sandgate_node_draining", &node) == Some(1.0)).then_some(())

@@ -314,7 +314,13 @@ async fn transcript_entries(database: &str, ids: &[&String]) -> i64 {
 }
 
 /// Opens `conversation` of `client` on node `on`: every other node of `all` drained meanwhile.
-async fn open_on(database: &str, client: &Client, conversation: &str, on: &str, all: &[&str]) -> String {
+async fn open_on(
+    database: &str,
+    client: &Client,
+    conversation: &str,
+    on: &str,
+    all: &[&str],
+) -> String {
     for node in all.iter().filter(|n| **n != on) {
         nodes_admin(database, "drain", node).await;
     }
@@ -322,7 +328,11 @@ async fn open_on(database: &str, client: &Client, conversation: &str, on: &str, 
     for node in all.iter().filter(|n| **n != on) {
         nodes_admin(database, "undrain", node).await;
     }
-    assert_eq!(node_of(database, &sandbox).await, on, "{conversation} was placed on {on}");
+    assert_eq!(
+        node_of(database, &sandbox).await,
+        on,
+        "{conversation} was placed on {on}"
+    );
     sandbox
 }
 
@@ -373,7 +383,9 @@ async fn purging_a_tenant_removes_its_containers_on_every_node_and_a_silent_node
     );
     for (engine, container) in engines.iter().zip(&victim_containers) {
         assert!(
-            !engine.containers_of(&deployment.instance).contains(container),
+            !engine
+                .containers_of(&deployment.instance)
+                .contains(container),
             "the purged tenant's container {container} is gone from engine {}",
             engine.id
         );
@@ -411,13 +423,22 @@ async fn purging_a_tenant_removes_its_containers_on_every_node_and_a_silent_node
         "the report names node B and its container, and who removes it: {purged}"
     );
     assert!(
-        second.containers_of(&deployment.instance).contains(&stranded),
+        second
+            .containers_of(&deployment.instance)
+            .contains(&stranded),
         "the container is still on node B's engine, as the report says"
     );
     let returned = spawn_node(&deployment, &second, &tls, &FAST).await;
-    eventually(WITHIN, "node B's reconciliation to remove the purged container", || async {
-        (!second.containers_of(&deployment.instance).contains(&stranded)).then_some(())
-    })
+    eventually(
+        WITHIN,
+        "node B's reconciliation to remove the purged container",
+        || async {
+            (!second
+                .containers_of(&deployment.instance)
+                .contains(&stranded))
+            .then_some(())
+        },
+    )
     .await;
     // The other tenant's sandbox on node B went on running: the returned node serves it (the
     // gateway first finds node B's new address).
@@ -426,7 +447,11 @@ async fn purging_a_tenant_removes_its_containers_on_every_node_and_a_silent_node
         (!answer.is_error).then_some(answer)
     })
     .await;
-    assert_eq!(plain(&kept), "2", "the other tenant's kernel kept its state");
+    assert_eq!(
+        plain(&kept),
+        "2",
+        "the other tenant's kernel kept its state"
+    );
     agree(&deployment, &engines, "node B came back after the purge").await;
     drop((gateway, node_a, returned, node_b));
 }

@@ -183,10 +183,10 @@ pub(super) fn public_message(err: &ServiceError) -> String {
             | SandboxError::InvalidProfile { .. }
             | SandboxError::NotOurs { .. }
             | SandboxError::Backend(_)
-            | SandboxError::NodeFailed { starting: false, .. } => {
-                "the sandbox could not do that; retry, or call create_sandbox for a fresh one"
-                    .into()
-            }
+            | SandboxError::NodeFailed {
+                starting: false, ..
+            } => "the sandbox could not do that; retry, or call create_sandbox for a fresh one"
+                .into(),
         },
         ServiceError::NotFound(_)
         | ServiceError::Ended { .. }

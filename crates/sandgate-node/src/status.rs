@@ -104,10 +104,20 @@ pub fn to_status(err: &SandboxError) -> Status {
             )
         }
         SandboxError::Launch(_) | SandboxError::AgentStart { .. } => {
-            return logged(err, Code::Unavailable, Kind::Launch, "starting a sandbox failed");
+            return logged(
+                err,
+                Code::Unavailable,
+                Kind::Launch,
+                "starting a sandbox failed",
+            );
         }
         SandboxError::InvalidProfile { .. } | SandboxError::NodeFailed { .. } => {
-            return logged(err, Code::Internal, Kind::Other, "a call on a sandbox failed");
+            return logged(
+                err,
+                Code::Internal,
+                Kind::Other,
+                "a call on a sandbox failed",
+            );
         }
     };
     let failure = proto::Failure { kind: Some(kind) };
@@ -136,7 +146,9 @@ fn channel_failure(err: &ChannelError) -> (Code, Kind) {
                 }),
             )
         }
-        ChannelError::AttachLost { reason } => (Code::Unavailable, Kind::AttachLost(reason.clone())),
+        ChannelError::AttachLost { reason } => {
+            (Code::Unavailable, Kind::AttachLost(reason.clone()))
+        }
         ChannelError::Unresponsive { op, waited } => (
             Code::DeadlineExceeded,
             Kind::Unresponsive(proto::Unresponsive {
@@ -529,7 +541,10 @@ mod tests {
     #[test]
     fn an_older_nodes_error_text_in_place_of_an_incident_stays_in_the_gateways_log() {
         let failure = proto::Failure {
-            kind: Some(Kind::Launch(format!("starting failed: {}", "x".repeat(5000)))),
+            kind: Some(Kind::Launch(format!(
+                "starting failed: {}",
+                "x".repeat(5000)
+            ))),
         };
         let status = Status::with_details(
             Code::Unavailable,

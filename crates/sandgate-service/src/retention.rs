@@ -268,7 +268,9 @@ impl Remover {
                     None
                 }
                 Err(_) => {
-                    tracing::info!("the Docker engine of docker.host did not answer: every container is removed through its node");
+                    tracing::info!(
+                        "the Docker engine of docker.host did not answer: every container is removed through its node"
+                    );
                     None
                 }
             },
@@ -313,7 +315,9 @@ impl Remover {
         for (i, container) in containers.iter().enumerate() {
             let attempt = async {
                 match &via {
-                    Via::Engine(docker) => docker.remove(container).await.map_err(SandboxError::from),
+                    Via::Engine(docker) => {
+                        docker.remove(container).await.map_err(SandboxError::from)
+                    }
                     Via::Node(handle) => handle.remove_container(container).await,
                 }
             };

@@ -157,7 +157,11 @@ async fn a_nodes_own_failure_reaches_the_gateway_as_an_incident_id_never_its_err
     let limit = Duration::from_secs(120);
 
     // In one process the same start fails in the engine, with its words in the error's chain.
-    let manager = manager.lock().expect("manager").clone().expect("the node's manager");
+    let manager = manager
+        .lock()
+        .expect("manager")
+        .clone()
+        .expect("the node's manager");
     let local = within(limit, "a local start", manager.launch("broken"))
         .await
         .expect_err("the image is missing");
@@ -171,7 +175,11 @@ async fn a_nodes_own_failure_reaches_the_gateway_as_an_incident_id_never_its_err
     let refused_start = within(limit, "a remote start", client.launch(&broken))
         .await
         .expect_err("the image is missing");
-    let start = incident_of(&refused_start, true, &[missing.as_str(), "image", "No such"]);
+    let start = incident_of(
+        &refused_start,
+        true,
+        &[missing.as_str(), "image", "No such"],
+    );
     let oversized = SandboxProfile {
         cpus: 1000.0,
         ..profile()

@@ -130,17 +130,17 @@ pub(crate) async fn bench_node(opts: &Options, docker: &Docker, image: &str) -> 
         Err(err) => {
             let mut failed = Samples::default();
             failed.fail(format!("{err:#}"));
-            return Ok(vec![Row::ms(name, system, what, &failed).vs("crate.exec_1p1")]);
+            return Ok(vec![
+                Row::ms(name, system, what, &failed).vs("crate.exec_1p1"),
+            ]);
         }
     };
     let result = async {
         let gateway = RemoteNode::connect_lazy(&node.url, &node.pki.tls())?;
-        let sandbox = tokio::time::timeout(
-            Duration::from_secs(180),
-            gateway.launch(&profile(image)),
-        )
-        .await
-        .context("the node did not start a sandbox within 180 s")??;
+        let sandbox =
+            tokio::time::timeout(Duration::from_secs(180), gateway.launch(&profile(image)))
+                .await
+                .context("the node did not start a sandbox within 180 s")??;
         let budget = Budget::secs(240);
         let mut exec = Samples::default();
         for i in 0..opts.counts.exec + 10 {

@@ -245,3 +245,87 @@ async fn a_gateway_only_replica_needs_no_docker_and_is_ready_once_a_live_node_is
     .await;
     assert_eq!(body["checks"]["nodes"]["ok"], true, "{body}");
 }
+
+/// The value of the series of `metric` for node `node` in a `/metrics` text.
+fn node_series(text: &str, metric: &str, node: &str) -> Option<f64> {
+    let prefix = format!("{metric}{{node=\"{node}\",");
+    text.lines()
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test]
+async fn a_gateway_only_replica_exports_every_nodes_pool_numbers_from_postgres() {
+    let database = support::fresh_database().await;
+    let instance = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let _node = start_node(&database, &instance).await;
+    let env: Vec<(&str, &str)> = FAST.iter().chain(QUICK_NODE.iter()).copied().collect();
+    let gateway = Gateway::start_gateway_only(&database, &instance, &env).await;
+    let node = engine_id();
+    let scrape = || async {
+        reqwest::get(format!("{}/metrics", gateway.base_url))
+            .await
+            .expect("/metrics answers")
+            .text()
+            .await
+            .expect("a body")
+    };
+    // The node's numbers, though this replica has no node (and no pool) of its own.
+    let text = eventually(WITHIN, "the node's series on the replica", || async {
+        let text = scrape().await;
+        node_series(&text, "sandgate_node_leased_sandboxes", &node).map(|_| text)
+    })
+    .await;
+    assert_eq!(
+        node_series(&text, "sandgate_node_leased_sandboxes", &node),
+        Some(0.0),
+        "nothing leased yet:\n{text}"
+    );
+    assert!(
+        node_series(&text, "sandgate_node_slots", &node).is_some_and(|s| s >= 1.0),
+        "the node's slots:\n{text}"
+    );
+    assert_eq!(
+        node_series(&text, "sandgate_node_draining", &node),
+        Some(0.0)
+    );
+    assert!(
+        node_series(&text, "sandgate_node_heartbeat_age_seconds", &node)
+            .is_some_and(|age| age >= 0.0),
+        "the node's heartbeat age:\n{text}"
+    );
+
+    // A lease through the replica shows on its /metrics (within the few seconds it caches).
+    let tenant = gateway.create_tenant().await;
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("a client");
+    let ran = client
+        .ok(
+            "execute_code",
+            json!({"conversation_id": "metrics", "code": "1 + 1"}),
+        )
+        .await;
+    let sandbox = sandbox_id(&ran);
+    let text = eventually(WITHIN, "the lease on the replica's /metrics", || async {
+        let text = scrape().await;
+        (node_series(&text, "sandgate_node_leased_sandboxes", &node) == Some(1.0)).then_some(text)
+    })
+    .await;
+    // The operator's view names nodes, never a tenant or a sandbox.
+    assert!(
+        !text.contains(&sandbox) && !text.contains(&tenant),
+        "no sandbox or tenant ids in /metrics:\n{text}"
+    );
+    gateway.cli(&["admin", "nodes", "drain", &node]).await;
+    eventually(WITHIN, "the drain on the replica's /metrics", || async {
+        let text = scrape().await;
+        (node_series(&text, "sandgate_node_draining", &node) == Some(1.0)).then_some(())
+    })
+    .await;
+}

@@ -294,3 +294,165 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
     agree(&deployment, &engines, "new conversations after the outage").await;
     drop((g1, node_a, node_b));
 }
+
+/// The container of a sandbox's row.
+async fn container_of(database: &str, sandbox_id: &str) -> String {
+    sqlx::query_scalar("SELECT container_id FROM sandboxes WHERE id = $1")
+        .bind(sandbox_id)
+        .fetch_one(&mut crate::lifecycle::db(database).await)
+        .await
+        .expect("the sandbox's row")
+}
+
+/// How many transcript entries the sandboxes in `ids` have.
+async fn transcript_entries(database: &str, ids: &[&String]) -> i64 {
+    let ids: Vec<String> = ids.iter().map(|s| (*s).clone()).collect();
+    sqlx::query_scalar("SELECT count(*) FROM transcript_entries WHERE sandbox_id = ANY($1)")
+        .bind(&ids)
+        .fetch_one(&mut crate::lifecycle::db(database).await)
+        .await
+        .expect("a count")
+}
+
+/// Opens `conversation` of `client` on node `on`: every other node of `all` drained meanwhile.
+async fn open_on(
+    database: &str,
+    client: &Client,
+    conversation: &str,
+    on: &str,
+    all: &[&str],
+) -> String {
+    for node in all.iter().filter(|n| **n != on) {
+        nodes_admin(database, "drain", node).await;
+    }
+    let sandbox = open(client, conversation).await;
+    for node in all.iter().filter(|n| **n != on) {
+        nodes_admin(database, "undrain", node).await;
+    }
+    assert_eq!(
+        node_of(database, &sandbox).await,
+        on,
+        "{conversation} was placed on {on}"
+    );
+    sandbox
+}
+
+#[tokio::test]
+async fn purging_a_tenant_removes_its_containers_on_every_node_and_a_silent_node_removes_the_rest_on_return()
+ {
+    let (first, second) = (Engine::first(), Engine::second());
+    let engines = [&first, &second];
+    let deployment = Deployment::new().await;
+    let tls = TlsFiles::new(&deployment.instance);
+    let node_a = spawn_node(&deployment, &first, &tls, &FAST).await;
+    let mut node_b = spawn_node(&deployment, &second, &tls, &FAST).await;
+    let gateway = spawn_gateway(0, &deployment, &tls, &FAST).await;
+    let db = deployment.database.as_str();
+    let (victim, other) = (gateway.create_tenant().await, gateway.create_tenant().await);
+    let connect = |tenant: String| {
+        let gateway = &gateway;
+        async move {
+            let token = gateway.token(&tenant).await;
+            Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+                .await
+                .expect("a client")
+        }
+    };
+    let (victims, others) = (connect(victim.clone()).await, connect(other.clone()).await);
+    let all = [node_a.id(), node_b.id()];
+
+    // The tenant to purge has a sandbox on each node, with a transcript; so has another tenant.
+    let v_a = open_on(db, &victims, "v-a", node_a.id(), &all).await;
+    let v_b = open_on(db, &victims, "v-b", node_b.id(), &all).await;
+    let o_a = open_on(db, &others, "o-a", node_a.id(), &all).await;
+    let o_b = open_on(db, &others, "o-b", node_b.id(), &all).await;
+    let victim_containers = [container_of(db, &v_a).await, container_of(db, &v_b).await];
+    eventually(WITHIN, "the purged tenant's transcripts", || async {
+        (transcript_entries(db, &[&v_a, &v_b]).await >= 2).then_some(())
+    })
+    .await;
+
+    // The purge (the admin command with the gateway's configuration: this host's engine is
+    // node A's, node B is reached over the node RPC with the deployment's certificates).
+    let purged = gateway.cli(&["admin", "tenant", "purge", &victim]).await;
+    eprintln!("[purge] both nodes up:\n{purged}");
+    assert!(
+        purged.contains("closed 2 live sandboxes")
+            && purged.contains("removed 2 containers")
+            && !purged.contains("could not be removed"),
+        "both sandboxes closed and both containers removed, one per node: {purged}"
+    );
+    for (engine, container) in engines.iter().zip(&victim_containers) {
+        assert!(
+            !engine
+                .containers_of(&deployment.instance)
+                .contains(container),
+            "the purged tenant's container {container} is gone from engine {}",
+            engine.id
+        );
+    }
+    assert_eq!(
+        transcript_entries(db, &[&v_a, &v_b]).await,
+        0,
+        "its transcripts are gone"
+    );
+    for sandbox in [&v_a, &v_b] {
+        let after = victims
+            .call("execute_code", cell(sandbox, "n"))
+            .await
+            .expect("a tool result");
+        assert!(after.is_error, "{sandbox} is closed: {}", after.text);
+    }
+    for sandbox in [&o_a, &o_b] {
+        step(&others, sandbox, 2).await;
+    }
+    agree(&deployment, &engines, "the purge with both nodes up").await;
+
+    // Node B is silent (its process killed; its engine runs on): the purge removes what it can,
+    // names node B for the rest, and node B removes it when it comes back.
+    let v_b2 = open_on(db, &victims, "v-b2", node_b.id(), &all).await;
+    let stranded = container_of(db, &v_b2).await;
+    node_b.kill().await;
+    let purged = gateway.cli(&["admin", "tenant", "purge", &victim]).await;
+    eprintln!("[purge] node B silent:\n{purged}");
+    assert!(
+        purged.contains("closed 1 live sandboxes")
+            && purged.contains(&format!("1 containers on node {}", node_b.id()))
+            && purged.contains("could not be removed now")
+            && purged.contains("next reconciliation")
+            && purged.contains(&stranded),
+        "the report names node B and its container, and who removes it: {purged}"
+    );
+    assert!(
+        second
+            .containers_of(&deployment.instance)
+            .contains(&stranded),
+        "the container is still on node B's engine, as the report says"
+    );
+    let returned = spawn_node(&deployment, &second, &tls, &FAST).await;
+    eventually(
+        WITHIN,
+        "node B's reconciliation to remove the purged container",
+        || async {
+            (!second
+                .containers_of(&deployment.instance)
+                .contains(&stranded))
+            .then_some(())
+        },
+    )
+    .await;
+    // The other tenant's sandbox on node B went on running: the returned node serves it (the
+    // gateway first finds node B's new address).
+    let kept = eventually(WITHIN, "the other tenant's sandbox on node B", || async {
+        let answer = others.call("execute_code", cell(&o_b, "n")).await.ok()?;
+        (!answer.is_error).then_some(answer)
+    })
+    .await;
+    assert_eq!(
+        plain(&kept),
+        "2",
+        "the other tenant's kernel kept its state"
+    );
+    agree(&deployment, &engines, "node B came back after the purge").await;
+    drop((gateway, node_a, returned, node_b));
+}

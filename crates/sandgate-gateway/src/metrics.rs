@@ -1,9 +1,14 @@
 //! Prometheus metrics at `/metrics` (OpenMetrics text): tool calls by tool and outcome and their
-//! durations (registered by the MCP endpoint, `sandgate_mcp::metrics`), the warm pool, the
-//! sandboxes' output budgets, and refused HTTP requests by reason. Labels are small enums (tool
-//! names, outcomes, refusal reasons), never ids.
+//! durations (registered by the MCP endpoint, `sandgate_mcp::metrics`), the warm pool of this
+//! process's node, every registered node's numbers from Postgres (so a gateway-only replica
+//! exports them too), the sandboxes' output budgets, and refused HTTP requests by reason. Labels
+//! are small enums (tool names, outcomes, refusal reasons), never ids of requests, sandboxes or
+//! tenants; the per-node metrics carry the node's registry id and host name (one series per
+//! Docker engine of the deployment: as bounded as the fleet).
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
 
 use axum::extract::Request;
 use axum::extract::State;
@@ -18,6 +23,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use sandgate_sandbox::PoolStats;
+use sandgate_store::PgPool;
+use sandgate_store::nodes::NodePool;
 
 use crate::AppState;
 use crate::mcp::metrics::ToolMetrics;
@@ -75,6 +82,109 @@ struct RefusalLabels {
     reason: RefusalReason,
 }
 
+/// Labels of a node's metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    /// The node's registry id (its engine's id).
+    node: String,
+    /// Its host's name.
+    host: String,
+}
+
+/// How long the nodes' numbers read from Postgres are served before they are read again (every
+/// replica is scraped; one read per replica per this interval at most).
+const NODES_FRESH: Duration = Duration::from_secs(5);
+
+/// How long reading the nodes' numbers may take before a scrape goes on without them.
+const NODES_READ_WITHIN: Duration = Duration::from_secs(2);
+
+/// The per-node gauges, from the `nodes` and `sandboxes` tables.
+#[derive(Debug, Default)]
+struct NodeGauges {
+    ready: Family<NodeLabels, Gauge>,
+    leased: Family<NodeLabels, Gauge>,
+    slots: Family<NodeLabels, Gauge>,
+    draining: Family<NodeLabels, Gauge>,
+    heartbeat_age: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+    /// When they were last read (single flight: a scrape waits for the read in progress).
+    read_at: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl NodeGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let gauges = Self::default();
+        registry.register(
+            "node_ready_sandboxes",
+            "Warm sandboxes recorded on each sandbox node (ready to lease)",
+            gauges.ready.clone(),
+        );
+        registry.register(
+            "node_leased_sandboxes",
+            "Leased sandboxes on each sandbox node",
+            gauges.leased.clone(),
+        );
+        registry.register(
+            "node_slots",
+            "Most live sandboxes each sandbox node takes (node.slots)",
+            gauges.slots.clone(),
+        );
+        registry.register(
+            "node_draining",
+            "1 when a sandbox node is draining (takes no new leases)",
+            gauges.draining.clone(),
+        );
+        registry.register(
+            "node_heartbeat_age_seconds",
+            "Seconds since each sandbox node's last heartbeat (past node.lost_after_seconds its \
+             sandboxes are marked lost)",
+            gauges.heartbeat_age.clone(),
+        );
+        gauges
+    }
+
+    /// Sets the gauges to `pools` (a node no longer registered drops out).
+    fn set(&self, pools: &[NodePool]) {
+        for family in [&self.ready, &self.leased, &self.slots, &self.draining] {
+            family.clear();
+        }
+        self.heartbeat_age.clear();
+        for pool in pools {
+            let labels = NodeLabels {
+                node: pool.id.clone(),
+                host: pool.name.clone(),
+            };
+            self.ready.get_or_create(&labels).set(pool.ready);
+            self.leased.get_or_create(&labels).set(pool.leased);
+            self.slots.get_or_create(&labels).set(i64::from(pool.slots));
+            self.draining
+                .get_or_create(&labels)
+                .set(i64::from(pool.draining));
+            self.heartbeat_age
+                .get_or_create(&labels)
+                .set(pool.heartbeat_age_seconds);
+        }
+    }
+
+    /// Reads the nodes' numbers again when the last read is older than [`NODES_FRESH`]. A
+    /// failed read keeps the last numbers (logged; the next scrape after the interval retries).
+    async fn refresh(&self, db: &PgPool) {
+        let mut read_at = self.read_at.lock().await;
+        if read_at.is_some_and(|at| at.elapsed() < NODES_FRESH) {
+            return;
+        }
+        *read_at = Some(Instant::now());
+        let read = async {
+            let mut conn = db.acquire().await?;
+            sandgate_store::nodes::pools(&mut conn).await
+        };
+        match tokio::time::timeout(NODES_READ_WITHIN, read).await {
+            Ok(Ok(pools)) => self.set(&pools),
+            Ok(Err(err)) => tracing::warn!(error = %err, "reading the nodes for /metrics failed"),
+            Err(_) => tracing::warn!("reading the nodes for /metrics took too long"),
+        }
+    }
+}
+
 /// The gateway's metrics. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -89,6 +199,7 @@ struct Inner {
     pool_starting: Gauge,
     pool_target: Gauge,
     pool_start_limit: Gauge,
+    nodes: NodeGauges,
     refusals: Family<RefusalLabels, Counter>,
 }
 
@@ -127,6 +238,7 @@ impl Metrics {
             "Sandbox starts allowed at once now (adapts to the machine)",
             pool_start_limit.clone(),
         );
+        let nodes = NodeGauges::register(&mut registry);
         let sandbox = sandgate_sandbox::telemetry::counters();
         registry.register(
             "lease_wait_seconds",
@@ -171,6 +283,7 @@ impl Metrics {
                 pool_starting,
                 pool_target,
                 pool_start_limit,
+                nodes,
                 refusals,
             }),
         }
@@ -187,6 +300,11 @@ impl Metrics {
             .refusals
             .get_or_create(&RefusalLabels { reason })
             .inc();
+    }
+
+    /// Reads every registered node's numbers from Postgres, at most once per [`NODES_FRESH`].
+    pub async fn refresh_nodes(&self, db: &PgPool) {
+        self.inner.nodes.refresh(db).await;
     }
 
     /// Renders the registry as OpenMetrics text.
@@ -222,6 +340,9 @@ pub async fn count_refusals(
 
 /// `GET /metrics`.
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    // Every node's numbers, as the tables hold them (a gateway-only replica has no pool of its
+    // own, and the operator scrapes whichever process it likes).
+    state.metrics.refresh_nodes(&state.db).await;
     // The pool of this process's own node (a gateway-only replica has none).
     let pool = state
         .sandboxes
@@ -276,6 +397,36 @@ mod tests {
         assert!(text.contains("sandgate_pool_target_sandboxes 5"), "{text}");
         assert!(text.contains("sandgate_pool_start_limit 3"), "{text}");
         assert!(text.contains("sandgate_lease_wait_seconds_count"), "{text}");
+    }
+
+    #[test]
+    fn every_nodes_numbers_are_exported_and_a_node_gone_from_the_table_drops_out() {
+        let metrics = Metrics::new();
+        let pool = |id: &str, ready, leased| NodePool {
+            id: id.into(),
+            name: format!("host-{id}"),
+            slots: 40,
+            draining: id == "b",
+            heartbeat_age_seconds: 1.5,
+            ready,
+            leased,
+        };
+        metrics.inner.nodes.set(&[pool("a", 2, 3), pool("b", 0, 7)]);
+        let text = metrics.render(None).unwrap();
+        for line in [
+            r#"sandgate_node_ready_sandboxes{node="a",host="host-a"} 2"#,
+            r#"sandgate_node_leased_sandboxes{node="a",host="host-a"} 3"#,
+            r#"sandgate_node_leased_sandboxes{node="b",host="host-b"} 7"#,
+            r#"sandgate_node_slots{node="a",host="host-a"} 40"#,
+            r#"sandgate_node_draining{node="a",host="host-a"} 0"#,
+            r#"sandgate_node_draining{node="b",host="host-b"} 1"#,
+            r#"sandgate_node_heartbeat_age_seconds{node="a",host="host-a"} 1.5"#,
+        ] {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
+        metrics.inner.nodes.set(&[pool("a", 1, 3)]);
+        let text = metrics.render(None).unwrap();
+        assert!(!text.contains(r#"node="b""#), "node b is gone: {text}");
     }
 
     #[test]

@@ -172,16 +172,21 @@ pub(super) fn public_message(err: &ServiceError) -> String {
         ServiceError::Sandbox(inner) => match inner {
             SandboxError::Channel(ch) => ch.to_string(),
             SandboxError::Died { .. } | SandboxError::ConnectionLost { .. } => inner.to_string(),
-            SandboxError::Launch(_) | SandboxError::AgentStart { .. } => {
+            // A node in another process reads the same as this process's own engine: the node
+            // logged the reason under an incident id, which the gateway's log names.
+            SandboxError::Launch(_)
+            | SandboxError::AgentStart { .. }
+            | SandboxError::NodeFailed { starting: true, .. } => {
                 "starting a sandbox failed; retry in a few seconds".into()
             }
             SandboxError::UnknownProfile(_)
             | SandboxError::InvalidProfile { .. }
             | SandboxError::NotOurs { .. }
-            | SandboxError::Backend(_) => {
-                "the sandbox could not do that; retry, or call create_sandbox for a fresh one"
-                    .into()
-            }
+            | SandboxError::Backend(_)
+            | SandboxError::NodeFailed {
+                starting: false, ..
+            } => "the sandbox could not do that; retry, or call create_sandbox for a fresh one"
+                .into(),
         },
         ServiceError::NotFound(_)
         | ServiceError::Ended { .. }
@@ -191,5 +196,44 @@ pub(super) fn public_message(err: &ServiceError) -> String {
         | ServiceError::Unavailable(_)
         | ServiceError::DatabaseAway
         | ServiceError::NodeAway { .. } => err.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sandgate_sandbox::ProfileError;
+    use sandgate_sandbox::backend::BackendError;
+
+    use super::*;
+
+    fn text(err: SandboxError) -> String {
+        public_message(&ServiceError::Sandbox(err))
+    }
+
+    #[test]
+    fn a_remote_nodes_logged_failure_reads_as_the_same_failure_in_one_process() {
+        let node = |starting| SandboxError::NodeFailed {
+            node: "https://10.1.2.3:7443".into(),
+            incident: "0123456789ab".into(),
+            starting,
+        };
+        let local_start = SandboxError::Launch(BackendError::Create {
+            sandbox_id: "sbx_1".into(),
+            source: "No such image: private:tag".into(),
+        });
+        assert_eq!(text(node(true)), text(local_start));
+        let local_call = SandboxError::InvalidProfile {
+            name: "default".into(),
+            reason: ProfileError::Cpus(1000.0),
+        };
+        assert_eq!(text(node(false)), text(local_call));
+        for starting in [true, false] {
+            let shown = text(node(starting));
+            assert!(
+                !shown.contains("10.1.2.3") && !shown.contains("0123456789ab"),
+                "no address or incident for the model: {shown}"
+            );
+            assert!(shown.contains("retry"), "says what to do next: {shown}");
+        }
     }
 }

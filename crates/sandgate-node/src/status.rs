@@ -62,7 +62,15 @@ fn agent_error(f: proto::AgentFailure) -> AgentError {
 /// What a caller reads when the node's Docker engine failed a call on a sandbox.
 const ENGINE_FAILED: &str = "the sandbox node could not reach the sandbox through its Docker engine; retry in a few seconds";
 
-/// The status a node answers with for `err`.
+/// Milliseconds of `d`, saturated.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The status a node answers with for `err`. What the model may read crosses typed (the same
+/// variants the gateway's mapping shows in one process); a failure whose words are the node's
+/// own (its engine's errors, paths, addresses) is logged here with its whole cause chain under
+/// a short random incident id, and only that id crosses.
 pub fn to_status(err: &SandboxError) -> Status {
     let (code, kind) = match err {
         SandboxError::Died { sandbox_id, fate } => (
@@ -72,7 +80,54 @@ pub fn to_status(err: &SandboxError) -> Status {
                 fate: Some(fate.into()),
             }),
         ),
-        SandboxError::Channel(ChannelError::Agent(agent)) => {
+        SandboxError::ConnectionLost { sandbox_id, reason } => (
+            Code::Unavailable,
+            Kind::ConnectionLost(proto::ConnectionLost {
+                sandbox_id: sandbox_id.clone(),
+                reason: reason.clone(),
+            }),
+        ),
+        SandboxError::Channel(channel) => channel_failure(channel),
+        SandboxError::UnknownProfile(name) => {
+            (Code::InvalidArgument, Kind::UnknownProfile(name.clone()))
+        }
+        SandboxError::NotOurs { container_id } => {
+            (Code::NotFound, Kind::NotOurs(container_id.clone()))
+        }
+        // The node's engine failed it (stopped, restarting, refused): the caller may retry, and
+        // the engine's own words stay in the node's log, not in the text the model reads.
+        SandboxError::Backend(_) => {
+            tracing::warn!(error = %chain(err), "the Docker engine failed a call on a sandbox");
+            (
+                Code::Unavailable,
+                Kind::AttachLost(ENGINE_FAILED.to_owned()),
+            )
+        }
+        SandboxError::Launch(_) | SandboxError::AgentStart { .. } => {
+            return logged(
+                err,
+                Code::Unavailable,
+                Kind::Launch,
+                "starting a sandbox failed",
+            );
+        }
+        SandboxError::InvalidProfile { .. } | SandboxError::NodeFailed { .. } => {
+            return logged(
+                err,
+                Code::Internal,
+                Kind::Other,
+                "a call on a sandbox failed",
+            );
+        }
+    };
+    let failure = proto::Failure { kind: Some(kind) };
+    Status::with_details(code, err.to_string(), failure.encode_to_vec().into())
+}
+
+/// The typed failure of a channel error: each is what the model reads in one process too.
+fn channel_failure(err: &ChannelError) -> (Code, Kind) {
+    match err {
+        ChannelError::Agent(agent) => {
             let (kind, message, size, limit) = agent_kind(agent);
             let code = match agent {
                 AgentError::NotFound { .. } => Code::NotFound,
@@ -91,51 +146,63 @@ pub fn to_status(err: &SandboxError) -> Status {
                 }),
             )
         }
-        SandboxError::Channel(ChannelError::AttachLost { reason }) => {
+        ChannelError::AttachLost { reason } => {
             (Code::Unavailable, Kind::AttachLost(reason.clone()))
         }
-        SandboxError::Channel(ChannelError::Unresponsive { op, waited }) => (
+        ChannelError::Unresponsive { op, waited } => (
             Code::DeadlineExceeded,
             Kind::Unresponsive(proto::Unresponsive {
                 op: (*op).to_owned(),
-                waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+                waited_ms: millis(*waited),
             }),
         ),
-        SandboxError::Channel(ChannelError::KernelRestarted) => {
-            (Code::Aborted, Kind::KernelRestarted(proto::Empty {}))
-        }
-        SandboxError::Channel(ChannelError::FrameTooLarge { len, limit }) => (
+        ChannelError::KernelRestarted => (Code::Aborted, Kind::KernelRestarted(proto::Empty {})),
+        ChannelError::FrameTooLarge { len, limit } => (
             Code::ResourceExhausted,
             Kind::FrameTooLarge(proto::FrameTooLarge {
                 len: *len as u64,
                 limit: *limit as u64,
             }),
         ),
-        SandboxError::UnknownProfile(name) => {
-            (Code::InvalidArgument, Kind::UnknownProfile(name.clone()))
+        ChannelError::ReadyTimeout { waited } => {
+            (Code::Unavailable, Kind::ReadyTimeoutMs(millis(*waited)))
         }
-        SandboxError::NotOurs { container_id } => {
-            (Code::NotFound, Kind::NotOurs(container_id.clone()))
-        }
-        SandboxError::Launch(_) | SandboxError::AgentStart { .. } => {
-            (Code::Unavailable, Kind::Launch(chain(err)))
-        }
-        // The node's engine failed it (stopped, restarting, refused): the caller may retry, and
-        // the engine's own words stay in the node's log, not in the text the model reads.
-        SandboxError::Backend(_) => {
-            tracing::warn!(error = %chain(err), "the Docker engine failed a call on a sandbox");
-            (
-                Code::Unavailable,
-                Kind::AttachLost(ENGINE_FAILED.to_owned()),
-            )
-        }
-        other => (Code::Internal, Kind::Other(chain(other))),
-    };
-    let failure = proto::Failure { kind: Some(kind) };
-    Status::with_details(code, err.to_string(), failure.encode_to_vec().into())
+        ChannelError::ProtocolVersion { found, expected } => (
+            Code::FailedPrecondition,
+            Kind::ProtocolVersion(proto::ProtocolVersion {
+                found: *found,
+                expected: *expected,
+            }),
+        ),
+        ChannelError::TransferCorrupted { path, detail } => (
+            Code::DataLoss,
+            Kind::TransferCorrupted(proto::TransferCorrupted {
+                path: path.clone(),
+                detail: detail.clone(),
+            }),
+        ),
+        ChannelError::Protocol { detail } => (Code::Internal, Kind::Protocol(detail.clone())),
+    }
 }
 
-/// The error text with its causes, for the other side's logs.
+/// The status of a failure whose words are the node's own: `err` is logged with its whole
+/// cause chain under a new incident id (12 hex digits, for an operator to grep the node's log
+/// with), and only the id crosses, in `kind` and in the status's message.
+fn logged(err: &SandboxError, code: Code, kind: fn(String) -> Kind, what: &str) -> Status {
+    let incident = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    tracing::error!(
+        incident = %incident,
+        error = %chain(err),
+        "{what}; the gateway was sent incident {incident} instead of the reason"
+    );
+    let message = format!("the sandbox node failed this call (incident {incident} in its log)");
+    let failure = proto::Failure {
+        kind: Some(kind(incident)),
+    };
+    Status::with_details(code, message, failure.encode_to_vec().into())
+}
+
+/// The error text with its causes, for the node's log.
 fn chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
@@ -148,14 +215,27 @@ fn chain(err: &dyn std::error::Error) -> String {
 }
 
 /// Why a call to a node failed when the node did not say (it could not be reached, the
-/// connection broke, the deadline passed).
+/// connection broke, the deadline passed). Its text is what a caller reads, so it names neither
+/// the node's address nor the transport's words; the gateway's log has both.
 #[derive(Debug, thiserror::Error)]
-#[error("the sandbox node at {node} did not answer: {status}")]
+#[error("the sandbox node did not answer: {}", unanswered(*code))]
 pub struct NodeUnreachable {
     /// The node's address.
     pub node: String,
+    /// The status code the RPC layer gave.
+    pub code: Code,
     /// What the RPC layer saw.
     pub status: String,
+}
+
+/// What a status without a typed failure means, for the caller.
+fn unanswered(code: Code) -> &'static str {
+    match code {
+        Code::Unavailable => "it could not be reached",
+        Code::DeadlineExceeded => "the call's deadline passed",
+        Code::Cancelled => "the call was cancelled",
+        _ => "the connection to it failed",
+    }
 }
 
 /// The error a gateway rebuilds from a node's status.
@@ -164,18 +244,24 @@ pub fn from_status(node: &str, status: &Status) -> SandboxError {
     let Some(kind) = failure.and_then(|f| f.kind) else {
         // No typed failure: the node never answered this call (transport, deadline, refused).
         // The connection to the sandbox is as good as lost; the service says so plainly.
+        let unreachable = NodeUnreachable {
+            node: node.to_owned(),
+            code: status.code(),
+            status: status.message().to_owned(),
+        };
+        tracing::warn!(node, code = ?status.code(), status = %status.message(), "a call to a sandbox node got no answer");
         return SandboxError::Channel(ChannelError::AttachLost {
-            reason: NodeUnreachable {
-                node: node.to_owned(),
-                status: format!("{:?}: {}", status.code(), status.message()),
-            }
-            .to_string(),
+            reason: unreachable.to_string(),
         });
     };
     match kind {
         Kind::Died(d) => SandboxError::Died {
             sandbox_id: d.sandbox_id,
             fate: d.fate.map_or(ContainerFate::Missing, Into::into),
+        },
+        Kind::ConnectionLost(c) => SandboxError::ConnectionLost {
+            sandbox_id: c.sandbox_id,
+            reason: c.reason,
         },
         Kind::Agent(a) => SandboxError::Channel(ChannelError::Agent(agent_error(a))),
         Kind::AttachLost(reason) => SandboxError::Channel(ChannelError::AttachLost { reason }),
@@ -192,19 +278,109 @@ pub fn from_status(node: &str, status: &Status) -> SandboxError {
             len: usize::try_from(f.len).unwrap_or(usize::MAX),
             limit: usize::try_from(f.limit).unwrap_or(usize::MAX),
         }),
+        Kind::ReadyTimeoutMs(ms) => SandboxError::Channel(ChannelError::ReadyTimeout {
+            waited: Duration::from_millis(ms),
+        }),
+        Kind::ProtocolVersion(p) => SandboxError::Channel(ChannelError::ProtocolVersion {
+            found: p.found,
+            expected: p.expected,
+        }),
+        Kind::TransferCorrupted(t) => SandboxError::Channel(ChannelError::TransferCorrupted {
+            path: t.path,
+            detail: t.detail,
+        }),
+        Kind::Protocol(detail) => SandboxError::Channel(ChannelError::Protocol { detail }),
         Kind::UnknownProfile(name) => SandboxError::UnknownProfile(name),
         Kind::NotOurs(container_id) => SandboxError::NotOurs { container_id },
-        Kind::Launch(text) | Kind::Other(text) => SandboxError::Channel(ChannelError::Protocol {
-            detail: format!("the sandbox node at {node} failed: {text}"),
-        }),
+        Kind::Launch(incident) => SandboxError::NodeFailed {
+            node: node.to_owned(),
+            incident: bounded(incident),
+            starting: true,
+        },
+        Kind::Other(incident) => SandboxError::NodeFailed {
+            node: node.to_owned(),
+            incident: bounded(incident),
+            starting: false,
+        },
     }
+}
+
+/// An incident id as the gateway keeps it: a node of an older version sent its error text in
+/// its place; that text goes only to the gateway's log, cut to a line's worth.
+fn bounded(mut incident: String) -> String {
+    if incident.len() > 200 {
+        let mut end = 200;
+        while !incident.is_char_boundary(end) {
+            end -= 1;
+        }
+        incident.truncate(end);
+    }
+    incident
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use sandgate_sandbox::ProfileError;
     use sandgate_sandbox::backend::BackendError;
 
     use super::*;
+
+    const NODE: &str = "https://10.1.2.3:7443";
+
+    /// Words of the node's own that must never reach a caller.
+    const SECRETS: &[&str] = &[
+        "os error",
+        "/var/lib/docker",
+        "10.9.8.7",
+        "No such image",
+        "sandgate-private:tag",
+        NODE,
+        "10.1.2.3",
+    ];
+
+    fn engine_error() -> BackendError {
+        BackendError::Create {
+            sandbox_id: "sbx_1".into(),
+            source: "No such image: sandgate-private:tag (dial unix /var/lib/docker/x.sock: \
+                     connect 10.9.8.7: os error 111)"
+                .into(),
+        }
+    }
+
+    /// The node's log lines while `f` runs on this thread.
+    fn node_log<T>(f: impl FnOnce() -> T) -> (T, String) {
+        #[derive(Clone, Default)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().expect("log buffer").extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let out = tracing::subscriber::with_default(subscriber, f);
+        let log = String::from_utf8_lossy(&buffer.0.lock().expect("log buffer")).into_owned();
+        (out, log)
+    }
+
+    fn assert_clean(text: &str, what: &str) {
+        for secret in SECRETS {
+            assert!(
+                !text.contains(secret),
+                "{what} shows the node's internals ({secret:?}): {text}"
+            );
+        }
+    }
 
     #[test]
     fn an_engine_failure_crosses_as_a_retryable_lost_connection_without_the_engines_words() {
@@ -223,6 +399,166 @@ mod tests {
                 );
             }
             other => panic!("expected a lost connection, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failed_start_crosses_as_an_incident_id_that_the_nodes_log_holds_with_the_chain() {
+        let err = SandboxError::Launch(engine_error());
+        let (status, log) = node_log(|| to_status(&err));
+        let rebuilt = from_status(NODE, &status);
+        let SandboxError::NodeFailed {
+            incident,
+            starting,
+            node,
+        } = &rebuilt
+        else {
+            panic!("expected a node failure, got {rebuilt:?}");
+        };
+        assert!(*starting, "it was a start");
+        assert_eq!(node, NODE, "the gateway's log names the node");
+        assert!(
+            incident.len() == 12 && incident.chars().all(|c| c.is_ascii_hexdigit()),
+            "a short incident id: {incident:?}"
+        );
+        // What crossed the RPC: the typed failure and the status's message.
+        assert_clean(status.message(), "the status's message");
+        assert_clean(&format!("{:?}", status.details()), "the status's details");
+        // The node's log has the id beside the whole chain, for an operator to grep.
+        let line = log
+            .lines()
+            .find(|l| l.contains(incident.as_str()))
+            .unwrap_or_else(|| panic!("the node's log names incident {incident}: {log}"));
+        assert!(
+            line.contains("No such image: sandgate-private:tag") && line.contains("os error 111"),
+            "the node's log line holds the chain: {line}"
+        );
+    }
+
+    #[test]
+    fn every_failure_the_node_logs_reaches_the_caller_without_its_words() {
+        let errors = [
+            SandboxError::Launch(engine_error()),
+            SandboxError::AgentStart {
+                sandbox_id: "sbx_2".into(),
+                fate: ContainerFate::Exited { code: 1 },
+                source: ChannelError::AttachLost {
+                    reason: "read /var/lib/docker/containers/abc: os error 5".into(),
+                },
+            },
+            SandboxError::InvalidProfile {
+                name: "sandgate-private:tag".into(),
+                reason: ProfileError::Cpus(1000.0),
+            },
+            SandboxError::NodeFailed {
+                node: NODE.into(),
+                incident: "abc".into(),
+                starting: false,
+            },
+        ];
+        for err in errors {
+            let (status, _) = node_log(|| to_status(&err));
+            assert_clean(status.message(), "the status's message");
+            let rebuilt = from_status("https://127.0.0.1:1", &status);
+            let starting = matches!(
+                err,
+                SandboxError::Launch(_) | SandboxError::AgentStart { .. }
+            );
+            assert!(
+                matches!(rebuilt, SandboxError::NodeFailed { starting: s, .. } if s == starting),
+                "{err:?} came back as {rebuilt:?}"
+            );
+            let SandboxError::NodeFailed { incident, .. } = &rebuilt else {
+                unreachable!()
+            };
+            assert_clean(incident, "the incident");
+        }
+    }
+
+    #[test]
+    fn what_the_model_reads_in_one_process_crosses_typed_and_reads_the_same() {
+        let errors = [
+            SandboxError::ConnectionLost {
+                sandbox_id: "sbx_3".into(),
+                reason: "the attach stream ended".into(),
+            },
+            SandboxError::Channel(ChannelError::ReadyTimeout {
+                waited: Duration::from_secs(30),
+            }),
+            SandboxError::Channel(ChannelError::ProtocolVersion {
+                found: 9,
+                expected: 3,
+            }),
+            SandboxError::Channel(ChannelError::TransferCorrupted {
+                path: "/home/user/a.csv".into(),
+                detail: "received 3 bytes with sha256 x, the sandbox announced 4 bytes".into(),
+            }),
+            SandboxError::Channel(ChannelError::Protocol {
+                detail: "chunk without data".into(),
+            }),
+            SandboxError::Channel(ChannelError::KernelRestarted),
+            SandboxError::Died {
+                sandbox_id: "sbx_4".into(),
+                fate: ContainerFate::OomKilled {
+                    memory_limit_bytes: Some(512 << 20),
+                },
+            },
+            SandboxError::UnknownProfile("gpu".into()),
+        ];
+        for err in errors {
+            let rebuilt = from_status(NODE, &to_status(&err));
+            assert_eq!(
+                rebuilt.to_string(),
+                err.to_string(),
+                "{err:?} reads the same after the RPC"
+            );
+            assert_eq!(
+                std::mem::discriminant(&rebuilt),
+                std::mem::discriminant(&err),
+                "{err:?} is the same variant after the RPC (so the gateway maps it the same)"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_that_did_not_answer_is_named_without_its_address_or_the_transports_words() {
+        let status = Status::unavailable(
+            "error trying to connect: tcp connect error: Connection refused (os error 111) \
+             to 10.1.2.3:7443",
+        );
+        match from_status(NODE, &status) {
+            SandboxError::Channel(ChannelError::AttachLost { reason }) => {
+                assert_eq!(
+                    reason,
+                    "the sandbox node did not answer: it could not be reached"
+                );
+                assert_clean(&reason, "the reason");
+            }
+            other => panic!("expected a lost connection, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_older_nodes_error_text_in_place_of_an_incident_stays_in_the_gateways_log() {
+        let failure = proto::Failure {
+            kind: Some(Kind::Launch(format!(
+                "starting failed: {}",
+                "x".repeat(5000)
+            ))),
+        };
+        let status = Status::with_details(
+            Code::Unavailable,
+            "starting a sandbox failed",
+            failure.encode_to_vec().into(),
+        );
+        match from_status(NODE, &status) {
+            SandboxError::NodeFailed {
+                incident, starting, ..
+            } => {
+                assert!(starting);
+                assert!(incident.len() <= 200, "bounded: {}", incident.len());
+            }
+            other => panic!("expected a node failure, got {other:?}"),
         }
     }
 }

@@ -30,6 +30,9 @@ pub enum AdminError {
     /// The tenant does not exist.
     #[error("no tenant with id {0}; `sandgate admin tenant create <name>` makes one")]
     NoSuchTenant(Uuid),
+    /// The node RPC's certificates (`node.tls_*`) could not be read.
+    #[error(transparent)]
+    NodeTls(#[from] sandgate_node::TlsError),
     /// No node has that id.
     #[error("no sandbox node with id {0:?}; `sandgate admin nodes list` shows the ids")]
     NoSuchNode(String),

@@ -5,10 +5,13 @@
 //! - Transcripts are kept `transcripts_seconds` after their sandbox ended (a tenant's own value
 //!   wins), then deleted by [`start_purge`].
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use sandgate_sandbox::{DockerBackend, SandboxBackend};
-use sandgate_store::{PgPool, StoreError, sandboxes, transcripts};
+use chrono::Utc;
+use sandgate_node::{NodeHandle, NodeTls};
+use sandgate_sandbox::{ChannelError, DockerBackend, SandboxBackend, SandboxError};
+use sandgate_store::{PgPool, StoreError, nodes, sandboxes, transcripts};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -16,6 +19,8 @@ use uuid::Uuid;
 
 use crate::admin::AdminError;
 use crate::config::{Config, ConfigError};
+use crate::node_registry::legacy_node_id;
+use crate::sandboxes::{NodeSet, ServiceError};
 
 /// The `[retention]` settings.
 #[derive(Debug, Clone, Deserialize)]
@@ -106,20 +111,80 @@ async fn purge_once(db: &PgPool, default_seconds: i64) -> Result<u64, StoreError
 /// What `sandgate admin tenant purge` removed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Purged {
-    /// Live sandboxes closed (their containers, and so their files, removed).
+    /// Live sandboxes closed.
     pub sandboxes_closed: usize,
-    /// Containers that could not be removed (reconciliation removes them later).
-    pub containers_left: Vec<String>,
+    /// Containers removed now (their files and variables with them), each through the node
+    /// that owns it.
+    pub containers_removed: usize,
+    /// Containers that could not be removed now, by node.
+    pub containers_left: Vec<LeftOnNode>,
     /// Transcripts deleted.
     pub transcripts: u64,
 }
 
+/// Containers of a purged tenant that their node could not remove now. Their rows are ended,
+/// so the node's reconciliation removes them when it runs (at its start, and every
+/// `lifecycle.reconcile_interval_seconds` while it runs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftOnNode {
+    /// The node's registry id.
+    pub node: String,
+    /// Its host's name, when it is registered.
+    pub name: Option<String>,
+    /// Seconds since its last heartbeat, when it is registered.
+    pub silent_seconds: Option<i64>,
+    /// Why the containers could not be removed.
+    pub why: String,
+    /// The containers.
+    pub containers: Vec<String>,
+}
+
+/// What `sandgate admin tenant purge` prints: what went, and per node what is left and when it
+/// goes.
+pub fn render_purged(purged: &Purged) -> String {
+    let mut out = format!(
+        "closed {} live sandboxes, deleted {} transcripts\nremoved {} containers (their files \
+         and variables)",
+        purged.sandboxes_closed, purged.transcripts, purged.containers_removed
+    );
+    for left in &purged.containers_left {
+        let node = match (&left.name, left.silent_seconds) {
+            (Some(name), Some(silent)) => {
+                format!("node {} ({name}, last heartbeat {silent} s ago)", left.node)
+            }
+            _ => format!(
+                "node {} (not registered: the node that registers for its engine takes it over)",
+                left.node
+            ),
+        };
+        out.push_str(&format!(
+            "\n{} containers on {node} could not be removed now ({}); their sandboxes are \
+             closed, so that node removes them itself at its next reconciliation (when it starts \
+             again, and every lifecycle.reconcile_interval_seconds while it runs): {}",
+            left.containers.len(),
+            left.why,
+            left.containers.join(" ")
+        ));
+    }
+    out
+}
+
+/// How long one container's removal may take before its node counts as not answering.
+const REMOVE_WITHIN: Duration = Duration::from_secs(30);
+
+/// How long the engine of `docker.host` may take to say who it is.
+const ENGINE_WITHIN: Duration = Duration::from_secs(10);
+
 /// Removes everything of a tenant's content now: closes its live sandboxes and removes their
-/// containers (files and variables go with them), deletes its transcripts and forgets its
-/// conversation ids. The tenant, its users, connections and audit trail (which never holds
-/// content) stay.
+/// containers (files and variables go with them) through the node that owns each, deletes its
+/// transcripts and forgets its conversation ids. Containers of its sandboxes that the lost-node
+/// sweep ended on a silent node are removed too when their node (or this host's engine) can be
+/// reached. The tenant, its users, connections and audit trail (which never holds content)
+/// stay.
 pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, AdminError> {
     let db = crate::admin::pool(config).await?;
+    // Before anything changes: a configuration that cannot reach the nodes fails here.
+    let remover = Remover::new(config).await?;
     let mut tx = sandgate_store::begin(&db).await?;
     if sandgate_store::tenants::get(&mut tx, tenant)
         .await?
@@ -127,25 +192,159 @@ pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, Admin
     {
         return Err(AdminError::NoSuchTenant(tenant));
     }
+    let lost_after = i64::try_from(config.node.lost_after_seconds).unwrap_or(i64::MAX);
     let ended = sandboxes::end_all_of_tenant(&mut tx, tenant, "purged").await?;
+    let stranded = sandboxes::lost_on_silent_nodes(&mut tx, tenant, lost_after).await?;
     let deleted = transcripts::purge_tenant(&mut tx, tenant).await?;
     sandgate_store::commit(tx).await?;
+    let mut by_node: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for row in ended.iter().chain(&stranded) {
+        by_node
+            .entry(row.node.as_str())
+            .or_default()
+            .push(row.container_id.as_str());
+    }
+    let mut conn = sandgate_store::acquire(&db).await?;
+    let registry: HashMap<String, nodes::NodeRow> = nodes::list(&mut conn)
+        .await?
+        .into_iter()
+        .map(|n| (n.id.clone(), n))
+        .collect();
+    drop(conn);
+    let mut removed = 0;
     let mut left = Vec::new();
-    let docker = DockerBackend::connect(&config.docker.host).ok();
-    for row in &ended {
-        let removed = match &docker {
-            Some(docker) => docker.remove(&row.container_id).await.is_ok(),
-            None => false,
-        };
-        if !removed {
-            left.push(row.container_id.clone());
+    for (node, containers) in by_node {
+        let (done, not_done) = remover.remove_on(&db, node, &containers).await;
+        removed += done;
+        if let Some((why, containers)) = not_done {
+            let row = registry.get(node);
+            left.push(LeftOnNode {
+                node: node.to_owned(),
+                name: row.map(|n| n.name.clone()),
+                silent_seconds: row.map(|n| (Utc::now() - n.heartbeat_at).num_seconds().max(0)),
+                why,
+                containers,
+            });
         }
     }
     Ok(Purged {
         sandboxes_closed: ended.len(),
+        containers_removed: removed,
         containers_left: left,
         transcripts: deleted,
     })
+}
+
+/// Where a node's containers are removed.
+enum Via<'a> {
+    /// This host's engine, directly.
+    Engine(&'a DockerBackend),
+    /// The node, over the node RPC.
+    Node(NodeHandle),
+}
+
+/// Removes containers through the node that owns them: this host's engine directly when the
+/// node is the one of `docker.host` (the admin command may run where no node process does),
+/// any other node over the node RPC, with the `[node]` certificates as a gateway-only replica
+/// reaches it.
+struct Remover {
+    /// This host's engine and the node ids its rows carry (its registry id; the id rows had
+    /// before nodes had registry ids).
+    own: Option<(DockerBackend, [String; 2])>,
+    nodes: NodeSet,
+}
+
+impl Remover {
+    async fn new(config: &Config) -> Result<Self, AdminError> {
+        let own = match DockerBackend::connect(&config.docker.host) {
+            Ok(docker) => match tokio::time::timeout(ENGINE_WITHIN, docker.engine()).await {
+                Ok(Ok(engine)) if !engine.id.is_empty() => {
+                    let legacy = legacy_node_id(&config.docker.host).to_owned();
+                    Some((docker, [engine.id, legacy]))
+                }
+                Ok(Ok(_)) => None,
+                Ok(Err(err)) => {
+                    tracing::info!(error = %err, "no Docker engine here: every container is removed through its node");
+                    None
+                }
+                Err(_) => {
+                    tracing::info!(
+                        "the Docker engine of docker.host did not answer: every container is removed through its node"
+                    );
+                    None
+                }
+            },
+            Err(_) => None,
+        };
+        let tls = if config.node.has_tls() {
+            Some(NodeTls::from_files(
+                &config.node.tls_cert,
+                &config.node.tls_key,
+                &config.node.tls_ca,
+            )?)
+        } else {
+            None
+        };
+        Ok(Self {
+            own,
+            nodes: NodeSet::new(None, tls, config.node.lost_after_seconds),
+        })
+    }
+
+    /// Removes `containers` of node `node`: how many it removed, and those it could not with
+    /// why. A node that does not answer is not asked again for the rest.
+    async fn remove_on(
+        &self,
+        db: &PgPool,
+        node: &str,
+        containers: &[&str],
+    ) -> (usize, Option<(String, Vec<String>)>) {
+        let all_left =
+            |why: String| Some((why, containers.iter().map(|c| (*c).to_owned()).collect()));
+        let via = match &self.own {
+            Some((docker, ids)) if ids.iter().any(|id| id == node) => Via::Engine(docker),
+            _ => match self.nodes.get(db, node).await {
+                Ok(handle) => Via::Node(handle),
+                Err(ServiceError::NodeAway { why, .. }) => return (0, all_left(why)),
+                Err(err) => return (0, all_left(err.to_string())),
+            },
+        };
+        let mut removed = 0;
+        let mut left = Vec::new();
+        let mut why = None;
+        for (i, container) in containers.iter().enumerate() {
+            let attempt = async {
+                match &via {
+                    Via::Engine(docker) => {
+                        docker.remove(container).await.map_err(SandboxError::from)
+                    }
+                    Via::Node(handle) => handle.remove_container(container).await,
+                }
+            };
+            match tokio::time::timeout(REMOVE_WITHIN, attempt).await {
+                Ok(Ok(())) => removed += 1,
+                Ok(Err(SandboxError::Channel(ChannelError::AttachLost { reason }))) => {
+                    left.extend(containers[i..].iter().map(|c| (*c).to_owned()));
+                    why = Some(reason);
+                    break;
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(error = ?err, node, container, "removing a purged tenant's container failed");
+                    left.push((*container).to_owned());
+                    why = Some(err.to_string());
+                }
+                Err(_) => {
+                    left.extend(containers[i..].iter().map(|c| (*c).to_owned()));
+                    why = Some(format!(
+                        "it did not answer within {} s",
+                        REMOVE_WITHIN.as_secs()
+                    ));
+                    break;
+                }
+            }
+        }
+        (removed, why.map(|why| (why, left)))
+    }
 }
 
 /// Sets a tenant's own transcript retention (`None`: back to the configured default); returns

@@ -191,3 +191,40 @@ pub async fn placeable(
     .fetch_all(conn)
     .await?)
 }
+
+/// A node's numbers as the tables hold them, for metrics: what any process (a gateway-only
+/// replica too) can export without asking the node.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct NodePool {
+    /// The node's registry id.
+    pub id: String,
+    /// Its host's name.
+    pub name: String,
+    /// Most live sandboxes.
+    pub slots: i32,
+    /// Whether it takes no new leases.
+    pub draining: bool,
+    /// Seconds since its last heartbeat.
+    pub heartbeat_age_seconds: f64,
+    /// Warm sandboxes recorded on it (ready to lease).
+    pub ready: i64,
+    /// Leased sandboxes on it.
+    pub leased: i64,
+}
+
+/// Every registered node with its warm and leased counts from `sandboxes`.
+#[tracing::instrument(skip_all)]
+pub async fn pools(conn: &mut PgConnection) -> Result<Vec<NodePool>, StoreError> {
+    Ok(sqlx::query_as::<_, NodePool>(
+        "SELECT n.id, n.name, n.slots, n.draining,
+                EXTRACT(EPOCH FROM now() - n.heartbeat_at)::float8 AS heartbeat_age_seconds,
+                count(s.id) FILTER (WHERE s.state = 'warm') AS ready,
+                count(s.id) FILTER (WHERE s.state = 'leased') AS leased
+         FROM nodes n
+         LEFT JOIN sandboxes s ON s.node = n.id AND s.state IN ('warm', 'leased')
+         GROUP BY n.id
+         ORDER BY n.name, n.id",
+    )
+    .fetch_all(conn)
+    .await?)
+}

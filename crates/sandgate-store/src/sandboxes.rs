@@ -187,11 +187,7 @@ pub async fn sweep_silent_nodes(
     conn: &mut PgConnection,
     lost_after_seconds: i64,
 ) -> Result<Vec<SandboxRow>, StoreError> {
-    let columns = COLUMNS
-        .split(", ")
-        .map(|c| format!("s.{}", c.trim()))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let columns = columns_of("s");
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes s SET state = 'lost', closed_at = now(),
                 close_reason = format('it was on node %s (%s), which stopped answering at %s',
@@ -466,6 +462,36 @@ pub async fn end_all_of_tenant(
         .execute(conn)
         .await?;
     Ok(ended)
+}
+
+/// [`COLUMNS`], each qualified with the table alias `alias` (for statements that join).
+fn columns_of(alias: &str) -> String {
+    COLUMNS
+        .split(", ")
+        .map(|c| format!("{alias}.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A tenant's `lost` sandboxes on nodes silent past `lost_after_seconds`: the lost-node sweep
+/// ended their rows, but their containers (with the tenant's files) stay on their engines until
+/// their node answers again and its reconciliation removes them.
+#[tracing::instrument(skip_all)]
+pub async fn lost_on_silent_nodes(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    lost_after_seconds: i64,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    let columns = columns_of("s");
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {columns} FROM sandboxes s JOIN nodes n ON n.id = s.node
+         WHERE s.tenant_id = $1 AND s.state = 'lost'
+           AND n.heartbeat_at < now() - make_interval(secs => $2)"
+    )))
+    .bind(tenant_id)
+    .bind(lost_after_seconds as f64)
+    .fetch_all(conn)
+    .await?)
 }
 
 /// Live sandboxes (warm and leased) on `node`, for reconciliation with the Docker engine.

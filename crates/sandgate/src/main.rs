@@ -451,18 +451,7 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
         }
         Admin::Tenant(TenantCommand::Purge { tenant }) => {
             let purged = retention::purge_tenant(&config, tenant).await?;
-            println!(
-                "closed {} live sandboxes, deleted {} transcripts",
-                purged.sandboxes_closed, purged.transcripts
-            );
-            if !purged.containers_left.is_empty() {
-                println!(
-                    "{} containers could not be removed now (is Docker reachable?); the gateway's \
-                     reconciliation removes them: {}",
-                    purged.containers_left.len(),
-                    purged.containers_left.join(" ")
-                );
-            }
+            println!("{}", retention::render_purged(&purged));
         }
         Admin::Audit {
             tenant,

@@ -50,6 +50,25 @@ impl TestNode {
         names: Option<&[&str]>,
         service: impl FnOnce(SandboxManager) -> NodeService,
     ) -> Self {
+        Self::start_serving(name, ip, names, vec![profile()], service).await
+    }
+
+    /// Starts a node for test `name` on 127.0.0.1 whose manager serves `profiles`.
+    pub async fn start_with_profiles(
+        name: &str,
+        profiles: Vec<SandboxProfile>,
+        service: impl FnOnce(SandboxManager) -> NodeService,
+    ) -> Self {
+        Self::start_serving(name, "127.0.0.1", None, profiles, service).await
+    }
+
+    async fn start_serving(
+        name: &str,
+        ip: &str,
+        names: Option<&[&str]>,
+        profiles: Vec<SandboxProfile>,
+        service: impl FnOnce(SandboxManager) -> NodeService,
+    ) -> Self {
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -71,7 +90,7 @@ impl TestNode {
             max_ready: 0,
             max_concurrent_starts: 2,
         };
-        let manager = SandboxManager::start(Arc::new(backend), vec![profile()], config)
+        let manager = SandboxManager::start(Arc::new(backend), profiles, config)
             .expect("a valid configuration");
         let pki = Pki::new("sandgate test CA");
         let listener = tokio::net::TcpListener::bind((ip, 0))

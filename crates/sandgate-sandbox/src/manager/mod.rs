@@ -100,6 +100,21 @@ pub enum SandboxError {
     /// An engine call (inspect, attach, remove, list) failed.
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// A sandbox node in another process failed the call for a reason it logged rather than
+    /// sent (its engine's words, paths and addresses stay on the node): its log has the whole
+    /// cause chain under `incident`.
+    #[error(
+        "the sandbox node at {node} failed {} (incident {incident}: the node's log has the details)",
+        if *starting { "to start a sandbox" } else { "the call" }
+    )]
+    NodeFailed {
+        /// The node's address.
+        node: String,
+        /// The id the node logged the failure under.
+        incident: String,
+        /// Whether it was starting a sandbox (else a call on one).
+        starting: bool,
+    },
 }
 
 struct PoolState {

@@ -102,18 +102,23 @@ impl NodeSet {
                 "it serves only its own process (its node.listen is empty)".into(),
             ));
         }
+        // The node's address and the reason go to this process's log; the caller (the model)
+        // reads that the node cannot be reached.
+        let unreachable = |why: &dyn std::fmt::Display| {
+            tracing::error!(node = id, url = %row.advertise_url, "cannot reach a sandbox node: {why}");
+            away("this gateway cannot reach it (its log says why)".into())
+        };
         let remote = match (&self.inner.tls, row.advertise_url.starts_with("http://")) {
             (_, true) => RemoteNode::connect_lazy_cleartext(&row.advertise_url),
             (Some(tls), false) => RemoteNode::connect_lazy(&row.advertise_url, tls),
             (None, false) => {
-                return Err(away(format!(
-                    "it serves {} over TLS and this gateway has no node.tls_cert, \
-                     node.tls_key and node.tls_ca to reach it",
-                    row.advertise_url
-                )));
+                return Err(unreachable(
+                    &"it serves over TLS and this gateway has no node.tls_cert, node.tls_key \
+                      and node.tls_ca to reach it",
+                ));
             }
         }
-        .map_err(|e| away(e.to_string()))?;
+        .map_err(|e| unreachable(&e))?;
         self.inner
             .remote
             .lock()

@@ -196,3 +196,54 @@ async fn the_sweep_marks_a_silent_nodes_sandboxes_lost_naming_it_once() {
     drop(conn);
     db.drop_db().await;
 }
+
+#[tokio::test]
+async fn a_purge_finds_a_tenants_lost_sandboxes_on_silent_nodes_only_and_pools_count_live_rows() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let tenant = tenants::create(&mut conn, "acme").await.unwrap();
+    let other = tenants::create(&mut conn, "globex").await.unwrap();
+    live_node(&mut conn, "gone").await;
+    live_node(&mut conn, "alive").await;
+    for (id, container, node, owner) in [
+        ("sbx_mine", "c1", "gone", tenant.id),
+        ("sbx_theirs", "c2", "gone", other.id),
+        ("sbx_mine_alive", "c3", "alive", tenant.id),
+    ] {
+        sandboxes::insert_leased(&mut conn, id, "default", container, node, &lease(owner))
+            .await
+            .unwrap();
+    }
+    sandboxes::insert_warm(&mut conn, "sbx_warm", "default", "c4", "alive")
+        .await
+        .unwrap();
+    let pools = nodes::pools(&mut conn).await.unwrap();
+    let alive = pools.iter().find(|p| p.id == "alive").expect("node alive");
+    assert_eq!((alive.ready, alive.leased, alive.slots), (1, 1, 10));
+    let gone = pools.iter().find(|p| p.id == "gone").expect("node gone");
+    assert_eq!((gone.ready, gone.leased), (0, 2));
+    assert!(
+        !gone.draining && gone.heartbeat_age_seconds < 30.0,
+        "{gone:?}"
+    );
+
+    silence(&mut conn, "gone", 45).await;
+    sandboxes::sweep_silent_nodes(&mut conn, 30).await.unwrap();
+    let found: Vec<String> = sandboxes::lost_on_silent_nodes(&mut conn, tenant.id, 30)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.container_id)
+        .collect();
+    assert_eq!(
+        found,
+        ["c1"],
+        "the tenant's lost sandbox on the silent node, not another tenant's, not a live one"
+    );
+    let pools = nodes::pools(&mut conn).await.unwrap();
+    let gone = pools.iter().find(|p| p.id == "gone").expect("node gone");
+    assert_eq!((gone.ready, gone.leased), (0, 0), "lost rows are not live");
+    assert!(gone.heartbeat_age_seconds >= 45.0, "{gone:?}");
+    drop(conn);
+    db.drop_db().await;
+}

@@ -262,7 +262,7 @@ async fn a_gateway_only_replica_exports_every_nodes_pool_numbers_from_postgres()
     let _node = start_node(&database, &instance).await;
     let env: Vec<(&str, &str)> = FAST.iter().chain(QUICK_NODE.iter()).copied().collect();
     let gateway = Gateway::start_gateway_only(&database, &instance, &env).await;
-    let node = engine_id();
+    let node = Engine::first().id;
     let scrape = || async {
         reqwest::get(format!("{}/metrics", gateway.base_url))
             .await

@@ -217,6 +217,8 @@ struct ManagerInner {
     /// Told about every sandbox a background start put into a pool (see
     /// [`SandboxManager::watch_ready`]).
     ready_hook: Mutex<Option<mpsc::UnboundedSender<Sandbox>>>,
+    /// While set (a draining node), no pool starts a sandbox ([`SandboxManager::pause_refills`]).
+    paused: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for ManagerInner {
@@ -299,6 +301,7 @@ impl SandboxManager {
                 tasks: TaskTracker::new(),
                 stop: CancellationToken::new(),
                 ready_hook: Mutex::new(None),
+                paused: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         let names: Vec<String> = manager.inner.pools.keys().cloned().collect();
@@ -532,9 +535,22 @@ impl SandboxManager {
     }
 
     /// Removes a container of this instance by id, with no handle on it (it may have been
-    /// started by another process, or before a restart). Removing a missing one succeeds.
+    /// started by another process, or before a restart). Removing a missing one succeeds; a
+    /// container that is not a sandbox of this instance (no `sandgate.managed` label, or another
+    /// instance's) is refused with [`SandboxError::NotOurs`] and left alone: whoever names a
+    /// container here (a gateway over the node RPC, an operator's purge) can remove sandboxes,
+    /// never the engine's other containers.
     pub async fn remove_container(&self, container_id: &str) -> Result<(), SandboxError> {
-        Ok(self.inner.launcher.backend.remove(container_id).await?)
+        let backend = &self.inner.launcher.backend;
+        match backend.inspect(container_id).await? {
+            None => Ok(()),
+            Some(found) if found.managed && found.instance == self.inner.config.instance => {
+                Ok(backend.remove(&found.container_id).await?)
+            }
+            Some(_) => Err(SandboxError::NotOurs {
+                container_id: container_id.to_owned(),
+            }),
+        }
     }
 
     /// Starts a sandbox of `profile` now (a cold start), outside the pool. Its
@@ -587,9 +603,26 @@ impl SandboxManager {
     }
 
     /// Starts as many background starts as `profile`'s pool lacks to reach its target.
+    /// Pauses (or resumes) every pool's refills: a draining node gives its warm sandboxes up
+    /// and must not start new ones, neither on the once-a-second tick nor after a lease. Starts
+    /// already in flight finish and land in the pool (whoever retires the pool takes them
+    /// then); a lease with an empty pool still starts its own sandbox.
+    pub fn pause_refills(&self, paused: bool) {
+        self.inner
+            .paused
+            .store(paused, std::sync::atomic::Ordering::Relaxed);
+        if !paused {
+            for name in self.inner.pools.keys() {
+                let _ = self.refill(name);
+            }
+        }
+    }
+
     pub fn refill(&self, profile: &str) -> Result<(), SandboxError> {
         let pool = self.pool(profile)?;
-        if self.inner.stop.is_cancelled() {
+        if self.inner.stop.is_cancelled()
+            || self.inner.paused.load(std::sync::atomic::Ordering::Relaxed)
+        {
             return Ok(());
         }
         let missing = {
@@ -797,6 +830,39 @@ mod tests {
             0,
             "min_ready 0 keeps nothing warm"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_pool_starts_nothing_until_it_is_resumed() {
+        let backend = Arc::new(FakeBackend::default());
+        let manager = start(&backend, 2, 2);
+        eventually("the pool to fill", WITHIN, || {
+            manager.ready_count("default") == 2
+        })
+        .await;
+        manager.pause_refills(true);
+        for _ in 0..2 {
+            let sandbox = manager.take_ready("default").unwrap().expect("a warm one");
+            sandbox.close().await.unwrap();
+        }
+        let launched = backend.launches.load(Ordering::SeqCst);
+        // Five ticks of the pool (virtual time) and a lease: none starts a warm sandbox.
+        tokio::time::sleep(POOL_TICK * 5).await;
+        let leased = manager.lease("default").await.expect("a cold start");
+        tokio::time::sleep(POOL_TICK * 5).await;
+        assert_eq!(
+            backend.launches.load(Ordering::SeqCst),
+            launched + 1,
+            "only the lease's own start ran while paused"
+        );
+        assert_eq!(manager.ready_count("default"), 0);
+        manager.pause_refills(false);
+        eventually("the pool to refill once resumed", WITHIN, || {
+            manager.ready_count("default") == 2
+        })
+        .await;
+        drop(leased);
+        manager.shutdown().await;
     }
 
     #[tokio::test]

@@ -185,3 +185,77 @@ async fn the_pool_grows_under_a_burst_within_its_ceiling_and_shrinks_to_its_floo
     assert_eq!(stats().ready, 1, "never below the floor");
     env.cleanup().await;
 }
+
+/// A container named to `remove_container` (what a node does for a gateway's `Remove`) goes only
+/// when it is a sandbox of the manager's instance: a container sandgate did not make, or another
+/// instance's sandbox, is refused and stays; a missing one is already removed.
+#[tokio::test]
+async fn remove_container_removes_only_this_instances_sandboxes() {
+    use bollard::models::ContainerCreateBody;
+    use bollard::query_parameters::{CreateContainerOptionsBuilder, RemoveContainerOptionsBuilder};
+    use sandgate_sandbox::SandboxError;
+
+    let env = TestEnv::new("remove-guard", 0).await;
+    let other = TestEnv::new("remove-guard-other", 0).await;
+    let docker = support::docker();
+    // Not a sandbox at all: the sandbox image, never started, with a label of its own only.
+    let foreign = docker
+        .create_container(
+            Some(CreateContainerOptionsBuilder::default().build()),
+            ContainerCreateBody {
+                image: Some(support::image()),
+                cmd: Some(vec!["true".into()]),
+                labels: Some([("sandgate.test".to_string(), "remove-guard".to_string())].into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a plain container can be created")
+        .id;
+    let theirs = other.lease().await;
+    let ours = env.lease().await;
+
+    for (what, id) in [
+        ("a container sandgate did not make", foreign.as_str()),
+        ("another instance's sandbox", theirs.container_id()),
+    ] {
+        let refused = env.manager.remove_container(id).await;
+        assert!(
+            matches!(refused, Err(SandboxError::NotOurs { .. })),
+            "{what} is refused as not ours: {refused:?}"
+        );
+        assert!(
+            docker.inspect_container(id, None).await.is_ok(),
+            "{what} is still there"
+        );
+    }
+    theirs
+        .ping()
+        .await
+        .expect("the other instance's sandbox still answers");
+
+    env.manager
+        .remove_container(ours.container_id())
+        .await
+        .expect("this instance's sandbox is removed");
+    assert!(
+        docker
+            .inspect_container(ours.container_id(), None)
+            .await
+            .is_err(),
+        "this instance's sandbox is gone"
+    );
+    env.manager
+        .remove_container(ours.container_id())
+        .await
+        .expect("removing a container that is gone succeeds");
+
+    let _ = docker
+        .remove_container(
+            &foreign,
+            Some(RemoveContainerOptionsBuilder::default().force(true).build()),
+        )
+        .await;
+    other.cleanup().await;
+    env.cleanup().await;
+}

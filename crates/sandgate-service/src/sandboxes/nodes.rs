@@ -75,9 +75,13 @@ impl NodeSet {
         self.inner.draining.load(Ordering::Relaxed)
     }
 
-    /// Records whether this process's own node is draining (from its heartbeat).
+    /// Records whether this process's own node is draining (from its heartbeat); a draining
+    /// node's pool starts no warm sandbox (the ones it has are retired by `trim_pool`).
     pub fn set_draining(&self, draining: bool) {
         self.inner.draining.store(draining, Ordering::Relaxed);
+        if let Some(own) = &self.inner.own {
+            own.manager.pause_refills(draining);
+        }
     }
 
     /// The node with registry id `id`: this process's own directly (no Postgres read), another

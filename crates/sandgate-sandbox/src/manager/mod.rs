@@ -140,6 +140,23 @@ impl Pool {
     }
 }
 
+/// A cold start (waiting for its place, or launching) counted in its pool's numbers for as long
+/// as it lives, so a caller that gives up half-way (a cancelled request) is uncounted too.
+struct ColdStarting<'a>(&'a Pool);
+
+impl<'a> ColdStarting<'a> {
+    fn new(pool: &'a Pool) -> Self {
+        pool.state().cold_starting += 1;
+        Self(pool)
+    }
+}
+
+impl Drop for ColdStarting<'_> {
+    fn drop(&mut self) {
+        self.0.state().cold_starting -= 1;
+    }
+}
+
 /// A pool's numbers, for metrics and tests.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PoolStats {
@@ -497,12 +514,11 @@ impl SandboxManager {
     /// start after all (a warm sandbox appeared meanwhile) drops the permit.
     pub async fn start_permit(&self, profile: &str) -> Result<StartPermit, SandboxError> {
         let pool = self.pool(profile)?;
-        pool.state().cold_starting += 1;
+        let _counted = ColdStarting::new(pool);
         let permit = pool
             .gate
             .acquire(profile, || pool.state().demand.start_limit())
             .await;
-        pool.state().cold_starting -= 1;
         Ok(permit)
     }
 
@@ -517,14 +533,13 @@ impl SandboxManager {
             return Err(SandboxError::UnknownProfile(permit.profile.clone()));
         }
         validated(profile)?;
-        pool.state().cold_starting += 1;
+        let counted = ColdStarting::new(pool);
         let started = std::time::Instant::now();
         let launched = self.inner.launcher.launch(profile).await;
         drop(permit);
-        let mut state = pool.state();
-        state.cold_starting -= 1;
+        drop(counted);
         if launched.is_ok() {
-            state.demand.started(started.elapsed());
+            pool.state().demand.started(started.elapsed());
         }
         launched
     }
@@ -862,6 +877,35 @@ mod tests {
         })
         .await;
         drop(leased);
+        manager.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_cold_start_given_up_while_waiting_or_launching_is_no_longer_counted() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let backend = Arc::new(FakeBackend::gated(gate.clone()));
+        let manager = start(&backend, 0, 1);
+        let cold = |m: &SandboxManager| m.pool_stats("default").unwrap().cold_starting;
+        // One lease launching (held by the backend's gate), one waiting for its place.
+        let launching = tokio::spawn({
+            let manager = manager.clone();
+            async move { manager.lease("default").await }
+        });
+        eventually("a start in flight", WITHIN, || {
+            backend.in_flight.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        let waiting = tokio::spawn({
+            let manager = manager.clone();
+            async move { manager.start_permit("default").await.map(drop) }
+        });
+        eventually("two cold starts counted", WITHIN, || cold(&manager) == 2).await;
+        // Both callers go away (their requests were cancelled).
+        waiting.abort();
+        launching.abort();
+        let _ = (waiting.await, launching.await);
+        assert_eq!(cold(&manager), 0, "cancelled cold starts are uncounted");
+        gate.add_permits(10);
         manager.shutdown().await;
     }
 

@@ -179,6 +179,8 @@ pub(super) fn public_message(err: &ServiceError) -> String {
             | SandboxError::NodeFailed { starting: true, .. } => {
                 "starting a sandbox failed; retry in a few seconds".into()
             }
+            // Mapped to a limit by the service; a stray one still reads as what it is.
+            SandboxError::StartQueue { .. } => inner.to_string(),
             SandboxError::UnknownProfile(_)
             | SandboxError::InvalidProfile { .. }
             | SandboxError::NotOurs { .. }

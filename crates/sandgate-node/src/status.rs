@@ -91,6 +91,9 @@ pub fn to_status(err: &SandboxError) -> Status {
         SandboxError::UnknownProfile(name) => {
             (Code::InvalidArgument, Kind::UnknownProfile(name.clone()))
         }
+        SandboxError::StartQueue { waited } => {
+            (Code::ResourceExhausted, Kind::StartQueueMs(millis(*waited)))
+        }
         SandboxError::NotOurs { container_id } => {
             (Code::NotFound, Kind::NotOurs(container_id.clone()))
         }
@@ -278,6 +281,9 @@ pub fn from_status(node: &str, status: &Status) -> SandboxError {
             len: usize::try_from(f.len).unwrap_or(usize::MAX),
             limit: usize::try_from(f.limit).unwrap_or(usize::MAX),
         }),
+        Kind::StartQueueMs(ms) => SandboxError::StartQueue {
+            waited: Duration::from_millis(ms),
+        },
         Kind::ReadyTimeoutMs(ms) => SandboxError::Channel(ChannelError::ReadyTimeout {
             waited: Duration::from_millis(ms),
         }),
@@ -379,6 +385,19 @@ mod tests {
                 !text.contains(secret),
                 "{what} shows the node's internals ({secret:?}): {text}"
             );
+        }
+    }
+
+    #[test]
+    fn a_full_start_queue_crosses_typed_with_how_long_it_waited() {
+        let err = SandboxError::StartQueue {
+            waited: Duration::from_secs(120),
+        };
+        let status = to_status(&err);
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        match from_status("https://node-a:9443", &status) {
+            SandboxError::StartQueue { waited } => assert_eq!(waited, Duration::from_secs(120)),
+            other => panic!("a full start queue comes back as one, not {other:?}"),
         }
     }
 

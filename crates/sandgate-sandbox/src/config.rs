@@ -257,6 +257,9 @@ pub struct ManagerConfig {
     /// The long window over which the lease rate is measured (the short one is a sixth of it):
     /// how long the pool stays grown after demand stops. See [`crate::demand`].
     pub demand_window: Duration,
+    /// How long a cold start waits for its place among the starts run at once before it is
+    /// refused ([`crate::SandboxError::StartQueue`]); the caller is told to retry.
+    pub start_wait: Duration,
 }
 
 impl ManagerConfig {
@@ -268,6 +271,7 @@ impl ManagerConfig {
             channel: ChannelConfig::default(),
             refill_backoff: Duration::from_secs(2),
             demand_window: crate::demand::LONG_WINDOW,
+            start_wait: Duration::from_secs(120),
         }
     }
 }

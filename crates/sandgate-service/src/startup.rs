@@ -218,6 +218,7 @@ pub async fn migrate(config: &Config) -> Result<(), StartError> {
 fn sandbox_manager(config: &Config, docker: DockerBackend) -> Result<SandboxManager, StartError> {
     let mut manager_config = ManagerConfig::new(config.instance.clone());
     manager_config.demand_window = Duration::from_secs(config.pool.demand_window_seconds);
+    manager_config.start_wait = Duration::from_secs(config.pool.start_wait_seconds);
     manager_config.pool = PoolConfig {
         min_ready: config.pool.min_ready,
         max_ready: config.pool.max_ready,

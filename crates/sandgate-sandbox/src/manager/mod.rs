@@ -80,6 +80,16 @@ pub enum SandboxError {
         #[source]
         source: ChannelError,
     },
+    /// No place among the starts the node runs at once came free within
+    /// [`crate::ManagerConfig::start_wait`]: the node is busy starting others.
+    #[error(
+        "no sandbox could be started within {} s: the sandbox node is busy starting others",
+        waited.as_secs()
+    )]
+    StartQueue {
+        /// How long the start waited.
+        waited: Duration,
+    },
     /// No pool serves the named profile.
     #[error("no sandbox profile is named {0:?}")]
     UnknownProfile(String),
@@ -515,11 +525,14 @@ impl SandboxManager {
     pub async fn start_permit(&self, profile: &str) -> Result<StartPermit, SandboxError> {
         let pool = self.pool(profile)?;
         let _counted = ColdStarting::new(pool);
-        let permit = pool
-            .gate
-            .acquire(profile, || pool.state().demand.start_limit())
-            .await;
-        Ok(permit)
+        let wait = self.inner.config.start_wait;
+        tokio::time::timeout(
+            wait,
+            pool.gate
+                .acquire(profile, || pool.state().demand.start_limit()),
+        )
+        .await
+        .map_err(|_| SandboxError::StartQueue { waited: wait })
     }
 
     /// [`Self::launch_with`] in a place the caller already holds.
@@ -877,6 +890,42 @@ mod tests {
         })
         .await;
         drop(leased);
+        manager.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cold_start_that_waits_past_start_wait_is_refused_and_the_next_one_goes_through() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let backend = Arc::new(FakeBackend::gated(gate.clone()));
+        let mut config = config(0, 1);
+        config.start_wait = Duration::from_secs(30);
+        let manager = SandboxManager::start(backend.clone(), vec![profile()], config)
+            .expect("valid configuration");
+        // The one place is taken by a start the engine holds.
+        let launching = tokio::spawn({
+            let manager = manager.clone();
+            async move { manager.lease("default").await }
+        });
+        eventually("a start in flight", WITHIN, || {
+            backend.in_flight.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        let refused = manager.lease("default").await;
+        assert!(
+            matches!(refused, Err(SandboxError::StartQueue { waited }) if waited == Duration::from_secs(30)),
+            "a start that found no place within start_wait is refused: {refused:?}"
+        );
+        assert_eq!(
+            manager.pool_stats("default").unwrap().cold_starting,
+            1,
+            "the refused start is no longer counted"
+        );
+        gate.add_permits(10);
+        launching.await.unwrap().expect("the held start completes");
+        manager
+            .lease("default")
+            .await
+            .expect("with the place free again, a start goes through");
         manager.shutdown().await;
     }
 

@@ -100,6 +100,9 @@ pub struct PoolConfig {
     /// The window the lease rate is measured over: how long the pool stays grown after demand
     /// stops, seconds.
     pub demand_window_seconds: u64,
+    /// How long a cold start waits for its place among the starts run at once before
+    /// `create_sandbox` is refused with a retryable limit, seconds.
+    pub start_wait_seconds: u64,
 }
 
 /// Processes one call in a sandbox may need at once (an agent thread, a shell, the command):
@@ -539,6 +542,12 @@ impl Config {
         if self.lifecycle.reconcile_interval_seconds == 0 {
             return Err(invalid(
                 "lifecycle.reconcile_interval_seconds",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.pool.start_wait_seconds < 1 {
+            return Err(invalid(
+                "pool.start_wait_seconds",
                 "must be at least 1".into(),
             ));
         }

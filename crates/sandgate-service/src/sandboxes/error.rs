@@ -80,7 +80,26 @@ pub enum ServiceError {
     Store(#[source] StoreError),
     /// The sandbox manager failed (launching, talking to the agent).
     #[error(transparent)]
-    Sandbox(#[from] SandboxError),
+    Sandbox(SandboxError),
+}
+
+impl From<SandboxError> for ServiceError {
+    fn from(err: SandboxError) -> Self {
+        match err {
+            // A start that waited too long for its place is a capacity refusal the caller
+            // retries, not a failure of the sandbox.
+            SandboxError::StartQueue { waited } => ServiceError::Limit {
+                limit: "sandbox starts",
+                value: format!(
+                    "no sandbox could be started within {} s: the sandbox node is busy starting \
+                     others",
+                    waited.as_secs()
+                ),
+                hint: "retry in a minute; if it persists, tell the user",
+            },
+            other => ServiceError::Sandbox(other),
+        }
+    }
 }
 
 impl From<StoreError> for ServiceError {
@@ -205,5 +224,25 @@ fn ended_message(
         Some(CloseReason::Closed | CloseReason::Lost(_)) | None => {
             format!("sandbox {id} was closed at {at}; call create_sandbox for a new one")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_start_queue_is_a_retryable_limit_not_a_sandbox_failure() {
+        let err = ServiceError::from(SandboxError::StartQueue {
+            waited: std::time::Duration::from_secs(120),
+        });
+        assert!(matches!(err, ServiceError::Limit { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("limit reached: sandbox starts")
+                && text.contains("within 120 s")
+                && text.contains("retry in a minute"),
+            "{text}"
+        );
     }
 }

@@ -389,9 +389,13 @@ def user_env(extra=None):
     return env
 
 
-def describe_exit(returncode, oom_before):
+def describe_exit(returncode, oom_before, pids_before=None):
     """Why the kernel ended, in words for the model."""
     oom_after = oom_kills()
+    pids_after = pids_refusals()
+    at_pids_limit = (
+        pids_before is not None and pids_after is not None and pids_after > pids_before
+    )
     if oom_before is not None and oom_after is not None and oom_after > oom_before:
         return (
             "the Python kernel was killed by the out-of-memory killer: the sandbox's memory limit "
@@ -415,7 +419,28 @@ def describe_exit(returncode, oom_before):
                 signal.SIGABRT: " (an abort, e.g. in a C extension)",
             }.get(sig, "")
         return f"the Python kernel was killed by {name}{hint}"
+    if at_pids_limit:
+        # numpy's thread pool, for one, ends the process when it cannot start its threads.
+        return (
+            f"the Python kernel exited with status {returncode} while the sandbox was at its "
+            "process limit (too many processes or threads, e.g. a fork bomb): it could not start "
+            "a thread or process it needed"
+        )
     return f"the Python kernel exited with status {returncode} (e.g. os._exit or sys.exit outside a cell)"
+
+
+def pids_refusals():
+    """How often the container's process limit has refused a new process or thread (cgroup v2 or
+    v1), None when it cannot be read."""
+    for path in ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith("max "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def oom_kills():
@@ -1064,7 +1089,10 @@ class CellRunner(FrameServer):
         except Exception:  # a broken IPython install must not take the sandbox down
             self.kernel = PlainKernel()
         signal.signal(signal.SIGINT, self.on_sigint)
-        threading.Thread(target=self.preload_in_background, name="preload", daemon=True).start()
+        try:
+            threading.Thread(target=self.preload_in_background, name="preload", daemon=True).start()
+        except RuntimeError as err:  # at the process limit: cells import what they use themselves
+            log(f"no background import of the data stack: {err!r}")
 
     def preload_in_background(self):
         """Imports numpy, pandas and matplotlib so that a leased sandbox's cells find them loaded.
@@ -1478,6 +1506,7 @@ class KernelProcess:
         to_kernel_r, to_kernel_w = os.pipe()
         from_kernel_r, from_kernel_w = os.pipe()
         self.oom_before = oom_kills()
+        self.pids_before = pids_refusals()
         try:
             self.proc = subprocess.Popen(
                 KERNEL_ARGV,
@@ -1501,12 +1530,27 @@ class KernelProcess:
         self.outbox = queue.Queue()
         self.in_fd = to_kernel_w
         self.out_fd = from_kernel_r
-        for target, name in (
-            (self._send_loop, "kernel-send"),
-            (lambda: self._read_loop(agent), "kernel-read"),
-            (lambda: agent.on_kernel_exit(self, self.proc.wait()), "kernel-wait"),
-        ):
-            threading.Thread(target=target, name=name, daemon=True).start()
+        started = set()
+        try:
+            for target, name in (
+                (self._send_loop, "kernel-send"),
+                (lambda: self._read_loop(agent), "kernel-read"),
+                (lambda: agent.on_kernel_exit(self, self.proc.wait()), "kernel-wait"),
+            ):
+                threading.Thread(target=target, name=name, daemon=True).start()
+                started.add(name)
+        except RuntimeError:
+            # At the process limit a thread cannot start either: this kernel is given up (its
+            # threads that did start end with it; it was never made the current kernel, so its
+            # exit replaces nothing).
+            self.kill()
+            if "kernel-send" not in started:
+                os.close(self.in_fd)
+            if "kernel-read" not in started:
+                os.close(self.out_fd)
+            if "kernel-wait" not in started:
+                self.proc.wait()
+            raise
 
     def send(self, obj):
         # Queued for a thread of its own: a kernel that stops reading (SIGSTOP from user code) must
@@ -1615,8 +1659,31 @@ class Agent(FrameServer):
     def start(self):
         prepare_user_site()
         self.index.start()
-        with SPAWN_LOCK:
-            self.kernel = KernelProcess(self)
+        self.start_kernel(lambda kp: setattr(self, "kernel", kp))
+
+    def start_kernel(self, publish):
+        """Starts a kernel and hands it to `publish` (under SPAWN_LOCK, so that a sweep sees it as
+        a root from the start). While the sandbox is at its process limit (a fork bomb, say) the
+        start fails; it is tried again until it succeeds, so that the sandbox has a kernel again
+        as soon as processes are free. Returns the kernel, or None if the agent stops meanwhile."""
+        delay, failures = 0.05, 0
+        while not self.stopping:
+            with SPAWN_LOCK:
+                try:
+                    kp = KernelProcess(self)
+                except (OSError, RuntimeError) as err:
+                    failure = err
+                else:
+                    publish(kp)
+                    if failures:
+                        log(f"kernel {kp.pid} started after {failures} failed attempts")
+                    return kp
+            if failures == 0:
+                log(f"cannot start a kernel yet ({failure!r}); trying again until it starts")
+            failures += 1
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        return None
 
     # ----- frames from the gateway
 
@@ -1775,7 +1842,7 @@ class Agent(FrameServer):
         # Frames the kernel wrote before it died (a cell's "started" above all) count: without
         # them a cell that had started would be taken for one that had not, and run again.
         kp.read_all.wait(READ_AFTER_EXIT_S)
-        reason = describe_exit(returncode, kp.oom_before)
+        reason = describe_exit(returncode, kp.oom_before, kp.pids_before)
         log(f"kernel {kp.pid} ended: {reason}")
         if not was_ready:
             time.sleep(1.0)  # a kernel that cannot start must not spin
@@ -1814,13 +1881,14 @@ class Agent(FrameServer):
                     "state_lost_reason": reason,
                 },
             )
-        with SPAWN_LOCK:
-            new = KernelProcess(self)
+
+        def publish(new):
             with self.state_lock:
                 if report_next and run is None:
                     self.lost_reason = reason
                 self.kernel = new
-        return new
+
+        return self.start_kernel(publish)
 
     def keep_roots(self, kernel):
         """The roots of the process trees a sweep must spare: running commands and jobs, and the

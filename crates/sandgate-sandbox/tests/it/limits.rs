@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use sandgate_sandbox::{ChannelError, CommandOptions, ContainerFate, ExecOptions, SandboxError};
+use sandgate_sandbox::{
+    ChannelError, CommandOptions, ContainerFate, ExecOptions, OciRuntime, SandboxError,
+};
 
 use crate::support::{self, TestEnv};
 
@@ -124,9 +126,8 @@ async fn a_fork_bomb_is_contained_by_the_pids_limit() {
     let env = TestEnv::new("forkbomb", 0).await;
     let sandbox = env.lease().await;
     // The kernel finishes its start first (the shell and the background import of the data
-    // stack): a bomb that exhausts the pids limit while the kernel is still importing can leave
-    // it unable to take a cell at all (numpy's thread pool cannot start), which is a different
-    // case from the one this test is about (noted for the agent's next change).
+    // stack), so that this test is about containment only: a bomb during the import can end the
+    // kernel (numpy's thread pool cannot start), which the next test covers.
     let warm = sandbox
         .exec(
             "import numpy, pandas, matplotlib.pyplot",
@@ -207,6 +208,76 @@ async fn a_fork_bomb_is_contained_by_the_pids_limit() {
             eprintln!("fork bomb: the sandbox died and says why: {err}");
         }
         Err(other) => panic!("expected containment or a reasoned death, got {other:?}"),
+    }
+    env.cleanup().await;
+}
+
+/// The kernel dies while a fork bomb holds every process slot (numpy's thread pool ends the
+/// kernel when it cannot start its threads; here the cell ends it itself, so the moment is not left
+/// to chance): its successor cannot start until the bomb is gone, and then it must, so that the
+/// sandbox takes cells again and says why their state is gone.
+#[tokio::test]
+async fn a_kernel_that_dies_during_a_fork_bomb_is_replaced_once_the_bomb_is_gone() {
+    let env = TestEnv::new("forkbomb-kernel", 0).await;
+    let sandbox = env.lease().await;
+    let bomber = sandbox.clone();
+    let bomb = tokio::spawn(async move {
+        bomber
+            .command(
+                "bomb(){ bomb|bomb& }; bomb; end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do :; done",
+                CommandOptions {
+                    timeout: Duration::from_secs(5),
+                    ..CommandOptions::default()
+                },
+                None,
+            )
+            .await
+    });
+    // Let the bomb fill the process table (no duration is asserted: should the kernel die before
+    // the table is full, its successor starts at once and the test checks the same things).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let died = match sandbox
+        .exec("import os; os._exit(3)", ExecOptions::default(), None)
+        .await
+    {
+        Ok(outcome) => outcome,
+        // gVisor's sandbox does not survive a bomb (the previous test accepts that too); runc's
+        // must.
+        Err(err @ SandboxError::Died { .. }) if support::runtime() == OciRuntime::Runsc => {
+            eprintln!("fork bomb under gVisor: the sandbox died and says why: {err}");
+            env.cleanup().await;
+            return;
+        }
+        Err(other) => panic!("the cell that ends the kernel is answered: {other:?}"),
+    };
+    assert!(died.state_lost, "{died:?}");
+    assert_eq!(
+        died.error.as_ref().map(|e| e.name.as_str()),
+        Some("KernelDied"),
+        "{died:?}"
+    );
+    let bomb = bomb
+        .await
+        .expect("the bomb's task")
+        .expect("the bomb's command is answered");
+    assert!(bomb.timed_out, "{bomb:?}");
+
+    let after = sandbox
+        .exec("1+1", ExecOptions::default(), None)
+        .await
+        .expect("the sandbox takes a cell after the bomb");
+    assert_eq!(
+        after
+            .result
+            .as_ref()
+            .and_then(|r| r.get("text/plain"))
+            .map(String::as_str),
+        Some("2"),
+        "1+1 after the bomb: {after:?}"
+    );
+    // A kernel that started during the bomb and died of it is reported with the limit as cause.
+    if let Some(reason) = after.state_lost_reason.as_deref() {
+        assert!(reason.contains("process limit"), "{after:?}");
     }
     env.cleanup().await;
 }

@@ -29,16 +29,49 @@ pub(super) struct Launcher {
 /// How long [`Launcher::launched`] remembers a launch.
 const LAUNCH_MEMORY: Duration = Duration::from_secs(600);
 
+/// A launch's entry in [`Launcher::launched`], kept only if the launch succeeds. A launch that
+/// failed or was given up (its future dropped) is forgotten at once: nobody will record its
+/// container, so a container it left behind (its engine went away before it could be removed, say)
+/// is an orphan for reconciliation to remove after the usual grace, not one of ours to spare.
+struct LaunchMark<'a> {
+    launched: &'a Mutex<HashMap<String, std::time::Instant>>,
+    sandbox_id: Option<String>,
+}
+
+impl<'a> LaunchMark<'a> {
+    fn new(launched: &'a Mutex<HashMap<String, std::time::Instant>>, sandbox_id: &str) -> Self {
+        let mut map = launched.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|_, at| at.elapsed() < LAUNCH_MEMORY);
+        map.insert(sandbox_id.to_owned(), std::time::Instant::now());
+        Self {
+            launched,
+            sandbox_id: Some(sandbox_id.to_owned()),
+        }
+    }
+
+    /// The launch succeeded: its entry stays.
+    fn keep(mut self) {
+        self.sandbox_id = None;
+    }
+}
+
+impl Drop for LaunchMark<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.sandbox_id.take() {
+            self.launched
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+        }
+    }
+}
+
 impl Launcher {
     #[tracing::instrument(skip_all, fields(sandbox_id, profile = %profile.name))]
     pub(super) async fn launch(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
         let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
         tracing::Span::current().record("sandbox_id", &sandbox_id);
-        {
-            let mut launched = self.launched.lock().unwrap_or_else(|e| e.into_inner());
-            launched.retain(|_, at| at.elapsed() < LAUNCH_MEMORY);
-            launched.insert(sandbox_id.clone(), std::time::Instant::now());
-        }
+        let mark = LaunchMark::new(&self.launched, &sandbox_id);
         let spec = LaunchSpec {
             profile: profile.clone(),
             instance: self.instance.clone(),
@@ -63,6 +96,7 @@ impl Launcher {
                 source,
             });
         }
+        mark.keep();
         Ok(Sandbox::new(
             sandbox_id,
             launched.container_id,

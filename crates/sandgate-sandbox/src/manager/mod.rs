@@ -469,8 +469,8 @@ impl SandboxManager {
     }
 
     /// The ids of the sandboxes this process started launching within `within` (ready, leased or
-    /// still starting): reconciliation must not take their containers for orphans before the
-    /// caller has had time to record them.
+    /// still starting; a launch that failed or was given up is not among them): reconciliation
+    /// must not take their containers for orphans before the caller has had time to record them.
     pub fn launched_within(&self, within: Duration) -> Vec<String> {
         self.inner
             .launcher
@@ -858,6 +858,30 @@ mod tests {
             0,
             "min_ready 0 keeps nothing warm"
         );
+    }
+
+    #[tokio::test]
+    async fn a_failed_launch_is_not_counted_among_the_launches_reconciliation_spares() {
+        let backend = Arc::new(FakeBackend::default());
+        let manager = start(&backend, 0, 1);
+        backend.fail.store(true, Ordering::SeqCst);
+        manager
+            .lease("default")
+            .await
+            .expect_err("the engine refuses the launch");
+        assert_eq!(
+            manager.launched_within(Duration::from_secs(600)),
+            Vec::<String>::new(),
+            "a failed launch is forgotten (what it left behind is an orphan)"
+        );
+        backend.fail.store(false, Ordering::SeqCst);
+        let sandbox = manager.lease("default").await.expect("a cold start");
+        assert_eq!(
+            manager.launched_within(Duration::from_secs(600)),
+            vec![sandbox.id().to_owned()],
+            "a launch that succeeded is remembered until its row is written"
+        );
+        manager.shutdown().await;
     }
 
     #[tokio::test(start_paused = true)]

@@ -231,8 +231,14 @@ impl SandboxService {
                 };
                 if remove {
                     tracing::info!(container_id = %c.container_id, sandbox_id = %c.sandbox_id, "removing a container Postgres does not know as live");
-                    self.own_node().remove_container(&c.container_id).await?;
-                    done.removed += 1;
+                    // One container the engine will not remove now must not keep the pass from
+                    // the others (nor from adopting and syncing the pool): the next pass retries.
+                    match self.own_node().remove_container(&c.container_id).await {
+                        Ok(()) => done.removed += 1,
+                        Err(err) => {
+                            tracing::warn!(error = %err, container_id = %c.container_id, "removing a container Postgres does not know as live failed; the next pass tries again");
+                        }
+                    }
                 }
             }
         }

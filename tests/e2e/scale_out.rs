@@ -19,8 +19,8 @@ use crate::support::eventually;
 use crate::support::node::{Engine, TlsFiles};
 use crate::support::replicas::{Deployment, RoundRobin};
 use crate::support::scale_out::{
-    kill_second_engine, node_of, nodes_admin, nodes_cli, nodes_with_leases, ownership_problems_on,
-    spawn_gateway, spawn_node,
+    SECOND_ENGINE, kill_second_engine, node_of, nodes_admin, nodes_cli, nodes_with_leases,
+    ownership_problems_on, spawn_gateway, spawn_node,
 };
 
 const WITHIN: Duration = Duration::from_secs(90);
@@ -82,6 +82,7 @@ fn actionable(result: &ToolResult) -> bool {
 
 #[tokio::test]
 async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lost_engine() {
+    let _second_engine = SECOND_ENGINE.lock().await;
     let (first, second) = (Engine::first(), Engine::second());
     let engines = [&first, &second];
     let lb = RoundRobin::start().await;
@@ -340,6 +341,7 @@ async fn open_on(
 #[tokio::test]
 async fn purging_a_tenant_removes_its_containers_on_every_node_and_a_silent_node_removes_the_rest_on_return()
  {
+    let _second_engine = SECOND_ENGINE.lock().await;
     let (first, second) = (Engine::first(), Engine::second());
     let engines = [&first, &second];
     let deployment = Deployment::new().await;

@@ -121,6 +121,10 @@ fn second_dockerd() -> Option<u32> {
     is_second.then_some(pid)
 }
 
+/// Held by every test that runs a node on the second engine, for its whole run: one of them stops
+/// that engine, which would take another's node down with it (cargo runs tests in parallel).
+pub static SECOND_ENGINE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Stops the second engine abruptly (SIGKILL to its dockerd: a crashed engine). Only the second
 /// one: the pid must be a dockerd listening on the second engine's socket. The engine comes back
 /// with [`EngineDown::restart`], or when the guard is dropped (a failed test leaves it running).

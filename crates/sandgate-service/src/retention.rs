@@ -4,6 +4,8 @@
 //! - Files live only in the sandbox's container and go with it at close (`files_seconds = 0`).
 //! - Transcripts are kept `transcripts_seconds` after their sandbox ended (a tenant's own value
 //!   wins), then deleted by [`start_purge`].
+//! - The audit trail (`audit_events`, `download_events`) is kept `audit_seconds`, then deleted by
+//!   the same job.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -11,6 +13,7 @@ use std::time::Duration;
 use chrono::Utc;
 use sandgate_node::{NodeHandle, NodeTls};
 use sandgate_sandbox::{ChannelError, DockerBackend, SandboxBackend, SandboxError};
+use sandgate_store::audit::{self, AuditTable};
 use sandgate_store::{PgPool, StoreError, nodes, sandboxes, transcripts};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +33,8 @@ pub struct RetentionConfig {
     pub transcripts_seconds: u64,
     /// How long an ended sandbox's files are kept, seconds (only 0: they go with the container).
     pub files_seconds: u64,
+    /// How long the audit trail (tool calls, download-link openings) is kept, seconds.
+    pub audit_seconds: u64,
     /// How often the purge job runs, seconds.
     pub purge_interval_seconds: u64,
     /// Most entries one sandbox's transcript keeps.
@@ -59,6 +64,12 @@ impl RetentionConfig {
                 "must be at most 2147483647 (68 years)",
             );
         }
+        if !(AUDIT_MIN_SECONDS..=i32::MAX as u64).contains(&self.audit_seconds) {
+            return invalid(
+                "audit_seconds",
+                "must be between 86400 (a day) and 2147483647 (68 years)",
+            );
+        }
         if self.purge_interval_seconds == 0 {
             return invalid("purge_interval_seconds", "must be at least 1");
         }
@@ -72,8 +83,15 @@ impl RetentionConfig {
     }
 }
 
+/// The shortest audit retention accepted: an audit trail is for looking back.
+const AUDIT_MIN_SECONDS: u64 = 86_400;
+
+/// Rows of an audit table one purge statement deletes at most.
+const AUDIT_PURGE_BATCH: i64 = 10_000;
+
 /// Starts the purge job: every `purge_interval_seconds` (and once at start), deletes the
-/// transcripts whose retention is over. Stops when `stop` is cancelled.
+/// transcripts whose retention is over and the audit events older than `audit_seconds`. Stops
+/// when `stop` is cancelled.
 pub fn start_purge(
     db: PgPool,
     config: &RetentionConfig,
@@ -82,6 +100,7 @@ pub fn start_purge(
 ) {
     let interval = Duration::from_secs(config.purge_interval_seconds);
     let default_seconds = config.transcripts_seconds as i64;
+    let audit_seconds = config.audit_seconds as i64;
     tracker.spawn(async move {
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -95,6 +114,11 @@ pub fn start_purge(
                 Ok(n) => tracing::info!(transcripts = n, "purged transcripts past their retention"),
                 Err(err) => tracing::warn!(error = ?err, "purging expired transcripts failed; retrying at the next interval"),
             }
+            match purge_audit(&db, audit_seconds).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(events = n, "purged audit events past their retention"),
+                Err(err) => tracing::warn!(error = ?err, "purging old audit events failed; retrying at the next interval"),
+            }
         }
     });
 }
@@ -105,6 +129,23 @@ async fn purge_once(db: &PgPool, default_seconds: i64) -> Result<u64, StoreError
     // MCP session states whose session ended (closed, expired, refused at the cap); ten minutes
     // old at least, so that a state saved just before its binding is never taken for one.
     sandgate_store::mcp_session_states::purge_unbound(&mut conn, 600).await?;
+    Ok(purged)
+}
+
+/// Deletes the events of both audit tables older than `seconds`, a batch at a time; returns how
+/// many it deleted.
+pub async fn purge_audit(db: &PgPool, seconds: i64) -> Result<u64, StoreError> {
+    let mut purged = 0;
+    for table in [AuditTable::ToolCalls, AuditTable::Downloads] {
+        loop {
+            let mut conn = db.acquire().await?;
+            let n = audit::purge_older_than(&mut conn, table, seconds, AUDIT_PURGE_BATCH).await?;
+            purged += n;
+            if n < AUDIT_PURGE_BATCH as u64 {
+                break;
+            }
+        }
+    }
     Ok(purged)
 }
 

@@ -205,3 +205,54 @@ pub async fn recent(
     .fetch_all(conn)
     .await?)
 }
+
+/// The audit tables a retention period applies to, each with a `bigserial` id and an `at`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditTable {
+    /// `audit_events`: one row per tool call.
+    ToolCalls,
+    /// `download_events`: one row per opening of a download link.
+    Downloads,
+}
+
+impl AuditTable {
+    fn name(self) -> &'static str {
+        match self {
+            AuditTable::ToolCalls => "audit_events",
+            AuditTable::Downloads => "download_events",
+        }
+    }
+
+    /// The batch purge of this table (`$1`: the period, seconds; `$2`: the batch size).
+    fn purge_sql(self) -> &'static str {
+        match self {
+            AuditTable::ToolCalls => {
+                "DELETE FROM audit_events WHERE id IN (
+                     SELECT id FROM audit_events
+                     WHERE at < now() - make_interval(secs => $1::double precision) LIMIT $2)"
+            }
+            AuditTable::Downloads => {
+                "DELETE FROM download_events WHERE id IN (
+                     SELECT id FROM download_events
+                     WHERE at < now() - make_interval(secs => $1::double precision) LIMIT $2)"
+            }
+        }
+    }
+}
+
+/// Deletes at most `batch` rows of `table` older than `seconds`; returns how many it deleted. Callers repeat it while it deletes a whole batch, so that a first purge of a
+/// large table never holds one long transaction.
+#[tracing::instrument(skip_all, fields(table = table.name()))]
+pub async fn purge_older_than(
+    conn: &mut PgConnection,
+    table: AuditTable,
+    seconds: i64,
+    batch: i64,
+) -> Result<u64, StoreError> {
+    let done = sqlx::query(table.purge_sql())
+        .bind(seconds)
+        .bind(batch)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}

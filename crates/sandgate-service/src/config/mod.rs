@@ -878,6 +878,27 @@ mod tests {
     }
 
     #[test]
+    fn the_audit_trail_is_kept_at_least_a_day() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            assert_eq!(
+                load_in(jail).expect("defaults").retention.audit_seconds,
+                31_536_000
+            );
+            jail.set_env("SANDGATE_RETENTION__AUDIT_SECONDS", "3600");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("retention.audit_seconds"), "{err}");
+            assert!(err.contains("86400"), "{err}");
+            jail.set_env("SANDGATE_RETENTION__AUDIT_SECONDS", "86400");
+            assert_eq!(
+                load_in(jail).expect("a day").retention.audit_seconds,
+                86_400
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
     fn a_file_overrides_defaults_and_env_overrides_the_file() {
         Jail::expect_with(|jail| {
             jail.create_file(

@@ -1,7 +1,7 @@
 //! The audit trail: typed outcomes round-trip.
 
 use chrono::Utc;
-use sandgate_store::audit::{self, AuditEvent, ErrorKind, Outcome};
+use sandgate_store::audit::{self, AuditEvent, AuditTable, ErrorKind, Outcome};
 use sandgate_store::tenants;
 use uuid::Uuid;
 
@@ -66,4 +66,64 @@ async fn events_keep_their_outcome_and_error_kind() {
     assert_eq!(stored, ("refused".into(), Some("sandbox_refused".into())));
     drop(conn);
     db.drop_db().await;
+}
+
+#[tokio::test]
+async fn the_purge_deletes_events_older_than_the_period_in_batches_and_keeps_the_rest() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let tenant = tenants::create(&mut conn, "acme").await.unwrap();
+    let day = chrono::Duration::days(1);
+    let mut events = Vec::new();
+    for age in [0, 2, 10, 11, 12] {
+        let old = AuditEvent {
+            at: Utc::now() - day * age,
+            ..event(tenant.id, Outcome::Ok, None)
+        };
+        sqlx::query(
+            "INSERT INTO download_events (at, tenant_id, link_id, kind, outcome)
+             VALUES ($1, $2, 'link', 'file', 'ok')",
+        )
+        .bind(old.at)
+        .bind(tenant.id)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        events.push(old);
+    }
+    // The batch writer keeps each event's own time (record() stamps now()).
+    audit::record_batch(&mut conn, &events).await.unwrap();
+    let period = 5 * 86_400;
+    // Three events are older than five days; a batch of two takes two of them, the next the
+    // third, the one after that none.
+    let batches: Vec<u64> = {
+        let mut done = Vec::new();
+        for _ in 0..3 {
+            done.push(
+                audit::purge_older_than(&mut conn, AuditTable::ToolCalls, period, 2)
+                    .await
+                    .unwrap(),
+            );
+        }
+        done
+    };
+    assert_eq!(batches, vec![2, 1, 0]);
+    let ages: Vec<i64> = audit::recent(&mut conn, tenant.id, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| (Utc::now() - e.at).num_days())
+        .collect();
+    assert_eq!(ages, vec![0, 2], "the newer events stay, newest first");
+    // Download-link openings have their own table and the same period.
+    let downloads = audit::purge_older_than(&mut conn, AuditTable::Downloads, period, 100)
+        .await
+        .unwrap();
+    assert_eq!(downloads, 3);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM download_events WHERE tenant_id = $1")
+        .bind(tenant.id)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 2);
 }

@@ -429,31 +429,31 @@ def describe_exit(returncode, oom_before, pids_before=None):
     return f"the Python kernel exited with status {returncode} (e.g. os._exit or sys.exit outside a cell)"
 
 
-def pids_refusals():
-    """How often the container's process limit has refused a new process or thread (cgroup v2 or
-    v1), None when it cannot be read."""
-    for path in ("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"):
+def cgroup_counter(paths, key):
+    """The counter `key` of the first readable cgroup event file in `paths` (lines of "<key>
+    <count>"), None when none can be read."""
+    for path in paths:
         try:
             with open(path) as f:
                 for line in f:
-                    if line.startswith("max "):
+                    if line.startswith(key + " "):
                         return int(line.split()[1])
         except (OSError, ValueError):
             continue
     return None
+
+
+def pids_refusals():
+    """How often the container's process limit has refused a new process or thread (cgroup v2 or
+    v1), None when it cannot be read."""
+    return cgroup_counter(("/sys/fs/cgroup/pids.events", "/sys/fs/cgroup/pids/pids.events"), "max")
 
 
 def oom_kills():
     """The container's out-of-memory kill count (cgroup v2 or v1), None when it cannot be read."""
-    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("oom_kill "):
-                        return int(line.split()[1])
-        except (OSError, ValueError):
-            continue
-    return None
+    return cgroup_counter(
+        ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"), "oom_kill"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1530,12 +1530,17 @@ class KernelProcess:
         self.outbox = queue.Queue()
         self.in_fd = to_kernel_w
         self.out_fd = from_kernel_r
+        # Set once the agent has made this kernel the current one (or given it up). Its frames
+        # and its exit are handled only from then on: before, the kernel's ready frame (or its
+        # exit) would be taken for a replaced kernel's and dropped, and the sandbox would never
+        # say ready (or never replace a kernel that died at once).
+        self.decided = threading.Event()
         started = set()
         try:
             for target, name in (
                 (self._send_loop, "kernel-send"),
                 (lambda: self._read_loop(agent), "kernel-read"),
-                (lambda: agent.on_kernel_exit(self, self.proc.wait()), "kernel-wait"),
+                (lambda: self._wait(agent), "kernel-wait"),
             ):
                 threading.Thread(target=target, name=name, daemon=True).start()
                 started.add(name)
@@ -1544,6 +1549,7 @@ class KernelProcess:
             # threads that did start end with it; it was never made the current kernel, so its
             # exit replaces nothing).
             self.kill()
+            self.decided.set()
             if "kernel-send" not in started:
                 os.close(self.in_fd)
             if "kernel-read" not in started:
@@ -1570,7 +1576,13 @@ class KernelProcess:
                 break
         os.close(self.in_fd)
 
+    def _wait(self, agent):
+        returncode = self.proc.wait()
+        self.decided.wait()
+        agent.on_kernel_exit(self, returncode)
+
     def _read_loop(self, agent):
+        self.decided.wait()
         buffer = bytearray()
         discarding = False
         while True:
@@ -1675,6 +1687,7 @@ class Agent(FrameServer):
                     failure = err
                 else:
                     publish(kp)
+                    kp.decided.set()
                     if failures:
                         log(f"kernel {kp.pid} started after {failures} failed attempts")
                     return kp

@@ -1100,3 +1100,36 @@ def test_the_index_relay_forwards_nothing_but_index_paths(agent):
     # Nothing reached the gateway.
     assert agent._queue(serve).empty()
     agent.ok("interrupt", target=serve)
+
+
+def test_a_kernel_s_frames_and_exit_wait_until_the_agent_has_made_it_current():
+    """A kernel that says ready (or dies) before the agent has recorded it as the current kernel
+    must not be taken for a replaced one: its ready frame and its exit are handled only once the
+    agent has decided (white-box: a stand-in kernel that says ready and exits at once)."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("agent_under_test", AGENT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.CREDS = types.SimpleNamespace(popen_args=lambda: {})
+    mod.KERNEL_ARGV = [
+        sys.executable,
+        "-c",
+        "import os; fd = int(os.environ['SANDGATE_KERNEL_FDS'].split(',')[1]); "
+        "os.write(fd, b'{\"event\": \"ready\"}\\n')",
+    ]
+    seen = queue.Queue()
+    fake_agent = types.SimpleNamespace(
+        on_kernel_line=lambda kp, line: seen.put(("line", line)),
+        on_kernel_junk=lambda kp, why: seen.put(("junk", why)),
+        on_kernel_exit=lambda kp, code: seen.put(("exit", code)),
+    )
+    kp = mod.KernelProcess(fake_agent)
+    kp.proc.wait(timeout=30)
+    time.sleep(0.5)  # time enough for the reader and the waiter to act, were they free to
+    assert seen.empty(), "nothing is handled before the agent has decided"
+    kp.decided.set()
+    got = {seen.get(timeout=10), seen.get(timeout=10)}
+    assert got == {("line", b'{"event": "ready"}'), ("exit", 0)}, got
+    kp.kill()

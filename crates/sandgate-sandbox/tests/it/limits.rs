@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use sandgate_sandbox::{
-    ChannelError, CommandOptions, ContainerFate, ExecOptions, OciRuntime, SandboxError,
+    ChannelError, CommandOptions, ContainerFate, ExecOptions, ExecOutcome, OciRuntime, Sandbox,
+    SandboxError,
 };
 
 use crate::support::{self, TestEnv};
@@ -121,6 +122,30 @@ async fn allocating_past_the_memory_limit_reports_the_memory_limit() {
     env.cleanup().await;
 }
 
+/// The classic bomb, then a busy wait made of builtins (no fork needed) that keeps the command's
+/// main process alive until its timeout: the agent kills the group as soon as the main process
+/// exits, so without it the bomb would be over at once.
+const FORK_BOMB: &str =
+    "bomb(){ bomb|bomb& }; bomb; end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do :; done";
+
+/// Runs `1+1` in `sandbox` after a bomb and checks it gives 2; returns the outcome.
+async fn one_plus_one_after_the_bomb(sandbox: &Sandbox) -> ExecOutcome {
+    let after = sandbox
+        .exec("1+1", ExecOptions::default(), None)
+        .await
+        .expect("the sandbox takes a cell after the bomb");
+    assert_eq!(
+        after
+            .result
+            .as_ref()
+            .and_then(|r| r.get("text/plain"))
+            .map(String::as_str),
+        Some("2"),
+        "1+1 after the bomb: {after:?}"
+    );
+    after
+}
+
 #[tokio::test]
 async fn a_fork_bomb_is_contained_by_the_pids_limit() {
     let env = TestEnv::new("forkbomb", 0).await;
@@ -139,10 +164,7 @@ async fn a_fork_bomb_is_contained_by_the_pids_limit() {
     assert!(warm.error.is_none(), "{warm:?}");
     let bomb = sandbox
         .command(
-            // The classic bomb, then a busy wait made of builtins (no fork needed) that keeps the
-            // command's main process alive until its timeout: the agent kills the group as soon as
-            // the main process exits, so without it the bomb would be over at once.
-            "bomb(){ bomb|bomb& }; bomb; end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do :; done",
+            FORK_BOMB,
             CommandOptions {
                 timeout: Duration::from_secs(4),
                 ..CommandOptions::default()
@@ -169,19 +191,7 @@ async fn a_fork_bomb_is_contained_by_the_pids_limit() {
                 "the bomb ran into the pids limit: {:?}",
                 &outcome.stderr[..outcome.stderr.len().min(500)]
             );
-            let after = sandbox
-                .exec("1+1", ExecOptions::default(), None)
-                .await
-                .expect("the sandbox is still usable after the bomb");
-            assert_eq!(
-                after
-                    .result
-                    .as_ref()
-                    .and_then(|r| r.get("text/plain"))
-                    .map(String::as_str),
-                Some("2"),
-                "1+1 after the bomb: {after:?}"
-            );
+            one_plus_one_after_the_bomb(&sandbox).await;
             let pids = support::eventually(
                 Duration::from_secs(10),
                 "the bomb's processes to be gone",
@@ -224,7 +234,7 @@ async fn a_kernel_that_dies_during_a_fork_bomb_is_replaced_once_the_bomb_is_gone
     let bomb = tokio::spawn(async move {
         bomber
             .command(
-                "bomb(){ bomb|bomb& }; bomb; end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do :; done",
+                FORK_BOMB,
                 CommandOptions {
                     timeout: Duration::from_secs(5),
                     ..CommandOptions::default()
@@ -262,19 +272,7 @@ async fn a_kernel_that_dies_during_a_fork_bomb_is_replaced_once_the_bomb_is_gone
         .expect("the bomb's command is answered");
     assert!(bomb.timed_out, "{bomb:?}");
 
-    let after = sandbox
-        .exec("1+1", ExecOptions::default(), None)
-        .await
-        .expect("the sandbox takes a cell after the bomb");
-    assert_eq!(
-        after
-            .result
-            .as_ref()
-            .and_then(|r| r.get("text/plain"))
-            .map(String::as_str),
-        Some("2"),
-        "1+1 after the bomb: {after:?}"
-    );
+    let after = one_plus_one_after_the_bomb(&sandbox).await;
     // A kernel that started during the bomb and died of it is reported with the limit as cause.
     if let Some(reason) = after.state_lost_reason.as_deref() {
         assert!(reason.contains("process limit"), "{after:?}");

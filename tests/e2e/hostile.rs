@@ -760,6 +760,30 @@ async fn calls_longer_than_the_idle_timeout_are_answered_and_idle_connections_st
         .await
         .expect("a request whose body never ends is answered at the body deadline");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    // An HTTP/2 connection (cleartext, prior knowledge) answered once and then left alone is
+    // closed as well. Its client is a well-behaved one that answers any ping the server sends:
+    // were the server to ping (HTTP/2 keep-alive), the acknowledgements would move bytes and the
+    // connection would never count as idle.
+    let tcp = TcpStream::connect(&addr).await.expect("connects");
+    let (h2, connection) = h2::client::handshake(tcp)
+        .await
+        .expect("an HTTP/2 handshake");
+    let connection = tokio::spawn(connection);
+    let mut h2 = h2.ready().await.expect("the connection takes a request");
+    let request = http::Request::get(format!("http://{addr}/healthz"))
+        .body(())
+        .expect("a request");
+    let (response, _) = h2.send_request(request, true).expect("sent");
+    let response = response.await.expect("answered");
+    assert_eq!(response.status(), http::StatusCode::OK);
+    drop(response);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(30), connection)
+            .await
+            .is_ok(),
+        "an HTTP/2 connection with nothing to do is closed by the idle timeout"
+    );
+    drop(h2);
 }
 
 #[tokio::test]

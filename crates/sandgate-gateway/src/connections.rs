@@ -7,7 +7,8 @@
 //! semaphore of connection slots taken *before* `accept` (beyond the cap, new connections wait
 //! in the kernel's backlog and use no memory here), and a stream wrapper that closes an idle
 //! connection: one on which no byte moved either way for `idle_timeout_seconds` *and* no
-//! request is being answered.
+//! request is being answered. The rule holds on HTTP/2 too: the server sends no keep-alive pings,
+//! whose acknowledgements would keep an unused connection open for ever.
 //!
 //! A request is "being answered" from when hyper hands it to the service until the service has
 //! produced the response head (its future completed or was dropped). A stateless 2026-07-28
@@ -61,11 +62,13 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(config.header_read_timeout_seconds));
+    // No HTTP/2 keep-alive pings: their acknowledgements would move bytes, and an HTTP/2
+    // connection with nothing to do would never count as idle (any client stack answers pings).
+    // A peer that vanished is caught by the idle timeout all the same: nothing moves.
     builder
         .http2()
         .timer(TokioTimer::new())
-        .keep_alive_interval(Some(idle / 2))
-        .keep_alive_timeout(idle / 2);
+        .keep_alive_interval(None);
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
     loop {

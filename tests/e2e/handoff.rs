@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use sqlx::Connection as _;
 
 use crate::mcp_client::{Client, Era, ToolResult};
 use crate::support::oauth::{
@@ -589,7 +590,10 @@ async fn retention_purges_transcripts_and_files_and_purge_removes_a_tenant_now()
     let database = support::fresh_database().await;
     let gateway = Gateway::start(
         &database,
-        &[("SANDGATE_RETENTION__PURGE_INTERVAL_SECONDS", "1")],
+        &[
+            ("SANDGATE_RETENTION__PURGE_INTERVAL_SECONDS", "1"),
+            ("SANDGATE_RETENTION__AUDIT_SECONDS", "86400"),
+        ],
     )
     .await;
     let (short, long) = (gateway.create_tenant().await, gateway.create_tenant().await);
@@ -670,6 +674,63 @@ async fn retention_purges_transcripts_and_files_and_purge_removes_a_tenant_now()
             let live = support::containers_of(&gateway.instance);
             let used = sandboxes_containers(&gateway.database_url).await;
             used.iter().all(|c| !live.contains(c)).then_some(())
+        },
+    )
+    .await;
+
+    // The audit trail is kept a day here: a tool call and a download-link opening of two days
+    // ago go, today's calls stay.
+    let db = &gateway.database_url;
+    let mut conn = sqlx::PgConnection::connect(db).await.expect("db");
+    sqlx::query(
+        "INSERT INTO audit_events (at, tenant_id, tool, outcome, duration_ms)
+         VALUES (now() - interval '2 days', $1::uuid, 'execute_code', 'ok', 1)",
+    )
+    .bind(&long)
+    .execute(&mut conn)
+    .await
+    .expect("an old audit event");
+    sqlx::query(
+        "INSERT INTO download_events (at, tenant_id, link_id, kind, outcome)
+         VALUES (now() - interval '2 days', $1::uuid, 'old-link', 'file', 'ok')",
+    )
+    .bind(&long)
+    .execute(&mut conn)
+    .await
+    .expect("an old download event");
+    let count = |sql: &'static str| {
+        let long = long.clone();
+        async move {
+            let mut conn = sqlx::PgConnection::connect(db).await.expect("db");
+            sqlx::query_scalar::<_, i64>(sql)
+                .bind(&long)
+                .fetch_one(&mut conn)
+                .await
+                .expect("a count")
+        }
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the old audit events to be purged",
+        || async {
+            let old = count(
+                "SELECT (SELECT count(*) FROM audit_events WHERE tenant_id = $1::uuid
+                       AND at < now() - interval '1 day')
+                  + (SELECT count(*) FROM download_events WHERE tenant_id = $1::uuid)",
+            )
+            .await;
+            (old == 0).then_some(())
+        },
+    )
+    .await;
+    // The three calls of today (upload, cell, close) stay; they are written in batches behind
+    // the answers, so they may still be on their way.
+    eventually(
+        Duration::from_secs(30),
+        "today's calls in the audit trail",
+        || async {
+            let today = count("SELECT count(*) FROM audit_events WHERE tenant_id = $1::uuid").await;
+            (today >= 3).then_some(())
         },
     )
     .await;

@@ -1034,3 +1034,90 @@ async fn refused_requests_are_counted_by_reason_and_authenticated_ones_audited()
         "{rows:?}"
     );
 }
+
+/// Hostile code, through MCP: a fork bomb in one tenant's terminal runs into its sandbox's
+/// process limit and its timeout. Meanwhile another tenant's calls are answered; afterwards the
+/// bomber's own conversation goes on, its variables kept.
+#[tokio::test]
+async fn a_fork_bomb_through_the_terminal_is_contained_and_other_tenants_are_untouched() {
+    let stack = Stack::start(&[]).await;
+    let connect = |tenant: String| {
+        let gateway = &stack.gateway;
+        async move {
+            Client::connect(
+                &gateway.mcp_url(),
+                &gateway.token(&tenant).await,
+                Era::Stateless,
+            )
+            .await
+            .expect("connects")
+        }
+    };
+    let bomber = connect(stack.tenant.clone()).await;
+    let bystander = connect(stack.gateway.create_tenant().await).await;
+    // The data stack is imported first, so that the kernel's own start is not part of the test
+    // (a kernel that dies of the bomb while importing is the sandbox crate's test).
+    let first = bomber
+        .ok(
+            "execute_code",
+            json!({"conversation_id": "bomb", "code": "import numpy, pandas, matplotlib.pyplot\nx = 41"}),
+        )
+        .await;
+    let sandbox = first.structured["sandbox_id"]
+        .as_str()
+        .expect("a sandbox")
+        .to_owned();
+    let other = bystander
+        .ok(
+            "execute_code",
+            json!({"conversation_id": "calm", "code": "y = 1"}),
+        )
+        .await;
+    let other_sandbox = other.structured["sandbox_id"].as_str().unwrap().to_owned();
+
+    let bomb = bomber.call(
+        "run_terminal_command",
+        json!({
+            "sandbox_id": sandbox,
+            "command": "bomb(){ bomb|bomb& }; bomb; end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do :; done",
+            "timeout_seconds": 5,
+        }),
+    );
+    // While the bomb runs (five seconds), the other tenant works: a call every half second.
+    let calm = async {
+        for n in 2..10 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let step = bystander
+                .ok(
+                    "execute_code",
+                    json!({"sandbox_id": other_sandbox, "code": "y += 1\ny"}),
+                )
+                .await;
+            assert_eq!(step.structured["result"]["text/plain"], n.to_string());
+        }
+    };
+    let (bombed, ()) = tokio::join!(bomb, calm);
+    let bombed = bombed.expect("a tool result");
+    assert_eq!(
+        bombed.structured["timed_out"], true,
+        "the bomb ran to its timeout: {}",
+        bombed.text
+    );
+    assert!(
+        bombed.structured["stderr"]
+            .as_str()
+            .is_some_and(|e| e.contains("Resource temporarily unavailable")),
+        "the bomb ran into the process limit"
+    );
+    let after = bomber
+        .ok(
+            "execute_code",
+            json!({"sandbox_id": sandbox, "code": "x + 1"}),
+        )
+        .await;
+    assert_eq!(
+        after.structured["result"]["text/plain"], "42",
+        "the bomber's kernel and its variables survived: {}",
+        after.text
+    );
+}

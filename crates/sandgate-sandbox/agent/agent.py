@@ -389,6 +389,13 @@ def user_env(extra=None):
     return env
 
 
+# What the model is told when the sandbox's process limit stops the agent from starting something.
+AT_PROCESS_LIMIT = (
+    "the sandbox is at its process limit (too many processes or threads, e.g. a fork bomb); end "
+    "what holds them (kill_job for a background job) and retry"
+)
+
+
 def describe_exit(returncode, oom_before, pids_before=None):
     """Why the kernel ended, in words for the model."""
     oom_after = oom_kills()
@@ -1023,7 +1030,10 @@ class FrameServer:
                 log(f"{name} failed: {traceback.format_exc()}")
                 WRITER.error(req_id, "internal", f"agent error: {err!r}")
 
-        threading.Thread(target=run, name=f"{name}-{req_id}", daemon=True).start()
+        try:
+            threading.Thread(target=run, name=f"{name}-{req_id}", daemon=True).start()
+        except RuntimeError:
+            raise OpError("limit", AT_PROCESS_LIMIT + ": this request cannot start now") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1648,6 +1658,9 @@ class Agent(FrameServer):
         self.exec_queue = collections.deque()  # exec requests not yet sent to the kernel
         self.running = None  # Run sent to the kernel and not yet answered
         self.lost_reason = None  # why the kernel died while idle; told to the next exec
+        # Why no kernel is ready to take cells, while a fresh one cannot start (told to a cell
+        # that is given up while it waits); None when there is no such trouble.
+        self.kernel_trouble = None
         self.next_count = 1
         self.ready_sent = False
         self.stopping = False
@@ -1685,6 +1698,12 @@ class Agent(FrameServer):
                     kp = KernelProcess(self)
                 except (OSError, RuntimeError) as err:
                     failure = err
+                    with self.state_lock:
+                        self.kernel_trouble = "a new kernel cannot start: " + (
+                            AT_PROCESS_LIMIT
+                            if isinstance(err, (BlockingIOError, RuntimeError))
+                            else str(err)
+                        )
                 else:
                     publish(kp)
                     kp.decided.set()
@@ -1824,6 +1843,7 @@ class Agent(FrameServer):
             if kp is not self.kernel or kp.ready.is_set():
                 return
             kp.info = frame
+            self.kernel_trouble = None
             count = frame.get("next_count")
             if isinstance(count, int):
                 self.next_count = count
@@ -1858,6 +1878,8 @@ class Agent(FrameServer):
         reason = describe_exit(returncode, kp.oom_before, kp.pids_before)
         log(f"kernel {kp.pid} ended: {reason}")
         if not was_ready:
+            with self.state_lock:
+                self.kernel_trouble = f"a new kernel could not start: {reason}"
             time.sleep(1.0)  # a kernel that cannot start must not spin
         self.replace_kernel(kp, reason, report_next=True)
 
@@ -1937,6 +1959,7 @@ class Agent(FrameServer):
         interrupted = False
         queued = None
         with self.state_lock:
+            trouble = self.kernel_trouble
             run = self.running
             if target is not None and run is not None and target == run.id:
                 run.interrupted = True
@@ -1965,7 +1988,8 @@ class Agent(FrameServer):
                     "result": None,
                     "error": {
                         "name": "KeyboardInterrupt",
-                        "value": "interrupted before it started",
+                        "value": "interrupted before it started"
+                        + (f" ({trouble})" if trouble else ""),
                         "traceback": [],
                     },
                     "truncated": False,
@@ -2082,7 +2106,13 @@ class Agent(FrameServer):
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-        self.spawn("kill_job", self.finish_kill_job, req_id, job_id, proc)
+        try:
+            self.spawn("kill_job", self.finish_kill_job, req_id, job_id, proc)
+        except OpError:
+            # The kill is done; its end is recorded when processes are free again.
+            with self.state_lock:
+                job = dict(self.jobs.get(job_id, {}))
+            WRITER.ok(req_id, {"killed": proc is not None, "job": job})
 
     def finish_kill_job(self, req_id, job_id, proc):
         deadline = time.monotonic() + SWEEP_S

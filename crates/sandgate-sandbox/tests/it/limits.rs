@@ -280,6 +280,88 @@ async fn a_kernel_that_dies_during_a_fork_bomb_is_replaced_once_the_bomb_is_gone
     env.cleanup().await;
 }
 
+/// A background job that fills the process table and keeps it full (four loops forking sleepers
+/// the moment a slot frees up) keeps a kernel that dies meanwhile from being replaced: a cell sent
+/// then is given up at its timeout and says why (the model learns what to do), and once the job
+/// is killed the kernel is back. Should a replacement win a race for the slots the dead kernel
+/// freed, it takes the cell instead, which is fine too (and said).
+#[tokio::test]
+async fn a_cell_waiting_for_a_kernel_that_cannot_start_says_why_and_runs_once_the_job_is_killed() {
+    let env = TestEnv::new("forkbomb-job", 0).await;
+    let sandbox = env.lease().await;
+    // The kernel has finished its own start (see the first bomb test).
+    let warm = sandbox
+        .exec(
+            "import numpy, pandas, matplotlib.pyplot",
+            ExecOptions::default(),
+            None,
+        )
+        .await
+        .expect("the kernel imports the data stack");
+    assert!(warm.error.is_none(), "{warm:?}");
+    let job = sandbox
+        .start_job(
+            "for i in 1 2 3 4; do python3 -c 'import os, time\nwhile True:\n    try:\n        \
+             if os.fork() == 0:\n            time.sleep(1000)\n            os._exit(0)\n    \
+             except OSError:\n        pass' & done; wait",
+            None,
+        )
+        .await
+        .expect("the filler starts as a background job");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    match sandbox
+        .exec("import os; os._exit(3)", ExecOptions::default(), None)
+        .await
+    {
+        Ok(died) => assert!(died.state_lost, "{died:?}"),
+        Err(err @ SandboxError::Died { .. }) if support::runtime() == OciRuntime::Runsc => {
+            eprintln!("process table filled under gVisor: the sandbox died and says why: {err}");
+            env.cleanup().await;
+            return;
+        }
+        Err(other) => panic!("the cell that ends the kernel is answered: {other:?}"),
+    }
+    let waiting = sandbox
+        .exec(
+            "1+1",
+            ExecOptions {
+                timeout: Duration::from_secs(3),
+                ..ExecOptions::default()
+            },
+            None,
+        )
+        .await
+        .expect("the waiting cell is answered");
+    if waiting.timed_out {
+        let why = waiting
+            .error
+            .as_ref()
+            .map(|e| e.value.as_str())
+            .unwrap_or("");
+        assert!(
+            why.contains("process limit") && why.contains("kill_job"),
+            "the cell says why no kernel took it: {waiting:?}"
+        );
+    } else {
+        eprintln!("a replacement kernel won the race for the freed slots: {waiting:?}");
+        assert_eq!(
+            waiting
+                .result
+                .as_ref()
+                .and_then(|r| r.get("text/plain"))
+                .map(String::as_str),
+            Some("2"),
+            "{waiting:?}"
+        );
+    }
+    sandbox
+        .kill_job(&job.id)
+        .await
+        .expect("the filler's job is killed");
+    one_plus_one_after_the_bomb(&sandbox).await;
+    env.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_sandbox_has_no_network() {
     let env = TestEnv::new("network", 0).await;

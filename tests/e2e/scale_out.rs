@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::lifecycle::{FAST, plain, row_state, sandbox_id};
 use crate::mcp_client::{Client, Era, ToolResult};
 use crate::support::eventually;
-use crate::support::node::{Engine, TlsFiles};
+use crate::support::node::{Engine, NodeProcess, TlsFiles};
 use crate::support::replicas::{Deployment, RoundRobin};
 use crate::support::scale_out::{
     SECOND_ENGINE, kill_second_engine, node_of, nodes_admin, nodes_cli, nodes_with_leases,
@@ -30,8 +30,9 @@ fn cell(sandbox: &str, code: &str) -> Value {
     json!({"sandbox_id": sandbox, "code": code})
 }
 
-/// Waits until Postgres and both engines agree for the deployment; panics with what differs.
-async fn agree(deployment: &Deployment, engines: &[&Engine], after: &str) {
+/// Waits until Postgres and both engines agree for the deployment; panics with what differs and
+/// the latest warnings of `nodes`.
+async fn agree(deployment: &Deployment, engines: &[&Engine], nodes: &[&NodeProcess], after: &str) {
     let mut last = Vec::new();
     let agreed = tokio::time::timeout(WITHIN, async {
         loop {
@@ -43,6 +44,14 @@ async fn agree(deployment: &Deployment, engines: &[&Engine], after: &str) {
         }
     })
     .await;
+    if agreed.is_err() {
+        for node in nodes {
+            eprintln!("[scale_out] node {}'s latest warnings:", node.id());
+            for line in node.warnings() {
+                eprintln!("[scale_out]   {line}");
+            }
+        }
+    }
     assert!(
         agreed.is_ok(),
         "after {after}: 0 double owners, 0 cross-owned, 0 orphans expected; still: {last:#?}"
@@ -137,7 +146,13 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
         leased_on.contains(node_a.id()) && leased_on.contains(node_b.id()),
         "leases on both nodes before anything breaks: {leased_on:?}"
     );
-    agree(&deployment, &engines, "the conversations started").await;
+    agree(
+        &deployment,
+        &engines,
+        &[&node_a, &node_b],
+        "the conversations started",
+    )
+    .await;
 
     // (a) A replica is killed while a cell runs through it: the call breaks off as a transport
     // error (the caller retries); every conversation goes on through the other replica, with its
@@ -191,7 +206,13 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
         "2",
         "the cut-off cell was interrupted on its node, before `n += 10`; the kernel kept n"
     );
-    agree(&deployment, &engines, "a replica was killed").await;
+    agree(
+        &deployment,
+        &engines,
+        &[&node_a, &node_b],
+        "a replica was killed",
+    )
+    .await;
 
     // (b) A node is drained: its sandboxes keep serving, new ones go to the other node; with
     // both drained, a new sandbox is refused with an answer that says to retry.
@@ -226,7 +247,13 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
     );
     nodes_admin(&deployment.database, "undrain", node_a.id()).await;
     nodes_admin(&deployment.database, "undrain", node_b.id()).await;
-    agree(&deployment, &engines, "a node was drained").await;
+    agree(
+        &deployment,
+        &engines,
+        &[&node_a, &node_b],
+        "a node was drained",
+    )
+    .await;
 
     // (c) Node B's engine stops. Calls on its sandboxes are answered with an error that says what
     // to do; node A's sandboxes are untouched. When the engine is back, its sandboxes (their
@@ -278,6 +305,7 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
     agree(
         &deployment,
         &engines,
+        &[&node_a, &node_b],
         "node B's engine was stopped and came back",
     )
     .await;
@@ -292,7 +320,13 @@ async fn two_gateways_two_nodes_survive_a_killed_replica_a_drained_node_and_a_lo
     for mode in ["legacy", "2026-07-28"] {
         crate::python_sdk::run_script(&python, &lb.mcp_url(), &token, mode).await;
     }
-    agree(&deployment, &engines, "new conversations after the outage").await;
+    agree(
+        &deployment,
+        &engines,
+        &[&node_a, &node_b],
+        "new conversations after the outage",
+    )
+    .await;
     drop((g1, node_a, node_b));
 }
 
@@ -408,7 +442,13 @@ async fn purging_a_tenant_removes_its_containers_on_every_node_and_a_silent_node
     for sandbox in [&o_a, &o_b] {
         step(&others, sandbox, 2).await;
     }
-    agree(&deployment, &engines, "the purge with both nodes up").await;
+    agree(
+        &deployment,
+        &engines,
+        &[&node_a, &node_b],
+        "the purge with both nodes up",
+    )
+    .await;
 
     // Node B is silent (its process killed; its engine runs on): the purge removes what it can,
     // names node B for the rest, and node B removes it when it comes back.
@@ -455,6 +495,68 @@ async fn purging_a_tenant_removes_its_containers_on_every_node_and_a_silent_node
         "2",
         "the other tenant's kernel kept its state"
     );
-    agree(&deployment, &engines, "node B came back after the purge").await;
+    agree(
+        &deployment,
+        &engines,
+        &[&node_a, &returned],
+        "node B came back after the purge",
+    )
+    .await;
     drop((gateway, node_a, returned, node_b));
+}
+
+#[tokio::test]
+async fn a_start_cut_short_by_its_engine_leaves_no_container_once_the_engine_is_back() {
+    let _second_engine = SECOND_ENGINE.lock().await;
+    let second = Engine::second();
+    let deployment = Deployment::new().await;
+    let tls = TlsFiles::new(&deployment.instance);
+    // A warm start on a fiftieth of a CPU takes seconds to reach the agent's ready frame; the
+    // engine dies meanwhile, so the start fails and its container cannot be removed then.
+    // Unknown containers are spared for an hour: only the node's memory of the failed start
+    // can get this one removed soon.
+    let node = spawn_node(
+        &deployment,
+        &second,
+        &tls,
+        &[
+            ("SANDGATE_SANDBOX__CPUS", "0.02"),
+            ("SANDGATE_LIFECYCLE__RECONCILE_INTERVAL_SECONDS", "2"),
+            ("SANDGATE_LIFECYCLE__ORPHAN_GRACE_SECONDS", "3600"),
+        ],
+    )
+    .await;
+    let starting = eventually(WITHIN, "the warm start's container", || async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        second
+            .containers_of(&deployment.instance)
+            .into_iter()
+            .next()
+    })
+    .await;
+    let engine_down = kill_second_engine().await;
+    engine_down.restart().await;
+    eprintln!(
+        "[scale_out] after the restart, the cut-short start's container: {}",
+        second.describe(&starting)
+    );
+    eventually(
+        WITHIN,
+        "the node to remove the container of its cut-short start",
+        || async {
+            (!second
+                .containers_of(&deployment.instance)
+                .contains(&starting))
+            .then_some(())
+        },
+    )
+    .await;
+    let mut conn = crate::lifecycle::db(&deployment.database).await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM sandboxes WHERE container_id = $1")
+        .bind(&starting)
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+    assert_eq!(rows, 0, "nothing ever recorded the cut-short start");
+    drop(node);
 }

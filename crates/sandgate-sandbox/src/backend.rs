@@ -82,6 +82,15 @@ pub enum BackendError {
     /// Listing the managed containers failed.
     #[error("listing sandbox containers failed")]
     List(#[source] BoxError),
+    /// The engine did not create, attach to and start a sandbox's container in time (it may be
+    /// restarting); the launch was given up.
+    #[error("the Docker engine did not start sandbox {sandbox_id}'s container within {after:?}")]
+    TimedOut {
+        /// The sandbox the container was for.
+        sandbox_id: String,
+        /// How long the launch waited.
+        after: std::time::Duration,
+    },
 }
 
 /// What to launch: a container of `profile` serving `sandbox_id`, owned by `instance`.

@@ -3,8 +3,10 @@
 //! test adds), and [`NodeProcess`] the running node. Plus what a node is configured with: the
 //! Docker [`Engine`] it serves and the deployment's [`TlsFiles`].
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sandgate_node::test_pki::Pki;
@@ -89,6 +91,18 @@ impl Engine {
         .split_whitespace()
         .map(str::to_owned)
         .collect()
+    }
+
+    /// What the engine says of a container: its state, the error it recorded, when it was
+    /// created and the sandbox it belongs to (for a failing test's message).
+    pub fn describe(&self, container: &str) -> String {
+        self.docker_out(&[
+            "inspect",
+            "--format",
+            "{{.State.Status}} (error: {{json .State.Error}}, exit code {{.State.ExitCode}}), \
+             created {{.Created}}, sandbox {{index .Config.Labels \"sandgate.sandbox_id\"}}",
+            container,
+        ])
     }
 
     /// Removes every container labelled with `instance` (a test's own).
@@ -299,14 +313,24 @@ impl NodeStart {
             .to_owned();
         // Keep draining both pipes so the node never blocks on a full one.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let warnings = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(stderr) = child.stderr.take() {
             let mut err = BufReader::new(stderr).lines();
-            // With RUST_LOG set, the node's log shows on the test's standard error.
+            // With RUST_LOG set, the node's log shows on the test's standard error; its latest
+            // warnings are kept either way, for a failing test to show.
             let show = std::env::var_os("RUST_LOG").is_some();
+            let kept = warnings.clone();
             tokio::spawn(async move {
                 while let Ok(Some(line)) = err.next_line().await {
                     if show {
                         eprintln!("[node] {line}");
+                    }
+                    if line.contains("\"level\":\"WARN\"") || line.contains("\"level\":\"ERROR\"") {
+                        let mut kept = kept.lock().expect("warnings");
+                        if kept.len() == KEPT_WARNINGS {
+                            kept.pop_front();
+                        }
+                        kept.push_back(line);
                     }
                 }
             });
@@ -317,6 +341,7 @@ impl NodeStart {
             url: format!("{scheme}://{addr}"),
             engine: self.engine,
             instance: self.instance,
+            warnings,
         })
     }
 }
@@ -331,12 +356,27 @@ pub struct NodeProcess {
     /// The engine it serves; its id is the node's.
     pub engine: Engine,
     instance: String,
+    /// Its latest [`KEPT_WARNINGS`] warnings and errors (its log is JSON).
+    warnings: Arc<Mutex<VecDeque<String>>>,
 }
+
+/// How many of a node's latest warnings [`NodeProcess::warnings`] keeps.
+const KEPT_WARNINGS: usize = 40;
 
 impl NodeProcess {
     /// The node's registry id (its engine's).
     pub fn id(&self) -> &str {
         &self.engine.id
+    }
+
+    /// The node's latest warnings and errors, oldest first, one log line each.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings
+            .lock()
+            .expect("warnings")
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Kills the process with SIGKILL (a crashed node host) and waits for it to be gone; its

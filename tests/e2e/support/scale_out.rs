@@ -222,8 +222,9 @@ pub async fn ownership_problems_on(
             }
             if !owner.contains_key(&container) {
                 problems.push(format!(
-                    "container {container} on engine {} has no live row (an orphan)",
-                    engine.id
+                    "container {container} on engine {} has no live row (an orphan): {}",
+                    engine.id,
+                    engine.describe(&container)
                 ));
             }
         }

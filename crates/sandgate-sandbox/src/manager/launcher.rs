@@ -24,27 +24,39 @@ pub(super) struct Launcher {
     /// Sandboxes this process started launching, and when (see
     /// [`SandboxManager::launched_within`]).
     pub(super) launched: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+    /// Sandboxes whose launch failed or was given up, and when (see
+    /// [`SandboxManager::abandoned_launches`]).
+    pub(super) abandoned: Arc<Mutex<HashMap<String, std::time::Instant>>>,
 }
 
-/// How long [`Launcher::launched`] remembers a launch.
+/// How long [`Launcher::launched`] and [`Launcher::abandoned`] remember a launch.
 const LAUNCH_MEMORY: Duration = Duration::from_secs(600);
 
+/// Sandbox ids and when they were noted, kept for [`LAUNCH_MEMORY`].
+type Memory = Mutex<HashMap<String, std::time::Instant>>;
+
+/// Notes `sandbox_id` in `memory` now, forgetting what is older than [`LAUNCH_MEMORY`].
+fn note(memory: &Memory, sandbox_id: &str) {
+    let mut map = memory.lock().unwrap_or_else(|e| e.into_inner());
+    map.retain(|_, at| at.elapsed() < LAUNCH_MEMORY);
+    map.insert(sandbox_id.to_owned(), std::time::Instant::now());
+}
+
 /// A launch's entry in [`Launcher::launched`], kept only if the launch succeeds. A launch that
-/// failed or was given up (its future dropped) is forgotten at once: nobody will record its
-/// container, so a container it left behind (its engine went away before it could be removed, say)
-/// is an orphan for reconciliation to remove after the usual grace, not one of ours to spare.
+/// failed or was given up (its future dropped) moves to [`Launcher::abandoned`] at once: nobody
+/// will record its container, so a container it left behind (its engine went away before it could
+/// be removed, say) is reconciliation's to remove at its next pass, without the grace an unknown
+/// container gets.
 struct LaunchMark<'a> {
-    launched: &'a Mutex<HashMap<String, std::time::Instant>>,
+    launcher: &'a Launcher,
     sandbox_id: Option<String>,
 }
 
 impl<'a> LaunchMark<'a> {
-    fn new(launched: &'a Mutex<HashMap<String, std::time::Instant>>, sandbox_id: &str) -> Self {
-        let mut map = launched.lock().unwrap_or_else(|e| e.into_inner());
-        map.retain(|_, at| at.elapsed() < LAUNCH_MEMORY);
-        map.insert(sandbox_id.to_owned(), std::time::Instant::now());
+    fn new(launcher: &'a Launcher, sandbox_id: &str) -> Self {
+        note(&launcher.launched, sandbox_id);
         Self {
-            launched,
+            launcher,
             sandbox_id: Some(sandbox_id.to_owned()),
         }
     }
@@ -58,10 +70,12 @@ impl<'a> LaunchMark<'a> {
 impl Drop for LaunchMark<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.sandbox_id.take() {
-            self.launched
+            self.launcher
+                .launched
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&id);
+            note(&self.launcher.abandoned, &id);
         }
     }
 }
@@ -71,16 +85,24 @@ impl Launcher {
     pub(super) async fn launch(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
         let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
         tracing::Span::current().record("sandbox_id", &sandbox_id);
-        let mark = LaunchMark::new(&self.launched, &sandbox_id);
+        let mark = LaunchMark::new(self, &sandbox_id);
         let spec = LaunchSpec {
             profile: profile.clone(),
             instance: self.instance.clone(),
             sandbox_id: sandbox_id.clone(),
         };
-        let launched = self
-            .backend
-            .launch(&spec)
+        // The engine's part (create, attach, start) is bounded like the agent's: an engine that
+        // hangs (one coming back from a crash, say) must not hold the launch, and with it the
+        // container's exemption from reconciliation, for as long as its client's own timeout.
+        let after = self.channel.ready_timeout;
+        let launched = tokio::time::timeout(after, self.backend.launch(&spec))
             .await
+            .map_err(|_| {
+                SandboxError::Launch(BackendError::TimedOut {
+                    sandbox_id: sandbox_id.clone(),
+                    after,
+                })
+            })?
             .map_err(SandboxError::Launch)?;
         let channel = AgentChannel::open(&sandbox_id, launched.streams, self.channel.clone());
         if let Err(source) = channel.wait_ready(self.channel.ready_timeout).await {

@@ -15,7 +15,7 @@
 //! (put a known warm sandbox, e.g. one re-adopted at start-up, into the pool) and
 //! [`SandboxManager::refill`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -322,6 +322,7 @@ impl SandboxManager {
                     instance: config.instance.clone(),
                     channel: config.channel.clone(),
                     launched: Arc::default(),
+                    abandoned: Arc::default(),
                 },
                 config,
                 pools,
@@ -480,6 +481,20 @@ impl SandboxManager {
             .iter()
             .filter(|(_, at)| at.elapsed() < within)
             .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// The ids of the sandboxes whose launch in this process failed or was given up within the
+    /// last ten minutes. Nobody records them: a container such a launch left behind (its removal
+    /// failed, e.g. while the engine was away) is an orphan to remove at once, not one to spare.
+    pub fn abandoned_launches(&self) -> HashSet<String> {
+        self.inner
+            .launcher
+            .abandoned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
             .collect()
     }
 
@@ -757,7 +772,6 @@ impl SandboxManager {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
     use std::sync::atomic::Ordering;
 
     use super::*;
@@ -874,6 +888,12 @@ mod tests {
             Vec::<String>::new(),
             "a failed launch is forgotten (what it left behind is an orphan)"
         );
+        let abandoned = manager.abandoned_launches();
+        assert_eq!(
+            abandoned.len(),
+            1,
+            "the failed launch is remembered as abandoned: {abandoned:?}"
+        );
         backend.fail.store(false, Ordering::SeqCst);
         let sandbox = manager.lease("default").await.expect("a cold start");
         assert_eq!(
@@ -881,6 +901,45 @@ mod tests {
             vec![sandbox.id().to_owned()],
             "a launch that succeeded is remembered until its row is written"
         );
+        assert!(
+            !manager.abandoned_launches().contains(sandbox.id()),
+            "a launch that succeeded is not abandoned"
+        );
+        manager.shutdown().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_launch_the_engine_holds_past_the_ready_timeout_is_given_up_and_abandoned() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let backend = Arc::new(FakeBackend::gated(gate.clone()));
+        let mut config = config(0, 1);
+        config.channel.ready_timeout = Duration::from_secs(60);
+        let manager = SandboxManager::start(backend.clone(), vec![profile()], config)
+            .expect("valid configuration");
+        // The engine never answers the launch (virtual time runs past the ready timeout).
+        let failed = manager.lease("default").await;
+        assert!(
+            matches!(
+                &failed,
+                Err(SandboxError::Launch(BackendError::TimedOut { after, .. }))
+                    if *after == Duration::from_secs(60)
+            ),
+            "a launch the engine holds is given up at the ready timeout: {failed:?}"
+        );
+        assert!(
+            manager.launched_within(Duration::from_secs(600)).is_empty(),
+            "the given-up launch is not spared by reconciliation"
+        );
+        assert_eq!(
+            manager.abandoned_launches().len(),
+            1,
+            "it is remembered as abandoned, for reconciliation to remove what it left"
+        );
+        gate.add_permits(10);
+        manager
+            .lease("default")
+            .await
+            .expect("the engine answers again");
         manager.shutdown().await;
     }
 

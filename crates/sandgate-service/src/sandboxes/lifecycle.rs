@@ -6,7 +6,8 @@
 //!   the gateway was down.
 //! - **Reconciliation.** At start-up and every `lifecycle.reconcile_interval_seconds`: rows whose
 //!   container vanished or stopped become `lost`; containers of this instance that Postgres does
-//!   not know (older than `lifecycle.orphan_grace_seconds`) or knows as ended are removed; this
+//!   not know (older than `lifecycle.orphan_grace_seconds`, or at once when this process's launch
+//!   of them failed) or knows as ended are removed; this
 //!   process's pool is checked against the rows; leased sandboxes are re-attached (start-up).
 
 use std::collections::{HashMap, HashSet};
@@ -175,7 +176,8 @@ impl SandboxService {
     }
 
     /// Removes containers of this instance that Postgres knows as ended, or does not know and
-    /// that are older than `orphan_grace` and not this process's own.
+    /// that are older than `orphan_grace` and not this process's own, or were left by a launch
+    /// of this process that failed.
     async fn remove_unknown(
         &self,
         rows: &[SandboxRow],
@@ -212,6 +214,8 @@ impl SandboxService {
                         .unwrap_or_default(),
                 )
                 .collect();
+            // Launches of this process that failed or were given up: nobody records them.
+            let abandoned = manager.map(|m| m.abandoned_launches()).unwrap_or_default();
             let now = Utc::now().timestamp();
             let grace = i64::try_from(orphan_grace.as_secs()).unwrap_or(i64::MAX);
             for c in containers
@@ -222,11 +226,13 @@ impl SandboxService {
                     // Recorded since the rows were read: live, leave it.
                     Some(SandboxState::Warm | SandboxState::Leased) => false,
                     Some(SandboxState::Closed | SandboxState::Lost) => true,
-                    // Unknown: ours and about to be recorded, or another process's that is; or
-                    // an orphan once it is old enough.
+                    // Unknown: left by a launch of ours that failed (an orphan now); ours
+                    // and about to be recorded, or another process's that is; or an orphan
+                    // once it is old enough.
                     None => {
-                        !local.contains(&c.sandbox_id)
-                            && c.created_unix.is_none_or(|t| now - t >= grace)
+                        abandoned.contains(&c.sandbox_id)
+                            || (!local.contains(&c.sandbox_id)
+                                && c.created_unix.is_none_or(|t| now - t >= grace))
                     }
                 };
                 if remove {

@@ -128,31 +128,29 @@ async fn allocating_past_the_memory_limit_reports_the_memory_limit() {
 const FORK_BOMB: &str =
     "bomb(){ bomb|bomb& }; bomb; end=$((SECONDS+10)); while [ $SECONDS -lt $end ]; do :; done";
 
+/// A cell's plain-text result.
+fn plain(outcome: &ExecOutcome) -> Option<&str> {
+    outcome
+        .result
+        .as_ref()
+        .and_then(|r| r.get("text/plain"))
+        .map(String::as_str)
+}
+
 /// Runs `1+1` in `sandbox` after a bomb and checks it gives 2; returns the outcome.
 async fn one_plus_one_after_the_bomb(sandbox: &Sandbox) -> ExecOutcome {
     let after = sandbox
         .exec("1+1", ExecOptions::default(), None)
         .await
         .expect("the sandbox takes a cell after the bomb");
-    assert_eq!(
-        after
-            .result
-            .as_ref()
-            .and_then(|r| r.get("text/plain"))
-            .map(String::as_str),
-        Some("2"),
-        "1+1 after the bomb: {after:?}"
-    );
+    assert_eq!(plain(&after), Some("2"), "1+1 after the bomb: {after:?}");
     after
 }
 
-#[tokio::test]
-async fn a_fork_bomb_is_contained_by_the_pids_limit() {
-    let env = TestEnv::new("forkbomb", 0).await;
-    let sandbox = env.lease().await;
-    // The kernel finishes its start first (the shell and the background import of the data
-    // stack), so that this test is about containment only: a bomb during the import can end the
-    // kernel (numpy's thread pool cannot start), which the next test covers.
+/// Lets the kernel finish its own start (the shell and the background import of the data
+/// stack), so that a test is about what it does next: a bomb during the import can end the
+/// kernel (numpy's thread pool cannot start), which a test of its own covers.
+async fn finish_the_kernels_start(sandbox: &Sandbox) {
     let warm = sandbox
         .exec(
             "import numpy, pandas, matplotlib.pyplot",
@@ -162,6 +160,30 @@ async fn a_fork_bomb_is_contained_by_the_pids_limit() {
         .await
         .expect("the kernel imports the data stack");
     assert!(warm.error.is_none(), "{warm:?}");
+}
+
+/// Ends the kernel with a cell while the process table is full (`what` fills it); its outcome.
+/// `None` when the whole sandbox died instead, which only gVisor's may (it does not survive a
+/// full process table; runc's must): the test is over then.
+async fn end_the_kernel_while_full(sandbox: &Sandbox, what: &str) -> Option<ExecOutcome> {
+    match sandbox
+        .exec("import os; os._exit(3)", ExecOptions::default(), None)
+        .await
+    {
+        Ok(outcome) => Some(outcome),
+        Err(err @ SandboxError::Died { .. }) if support::runtime() == OciRuntime::Runsc => {
+            eprintln!("{what} under gVisor: the sandbox died and says why: {err}");
+            None
+        }
+        Err(other) => panic!("the cell that ends the kernel is answered: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_fork_bomb_is_contained_by_the_pids_limit() {
+    let env = TestEnv::new("forkbomb", 0).await;
+    let sandbox = env.lease().await;
+    finish_the_kernels_start(&sandbox).await;
     let bomb = sandbox
         .command(
             FORK_BOMB,
@@ -246,19 +268,9 @@ async fn a_kernel_that_dies_during_a_fork_bomb_is_replaced_once_the_bomb_is_gone
     // Let the bomb fill the process table (no duration is asserted: should the kernel die before
     // the table is full, its successor starts at once and the test checks the same things).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let died = match sandbox
-        .exec("import os; os._exit(3)", ExecOptions::default(), None)
-        .await
-    {
-        Ok(outcome) => outcome,
-        // gVisor's sandbox does not survive a bomb (the previous test accepts that too); runc's
-        // must.
-        Err(err @ SandboxError::Died { .. }) if support::runtime() == OciRuntime::Runsc => {
-            eprintln!("fork bomb under gVisor: the sandbox died and says why: {err}");
-            env.cleanup().await;
-            return;
-        }
-        Err(other) => panic!("the cell that ends the kernel is answered: {other:?}"),
+    let Some(died) = end_the_kernel_while_full(&sandbox, "fork bomb").await else {
+        env.cleanup().await;
+        return;
     };
     assert!(died.state_lost, "{died:?}");
     assert_eq!(
@@ -289,16 +301,7 @@ async fn a_kernel_that_dies_during_a_fork_bomb_is_replaced_once_the_bomb_is_gone
 async fn a_cell_waiting_for_a_kernel_that_cannot_start_says_why_and_runs_once_the_job_is_killed() {
     let env = TestEnv::new("forkbomb-job", 0).await;
     let sandbox = env.lease().await;
-    // The kernel has finished its own start (see the first bomb test).
-    let warm = sandbox
-        .exec(
-            "import numpy, pandas, matplotlib.pyplot",
-            ExecOptions::default(),
-            None,
-        )
-        .await
-        .expect("the kernel imports the data stack");
-    assert!(warm.error.is_none(), "{warm:?}");
+    finish_the_kernels_start(&sandbox).await;
     let job = sandbox
         .start_job(
             "for i in 1 2 3 4; do python3 -c 'import os, time\nwhile True:\n    try:\n        \
@@ -309,18 +312,11 @@ async fn a_cell_waiting_for_a_kernel_that_cannot_start_says_why_and_runs_once_th
         .await
         .expect("the filler starts as a background job");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    match sandbox
-        .exec("import os; os._exit(3)", ExecOptions::default(), None)
-        .await
-    {
-        Ok(died) => assert!(died.state_lost, "{died:?}"),
-        Err(err @ SandboxError::Died { .. }) if support::runtime() == OciRuntime::Runsc => {
-            eprintln!("process table filled under gVisor: the sandbox died and says why: {err}");
-            env.cleanup().await;
-            return;
-        }
-        Err(other) => panic!("the cell that ends the kernel is answered: {other:?}"),
-    }
+    let Some(died) = end_the_kernel_while_full(&sandbox, "process table filled").await else {
+        env.cleanup().await;
+        return;
+    };
+    assert!(died.state_lost, "{died:?}");
     let waiting = sandbox
         .exec(
             "1+1",
@@ -344,15 +340,7 @@ async fn a_cell_waiting_for_a_kernel_that_cannot_start_says_why_and_runs_once_th
         );
     } else {
         eprintln!("a replacement kernel won the race for the freed slots: {waiting:?}");
-        assert_eq!(
-            waiting
-                .result
-                .as_ref()
-                .and_then(|r| r.get("text/plain"))
-                .map(String::as_str),
-            Some("2"),
-            "{waiting:?}"
-        );
+        assert_eq!(plain(&waiting), Some("2"), "{waiting:?}");
     }
     sandbox
         .kill_job(&job.id)

@@ -67,45 +67,22 @@ impl Gateway {
             ),
         ];
         env.extend(settings);
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .args(args)
-            .env_remove("RUST_LOG")
             .env("SANDGATE_LISTEN", "127.0.0.1:0")
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .context("starting sandgate serve")?;
-        let ready_events = Arc::new(AtomicUsize::new(0));
-        let stderr = child.stderr.take().context("stderr")?;
-        let counter = ready_events.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("warm sandbox ready") {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                } else if !line.starts_with('{')
-                    || line.contains("\"level\":\"ERROR\"")
-                    || line.contains("\"level\":\"WARN\"")
-                {
-                    eprintln!("[gateway] {line}");
-                }
-            }
-        });
-        let stdout = child.stdout.take().context("stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .context("sandgate did not print its URL within 60 s")??
-            .context("sandgate exited before printing its URL")?;
-        let mcp_url = line
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let Started {
+            child,
+            first_line,
+            ready: ready_events,
+        } = start_sandgate(command, "gateway", true, Duration::from_secs(60)).await?;
+        let mcp_url = first_line
             .rsplit(' ')
             .next()
             .filter(|u| u.starts_with("http://"))
-            .with_context(|| format!("unexpected first line: {line:?}"))?
+            .with_context(|| format!("unexpected first line: {first_line:?}"))?
             .to_owned();
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         env.push((
             "SANDGATE_PUBLIC_URL".into(),
             mcp_url.trim_end_matches("/mcp").to_owned(),
@@ -180,14 +157,7 @@ impl Gateway {
 
     /// SIGTERM, wait, then remove whatever containers of its instance are left.
     pub(crate) async fn stop(mut self, docker: &Docker) {
-        if let Some(pid) = self.child.id() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .await;
-            let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
-        }
-        let _ = self.child.kill().await;
+        stop_sandgate(&mut self.child).await;
         remove_instance(docker, &self.instance).await;
     }
 }

@@ -75,6 +75,7 @@ const MIN_READY: usize = 10;
 
 mod gateway;
 mod naive;
+mod node_process;
 mod peers;
 mod report;
 mod samples;
@@ -87,6 +88,7 @@ mod workload;
 
 use gateway::*;
 use naive::*;
+use node_process::*;
 use peers::*;
 use report::*;
 use samples::*;

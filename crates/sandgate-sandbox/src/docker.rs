@@ -2,6 +2,7 @@
 //! (DESIGN §3), the agent as their main process.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use bollard::Docker;
@@ -51,6 +52,9 @@ const HOME: &str = "/home/user";
 const PACKAGES: &str = "/opt/packages";
 
 const MIB: u64 = 1024 * 1024;
+
+/// How long a removal that finds another one in progress waits for that one to finish.
+const REMOVAL_WAIT: Duration = Duration::from_secs(30);
 
 /// The only capabilities a sandbox container has (all others dropped): the agent's.
 pub const AGENT_CAPABILITIES: [&str; 3] = ["CAP_SETUID", "CAP_SETGID", "CAP_KILL"];
@@ -425,10 +429,29 @@ impl SandboxBackend for DockerBackend {
         {
             Ok(()) => Ok(()),
             Err(e) if is_not_found(&e) => Ok(()),
-            // 409 "removal already in progress": someone else is removing it.
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 409, ..
-            }) => Ok(()),
+            // 409 "removal already in progress": someone else is removing it (reconciliation
+            // and a purge, say). Done means gone: wait for theirs to finish.
+            Err(
+                e @ bollard::errors::Error::DockerResponseServerError {
+                    status_code: 409, ..
+                },
+            ) => {
+                let deadline = tokio::time::Instant::now() + REMOVAL_WAIT;
+                while tokio::time::Instant::now() < deadline {
+                    match self
+                        .docker
+                        .inspect_container(container_id, None::<InspectContainerOptions>)
+                        .await
+                    {
+                        Err(gone) if is_not_found(&gone) => return Ok(()),
+                        _ => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
+                Err(BackendError::Remove {
+                    container_id: container_id.to_owned(),
+                    source: boxed(e),
+                })
+            }
             Err(e) => Err(BackendError::Remove {
                 container_id: container_id.to_owned(),
                 source: boxed(e),

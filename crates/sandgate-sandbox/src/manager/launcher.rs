@@ -30,7 +30,7 @@ pub(super) struct Launcher {
 }
 
 /// How long [`Launcher::launched`] and [`Launcher::abandoned`] remember a launch.
-const LAUNCH_MEMORY: Duration = Duration::from_secs(600);
+pub(super) const LAUNCH_MEMORY: Duration = Duration::from_secs(600);
 
 /// Sandbox ids and when they were noted, kept for [`LAUNCH_MEMORY`].
 type Memory = Mutex<HashMap<String, std::time::Instant>>;

@@ -493,8 +493,9 @@ impl SandboxManager {
             .abandoned
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .keys()
-            .cloned()
+            .iter()
+            .filter(|(_, at)| at.elapsed() < launcher::LAUNCH_MEMORY)
+            .map(|(id, _)| id.clone())
             .collect()
     }
 

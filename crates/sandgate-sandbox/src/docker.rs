@@ -20,25 +20,77 @@ use crate::backend::{
 };
 use crate::config::SandboxProfile;
 
-/// The agent, embedded in the binary and handed to `python3 -c` (DESIGN §3: any image with
-/// python3 can be a profile), as the argument of [`AGENT_BOOTSTRAP`] ([`agent_argument`]).
-pub const AGENT_SOURCE: &str = include_str!("../agent/agent.py");
+/// One file of the agent package: its path in the archive and its text, embedded in the binary.
+macro_rules! agent_file {
+    ($path:literal) => {
+        ($path, include_str!(concat!("../agent/", $path)))
+    };
+}
 
-/// The `-c` program that decompresses, compiles and runs [`AGENT_SOURCE`] (its first argument,
-/// [`agent_argument`]). Running the agent as the `-c` program itself would keep its whole parse
-/// tree alive in every sandbox's agent and kernel (~4.5 MB each; `agent/bootstrap.py` says why).
+/// The agent package (`agent/sandgate_agent/` and `agent/__main__.py`), embedded in the binary:
+/// every file of the archive the container runs ([`agent_archive`]), by its path there. Any image
+/// with python3 can be a profile (DESIGN §3): the image has no copy of the agent.
+pub const AGENT_FILES: &[(&str, &str)] = &[
+    agent_file!("__main__.py"),
+    agent_file!("sandgate_agent/__init__.py"),
+    agent_file!("sandgate_agent/cells.py"),
+    agent_file!("sandgate_agent/commands.py"),
+    agent_file!("sandgate_agent/config.py"),
+    agent_file!("sandgate_agent/display.py"),
+    agent_file!("sandgate_agent/files.py"),
+    agent_file!("sandgate_agent/jobs.py"),
+    agent_file!("sandgate_agent/kernels.py"),
+    agent_file!("sandgate_agent/main.py"),
+    agent_file!("sandgate_agent/output.py"),
+    agent_file!("sandgate_agent/packages.py"),
+    agent_file!("sandgate_agent/processes.py"),
+    agent_file!("sandgate_agent/protocol.py"),
+    agent_file!("sandgate_agent/runtime.py"),
+    agent_file!("sandgate_agent/shells.py"),
+    agent_file!("sandgate_agent/supervisor.py"),
+];
+
+/// The `-c` program that unpacks [`agent_argument`] (its first argument) and runs the agent from
+/// the archive with zipimport. Running the agent as one `-c` source instead would keep its whole
+/// parse tree alive in every sandbox's agent and kernel (~4.5 MB each; `agent/bootstrap.py` says
+/// why).
 pub const AGENT_BOOTSTRAP: &str = include_str!("../agent/bootstrap.py");
 
-/// [`AGENT_SOURCE`] as it travels on the container's command line: zlib-compressed, then base64
+/// [`AGENT_FILES`] as a zip archive of stored (uncompressed) files, which Python's zipimport
+/// reads (bootstrap.py puts it in a sealed memfd); [`agent_argument`] compresses it as a whole.
+pub fn agent_archive() -> &'static [u8] {
+    static ARCHIVE: std::sync::LazyLock<Vec<u8>> = std::sync::LazyLock::new(|| {
+        use std::io::Write as _;
+        let options = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Stored)
+            .last_modified_time(zip::DateTime::default())
+            .unix_permissions(0o644);
+        let mut archive = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+        for (path, text) in AGENT_FILES {
+            // Writing to a Vec cannot fail, nor can storing a few files with distinct names.
+            archive
+                .start_file(*path, options)
+                .and_then(|()| archive.write_all(text.as_bytes()).map_err(Into::into))
+                .expect("archiving into memory cannot fail");
+        }
+        archive
+            .finish()
+            .expect("archiving into memory cannot fail")
+            .into_inner()
+    });
+    &ARCHIVE
+}
+
+/// [`agent_archive`] as it travels on the container's command line: zlib-compressed, then base64
 /// (an argument cannot hold NUL bytes). Linux caps one argument at 128 KiB (`MAX_ARG_STRLEN`);
-/// compressed, the agent takes about a third of what its source would.
+/// compressed, the archive takes about a third of what the agent's sources would.
 pub fn agent_argument() -> &'static str {
     static ARGUMENT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         use base64::Engine as _;
         use std::io::Write as _;
         let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
         // Writing to a Vec cannot fail.
-        zlib.write_all(AGENT_SOURCE.as_bytes())
+        zlib.write_all(agent_archive())
             .and_then(|()| zlib.finish())
             .map(|packed| base64::engine::general_purpose::STANDARD.encode(packed))
             .expect("compressing into memory cannot fail")
@@ -505,44 +557,91 @@ mod tests {
 
     use base64::Engine as _;
 
-    use super::{AGENT_BOOTSTRAP, AGENT_SOURCE, agent_argument};
+    use super::{AGENT_BOOTSTRAP, AGENT_FILES, agent_archive, agent_argument};
 
     /// Linux caps one argument of `execve` at 32 pages (`MAX_ARG_STRLEN`, 128 KiB, the final NUL
     /// included): the agent travels as one argument (`python3 -u -c <bootstrap> <compressed
-    /// agent>`), so a sandbox whose agent outgrew it would not start at all. Fail here first, with
-    /// what to do.
+    /// archive>`), so a sandbox whose agent outgrew it would not start at all. Fail here first,
+    /// with what to do.
     #[test]
     fn the_agent_fits_in_one_command_line_argument() {
         const MAX_ARG_STRLEN: usize = 32 * 4096;
         for (name, text) in [
-            ("the compressed agent.py", agent_argument()),
+            ("the compressed agent archive", agent_argument()),
             ("bootstrap.py", AGENT_BOOTSTRAP),
         ] {
             assert!(
                 text.len() < MAX_ARG_STRLEN,
                 "{name} is {} bytes, over the kernel's {MAX_ARG_STRLEN}-byte limit for one argument \
-                 (agent.py itself is {} bytes): split agent.py into modules the image ships, or \
-                 copy the agent into the container before it starts",
+                 (the archive itself is {} bytes): ship part of the agent in the image, or copy \
+                 the archive into the container before it starts",
                 text.len(),
-                AGENT_SOURCE.len()
+                agent_archive().len()
             );
         }
     }
 
-    /// What bootstrap.py does with the argument (base64, then zlib) gives back agent.py exactly.
+    /// What bootstrap.py does with the argument (base64, then zlib) gives back the archive, and
+    /// the archive holds every file of the package exactly, stored (zipimport reads it as is).
     #[test]
-    fn the_compressed_agent_decompresses_to_its_source() {
+    fn the_compressed_agent_unpacks_to_its_package() {
         let packed = base64::engine::general_purpose::STANDARD
             .decode(agent_argument())
             .expect("the argument is base64");
-        let mut source = String::new();
+        let mut archive = Vec::new();
         flate2::read::ZlibDecoder::new(packed.as_slice())
-            .read_to_string(&mut source)
+            .read_to_end(&mut archive)
             .expect("the argument is zlib data");
-        assert!(source == AGENT_SOURCE, "the round trip changed agent.py");
+        assert!(
+            archive == agent_archive(),
+            "the round trip changed the archive"
+        );
+        let mut zip = zip::ZipArchive::new(std::io::Cursor::new(archive)).expect("a zip archive");
+        assert_eq!(
+            zip.len(),
+            AGENT_FILES.len(),
+            "one entry per file of the package"
+        );
+        for (path, text) in AGENT_FILES {
+            let mut entry = zip.by_name(path).expect("every file is in the archive");
+            assert_eq!(
+                entry.compression(),
+                zip::CompressionMethod::Stored,
+                "{path} is stored"
+            );
+            let mut got = String::new();
+            entry
+                .read_to_string(&mut got)
+                .expect("the entry reads back");
+            assert!(got == *text, "{path} changed in the archive");
+        }
         assert!(
             agent_argument().bytes().all(|b| b.is_ascii_graphic()),
             "one argument, no NUL, no white space"
         );
+    }
+
+    /// Every Python file of the package is embedded: a module added to `agent/sandgate_agent/`
+    /// but not to [`AGENT_FILES`] would be missing in every sandbox (and the import fail there).
+    #[test]
+    fn every_file_of_the_agent_package_is_embedded() {
+        let package = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("agent/sandgate_agent");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&package)
+            .expect("the package directory")
+            .map(|entry| {
+                entry
+                    .expect("a directory entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .filter(|name| name.ends_with(".py"))
+            .map(|name| format!("sandgate_agent/{name}"))
+            .collect();
+        on_disk.push("__main__.py".to_owned());
+        on_disk.sort();
+        let mut embedded: Vec<String> = AGENT_FILES.iter().map(|(p, _)| (*p).to_owned()).collect();
+        embedded.sort();
+        assert_eq!(embedded, on_disk, "AGENT_FILES lists the package's files");
     }
 }

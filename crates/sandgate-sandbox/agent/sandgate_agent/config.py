@@ -1,0 +1,78 @@
+"""The agent's constants: protocol version, limits, paths, and what the environment overrides
+(read once, at import: a sandbox's environment never changes)."""
+
+import os
+import re
+
+PROTOCOL_VERSION = 2
+
+HOME = os.path.realpath(os.environ.get("SANDGATE_AGENT_HOME") or "/home/user")
+
+# The sandbox user: cells and commands run as this uid/gid (when the agent runs as root).
+USER_UID = 1000
+USER_GID = 1000
+
+# Defaults for arguments the gateway normally always sends.
+DEFAULT_OUTPUT_LIMIT = 1 << 20
+# Room kept beyond a call's output limit for the truncation marker and JSON framing.
+MARKER_SLACK = 4096
+# Decoded image bytes one cell may send (PNG charts); more are dropped and the cell is truncated.
+DISPLAY_LIMIT = 32 << 20
+# File data travels in chunks of at most this many raw bytes (PROTOCOL.md, read_file).
+CHUNK_SIZE = 256 * 1024
+# A frame longer than this is refused instead of buffered: one huge line must not exhaust memory.
+# It is far above the largest legitimate frame (a write chunk of 256 KiB is ~350 KB of base64, a
+# cell's source is rarely more than a few MB).
+MAX_FRAME_BYTES = 64 << 20
+# Chunks of a write_file wait in a bounded queue so a slow disk pushes back on the gateway instead of
+# the agent buffering an entire upload in memory.
+WRITE_QUEUE_CHUNKS = 32
+# An upload whose next chunk does not arrive within this time is abandoned (temp file removed).
+WRITE_IDLE_TIMEOUT_S = 300.0
+# After a command's main process has exited we still collect what is already in its pipes, but do
+# not wait longer than this for EOF (a process that escaped the group may hold the pipe open).
+COMMAND_DRAIN_S = 0.2
+# How long a sweep keeps killing leftover processes (a fork loop races it) before giving up.
+SWEEP_S = 2.0
+# Most background jobs running at once.
+MAX_JOBS = 8
+# Where a background job's output goes (created by the job itself, as the sandbox user).
+JOBS_DIR = "/tmp/sandgate-jobs"
+# How long, after the kernel exited, the agent waits to have read every frame it wrote.
+READ_AFTER_EXIT_S = 2.0
+# How long a fresh kernel may take to say ready (it preloads the data stack first).
+KERNEL_READY_S = 120.0
+
+# The kernel's end of its pipes to the agent, named in its environment: "<input fd>,<output fd>".
+ENV_KERNEL_FDS = "SANDGATE_KERNEL_FDS"
+# The descriptor of the agent's archive that the kernel inherits (bootstrap.py imports from it).
+ENV_ARCHIVE_FD = "SANDGATE_AGENT_ARCHIVE_FD"
+
+# What the model is told when the sandbox's process limit stops the agent from starting something.
+AT_PROCESS_LIMIT = (
+    "the sandbox is at its process limit (too many processes or threads, e.g. a fork bomb); end "
+    "what holds them (kill_job for a background job) and retry"
+)
+
+# The package index relay (PROTOCOL.md, "index_serve"; packages.py): where it listens (loopback
+# inside the container; the image's pip.conf names this port).
+INDEX_PORT = int(os.environ.get("SANDGATE_AGENT_INDEX_PORT") or 3141)
+# Where pip installs packages for the sandbox user (`pip install --user`, set in pip.conf).
+PACKAGES_BASE = os.environ.get("SANDGATE_AGENT_PACKAGES") or "/opt/packages"
+# The longest path the relay forwards; project names and wheel file names are far shorter.
+INDEX_MAX_PATH = 1024
+# How long a pip request waits for the gateway's next frame before it gets 504.
+INDEX_FRAME_TIMEOUT_S = 120.0
+# Requests relayed at once (pip makes a handful); beyond, pip is answered 503 at once.
+INDEX_MAX_PENDING = 16
+# Notes the relay keeps for the pip wrapper (what the gateway refused and why).
+INDEX_MAX_NOTES = 50
+# How long a pip request waits for the gateway to open the relay after the agent asked for it
+# (an `index_wanted` event on a running call); the gateway opens it in milliseconds.
+INDEX_WANTED_WAIT_S = 10.0
+# What pip hears when no call holds the relay open (a background job, or a gateway without it).
+INDEX_NOT_SERVING = (
+    "package installs work only inside a call (run_terminal_command, execute_code, "
+    "install_packages), not in background jobs"
+)
+INDEX_PATH = re.compile(r"^/(simple/(?:[A-Za-z0-9._-]+/)?|files/[0-9a-f]{64}/[A-Za-z0-9._+!-]+)$")

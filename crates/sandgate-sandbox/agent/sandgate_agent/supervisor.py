@@ -1,0 +1,202 @@
+"""The agent role (root, the container's main process): reads the gateway's requests, hands each op
+to the part that owns it (kernels, commands, jobs, files, packages), answers `ping` and
+`interrupt`, and ends every user process on the way out."""
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+from .commands import Commands
+from .files import Files
+from .jobs import Jobs
+from .kernels import Cells
+from .packages import IndexRelay, prepare_user_site
+from .processes import Credentials, kill_group, read_processes, sweep
+from .protocol import FrameServer, OpError
+from .runtime import Runtime
+
+
+class Agent(FrameServer):
+    """The supervisor: one state lock for all its parts, one table of ops."""
+
+    # Ops that run acting as the sandbox user on the reader thread (path checks); their workers
+    # switch too.
+    USER_OPS = frozenset({"write_file", "read_file", "list_dir"})
+
+    def __init__(self, rt, proto_in):
+        super().__init__(rt, proto_in)
+        self.state_lock = threading.Lock()
+        self.index = IndexRelay(rt)
+        self.index.call_for_index = self.call_for_index
+        self.cells = Cells(rt, self.state_lock, self.spawn, self.keep_roots, self.index.port)
+        self.jobs = Jobs(rt, self.state_lock, self.spawn)
+        self.commands = Commands(rt, self.state_lock, self.spawn, self.keep_roots, self.jobs)
+        self.files = Files(rt, self.state_lock, self.spawn)
+        self.ops = {
+            "ping": self.op_ping,
+            "interrupt": self.op_interrupt,
+            "index_serve": self.op_index_serve,
+        }
+        for part in (self.cells, self.jobs, self.commands, self.files):
+            self.ops.update(part.ops())
+
+    def start(self):
+        """Prepares the user site, starts the package index relay and the first kernel."""
+        prepare_user_site(self.rt)
+        self.index.start()
+        self.cells.start()
+
+    def handler(self, op):
+        return self.ops.get(op)
+
+    def dispatch_op(self, op, handler, req_id, frame):
+        if op in self.USER_OPS:
+            self.rt.creds.run_as_user(handler, req_id, frame)
+        else:
+            handler(req_id, frame)
+
+    def route_chunk(self, req_id, frame):
+        if self.index.route(req_id, frame):
+            return
+        self.files.route_chunk(req_id, frame)
+
+    def call_for_index(self):
+        """A running exec or command, whose gateway call can open the package index relay when pip
+        asks for it (PROTOCOL.md, `index_wanted`); None when none runs."""
+        with self.state_lock:
+            if self.cells.running is not None:
+                return self.cells.running.id
+            return self.commands.first()
+
+    def keep_roots(self, kernel):
+        """The roots of the process trees a sweep must spare: running commands and jobs, and the
+        kernel's whole tree when `kernel`."""
+        with self.state_lock:
+            roots = self.commands.roots() + self.jobs.roots()
+            if kernel and self.cells.kernel is not None:
+                roots.append(self.cells.kernel.pid)
+        return roots
+
+    def op_ping(self, req_id, frame):
+        with self.state_lock:
+            busy = self.cells.running is not None
+            kernel_pid = self.cells.kernel.pid if self.cells.kernel else None
+        self.writer.ok(
+            req_id, {"pong": True, "pid": os.getpid(), "busy": busy, "kernel_pid": kernel_pid}
+        )
+
+    def op_interrupt(self, req_id, frame):
+        target = frame.get("target")
+        if isinstance(target, (dict, list)):
+            raise OpError("bad_request", "target must be a request id")
+        queued = None
+        # One lock over every place the target may be: a cell cannot move from the queue to the
+        # kernel between the checks.
+        with self.state_lock:
+            trouble = self.cells.kernel_trouble
+            interrupted = (
+                self.cells.interrupt_running(req_id, target)
+                or self.commands.interrupt(target)
+                or (target is not None and self.index.close(target))
+            )
+            if not interrupted:
+                queued = self.cells.take_queued(target)
+                interrupted = queued is not None
+        if queued is not None:
+            self.cells.answer_cancelled(queued, trouble)
+        self.writer.ok(req_id, {"interrupted": interrupted})
+
+    def op_index_serve(self, req_id, frame):
+        self.index.serve(req_id)
+
+    def stop(self):
+        """Ends the kernel, every command and job and whatever they started (agent exit)."""
+        self.cells.stop()
+        with self.state_lock:
+            groups = self.commands.roots() + self.jobs.roots()
+        for pgid in groups:
+            kill_group(pgid)
+        sweep(self.rt, list)
+
+    def reap_strays(self):
+        """On a host the agent is a subreaper: reap adopted orphans (the kernel, commands and jobs
+        are reaped by their own Popen)."""
+        while True:
+            time.sleep(0.5)
+            known = set(self.keep_roots(kernel=True))
+            for pid, info in read_processes().items():
+                if info.ppid == os.getpid() and info.state == "Z" and pid not in known:
+                    try:
+                        os.waitpid(pid, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+
+
+def take_protocol_fds():
+    """Returns (input, output, log) descriptors, private to the agent: duplicates of the
+    container's stdin/stdout/stderr. fd 0, 1 and 2 then point at /dev/null."""
+    fds = tuple(os.dup(fd) for fd in (0, 1, 2))
+    for fd in fds:
+        os.set_inheritable(fd, False)  # child processes must not be able to write frames
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    return fds
+
+
+def kernel_argv(archive_fd):
+    """The command line that starts a kernel: this process's own, usable from any directory, plus
+    `kernel`.
+
+    sys.orig_argv holds it in full (`-c <bootstrap.py> <archive>` included). Started through
+    bootstrap.py (`archive_fd`), the kernel inherits the archive's descriptor instead of a copy of
+    it as an argument (the last one); a script (or archive) path given relative to the start
+    directory is made absolute.
+    """
+    argv = [sys.executable] + [a for a in sys.orig_argv[1:] if a != "kernel"]
+    if archive_fd is not None:
+        argv.pop()
+    script = sys.argv[0] if sys.argv else ""
+    if script and script != "-c" and not os.path.isabs(script) and script in argv[1:]:
+        index = len(argv) - 1 - argv[::-1].index(script)
+        argv[index] = os.path.abspath(script)
+    return argv + ["kernel"]
+
+
+def main(rt_ready=None, archive_fd=None):
+    """The agent role's start: takes the protocol descriptors, starts the first kernel and serves
+    the gateway's requests until its input ends. `rt_ready` (main.py) is told the runtime."""
+    creds = Credentials()  # before the descriptors are taken: a failure shows in the container log
+    proto_in, proto_out, log_fd = take_protocol_fds()
+    if not creds.root:
+        # On a host (tests): orphans of user processes become our children, so sweeps find them.
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        except (OSError, AttributeError):
+            pass
+    try:
+        os.chdir("/")
+    except OSError:
+        pass
+    rt = Runtime(
+        "agent",
+        proto_out,
+        log_fd=log_fd,
+        creds=creds,
+        kernel_argv=kernel_argv(archive_fd),
+        archive_fd=archive_fd,
+    )
+    if rt_ready is not None:
+        rt_ready(rt)
+    agent = Agent(rt, proto_in)
+    rt.on_shutdown = agent.stop
+    signal.signal(signal.SIGTERM, lambda *_: rt.shutdown(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not creds.root:
+        threading.Thread(target=agent.reap_strays, name="reaper", daemon=True).start()
+    agent.start()
+    agent.reader_loop()

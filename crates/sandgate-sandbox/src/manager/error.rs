@@ -1,0 +1,97 @@
+//! What can go wrong managing sandboxes: [`SandboxError`].
+
+use std::time::Duration;
+
+use crate::backend::{BackendError, ContainerFate};
+use crate::channel::ChannelError;
+use crate::config::ProfileError;
+
+/// What went wrong managing sandboxes.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The sandbox's container stopped or vanished; the fate says why (e.g. its memory limit).
+    #[error("sandbox {sandbox_id} stopped working: {fate}")]
+    Died {
+        /// The sandbox.
+        sandbox_id: String,
+        /// What happened to its container.
+        fate: ContainerFate,
+    },
+    /// The attach stream to a container that still runs ended while the call was in flight
+    /// (the engine restarted with live-restore, the connection dropped): the call's outcome is
+    /// unknown, the kernel and files are intact, and the next call re-attaches
+    /// ([`SandboxManager::adopt`]).
+    #[error(
+        "the connection to sandbox {sandbox_id} was lost while this call ran ({reason}); the \
+         sandbox, its variables and files are intact and it is reconnected on the next call: \
+         retry the call (it may or may not have run to the end)"
+    )]
+    ConnectionLost {
+        /// The sandbox.
+        sandbox_id: String,
+        /// What the channel saw.
+        reason: String,
+    },
+    /// Talking to the agent failed.
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    /// The engine could not launch a container.
+    #[error("starting a sandbox failed")]
+    Launch(#[source] BackendError),
+    /// The container started but its agent never became ready.
+    #[error("sandbox {sandbox_id} did not start ({fate})")]
+    AgentStart {
+        /// The sandbox.
+        sandbox_id: String,
+        /// What became of its container.
+        fate: ContainerFate,
+        /// What the channel saw.
+        #[source]
+        source: ChannelError,
+    },
+    /// No place among the starts the node runs at once came free within
+    /// [`crate::ManagerConfig::start_wait`]: the node is busy starting others.
+    #[error(
+        "no sandbox could be started within {} s: the sandbox node is busy starting others",
+        waited.as_secs()
+    )]
+    StartQueue {
+        /// How long the start waited.
+        waited: Duration,
+    },
+    /// No pool serves the named profile.
+    #[error("no sandbox profile is named {0:?}")]
+    UnknownProfile(String),
+    /// A profile failed validation.
+    #[error("sandbox profile {name:?} is invalid: {}: {reason}", .reason.field())]
+    InvalidProfile {
+        /// The profile.
+        name: String,
+        /// What is wrong, and in which field.
+        reason: ProfileError,
+    },
+    /// `adopt` was given a container that this gateway instance does not own.
+    #[error("container {container_id} is not a sandbox of this gateway")]
+    NotOurs {
+        /// The container.
+        container_id: String,
+    },
+    /// An engine call (inspect, attach, remove, list) failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// A sandbox node in another process failed the call for a reason it logged rather than
+    /// sent (its engine's words, paths and addresses stay on the node): its log has the whole
+    /// cause chain under `incident`.
+    #[error(
+        "the sandbox node at {node} failed {} (incident {incident}: the node's log has the details)",
+        if *starting { "to start a sandbox" } else { "the call" }
+    )]
+    NodeFailed {
+        /// The node's address.
+        node: String,
+        /// The id the node logged the failure under.
+        incident: String,
+        /// Whether it was starting a sandbox (else a call on one).
+        starting: bool,
+    },
+}

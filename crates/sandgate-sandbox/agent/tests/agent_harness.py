@@ -4,8 +4,8 @@ client of its protocol (PROTOCOL.md) that talks to it over stdin/stdout exactly 
 
 The agent runs from the same zip archive the gateway builds (sandgate-sandbox's docker.rs: the
 package and __main__.py, stored), built once per test session; either as a file (`python3 -u
-<archive>`) or as the container runs it (`python3 -u -c <bootstrap.py> <archive, zlib, base64>`). Every
-test runs under several kernels:
+<archive>`) or as the container runs it (`python3 -u -c <bootstrap.py> <archive, zlib, base64>`).
+Every test runs under several kernels:
 
 * ``ipython``: the interpreter running pytest, which must have IPython, numpy, pandas, matplotlib;
 * ``plain``: the same interpreter with IPython made unimportable, so the plain-``exec`` fallback is

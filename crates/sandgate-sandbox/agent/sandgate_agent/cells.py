@@ -59,7 +59,7 @@ class CellRunner(FrameServer):
         self.writer.send(
             {
                 "event": "ready",
-                "pid": os.getpid(),
+                "pid": self.rt.pid,
                 "python": platform.python_version(),
                 "ipython": module_present("IPython"),
                 "preloaded": self.preloaded,

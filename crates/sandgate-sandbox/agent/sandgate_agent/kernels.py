@@ -368,7 +368,7 @@ class Cells:
                 {
                     "event": "ready",
                     "protocol": PROTOCOL_VERSION,
-                    "pid": os.getpid(),
+                    "pid": self.rt.pid,
                     "kernel_pid": kp.pid,
                     "python": platform.python_version(),
                     "ipython": bool(frame.get("ipython")),

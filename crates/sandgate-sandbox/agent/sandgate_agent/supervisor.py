@@ -85,7 +85,7 @@ class Agent(FrameServer):
             busy = self.cells.running is not None
             kernel_pid = self.cells.kernel.pid if self.cells.kernel else None
         self.writer.ok(
-            req_id, {"pong": True, "pid": os.getpid(), "busy": busy, "kernel_pid": kernel_pid}
+            req_id, {"pong": True, "pid": self.rt.pid, "busy": busy, "kernel_pid": kernel_pid}
         )
 
     def op_interrupt(self, req_id, frame):

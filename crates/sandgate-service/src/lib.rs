@@ -8,7 +8,8 @@
 //! - [`cache`]: live tokens and tenant limits cached briefly, invalidated across replicas.
 //! - [`health`]: readiness (Postgres, Docker, the sandbox image).
 //! - [`keys`]: the signing-key ring (access tokens).
-//! - [`links`]: expiring download links (signed; opened by the gateway's `/files/` route).
+//! - [`links`]: expiring download links: minting, and opening one ([`links::LinkService`]).
+//! - [`metrics`]: the service's numbers for the gateway's `/metrics` (pools, nodes, budgets).
 //! - [`node_rpc`]: serving this process's sandbox node to gateways (`[node]`).
 //! - [`node_registry`]: the node's row in Postgres: registration and heartbeat.
 //! - [`packages`]: packages on demand (the host side of `pip install` in a sandbox).
@@ -28,6 +29,7 @@ pub mod config;
 pub mod health;
 pub mod keys;
 pub mod links;
+pub mod metrics;
 pub mod node_registry;
 pub mod node_rpc;
 pub mod packages;
@@ -46,3 +48,6 @@ pub use sandboxes::{
     CallPermit, Caller, Limits, Quota, Resolved, SandboxService, ServiceError, Target,
 };
 pub use startup::Services;
+
+/// The Postgres pool: the faces hand it on (to readiness, to the service's parts), never query it.
+pub use sandgate_store::PgPool;

@@ -51,6 +51,7 @@ pub use sandgate_service::{
 
 use crate::keys::KeyRing;
 use crate::sandboxes::SandboxService;
+use sandgate_service::grants::Grants;
 pub use sandgate_service::startup::Role;
 
 /// What the gateway shares with every request handler. Cheap to clone.
@@ -68,6 +69,8 @@ pub struct AppState {
     pub sandboxes: SandboxService,
     /// The authorization server's own state (cookie key, metadata-document fetcher).
     pub oauth: oauth::OAuthState,
+    /// The OAuth grant rules (codes, tokens, approvals, clients, sessions).
+    pub grants: Grants,
     /// The audit trail's writer.
     pub audit: audit::AuditLog,
     /// Prometheus metrics.
@@ -142,24 +145,27 @@ impl AppState {
         let mcp_sessions = mcp::session_manager(&config);
         let (stop, background) = (&services.background_stop, &services.background);
         link_service.start_housekeeping(stop.clone(), background);
-        oauth::purge::start(
+        let config = Arc::new(config);
+        let grants = Grants::new(
             services.db.clone(),
-            &config.oauth.limits,
-            stop.clone(),
-            background,
+            services.keys.clone(),
+            services.sandboxes.clone(),
+            config.clone(),
         );
+        grants.start_purge(stop.clone(), background);
         oauth.limits.start_housekeeping(
             std::time::Duration::from_secs(60),
             stop.clone(),
             background,
         );
         Ok(Self {
-            config: Arc::new(config),
+            config,
             db: services.db,
             readiness,
             keys: services.keys,
             sandboxes: services.sandboxes,
             oauth,
+            grants,
             audit: services.audit,
             metrics: metrics::Metrics::new(),
             links,
@@ -179,9 +185,8 @@ impl AppState {
     fn oauth_app(&self) -> oauth::AppState {
         oauth::AppState {
             config: self.config.clone(),
-            db: self.db.clone(),
             keys: self.keys.clone(),
-            sandboxes: self.sandboxes.clone(),
+            grants: self.grants.clone(),
             oauth: self.oauth.clone(),
         }
     }

@@ -6,6 +6,7 @@
 //! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`cache`]: live tokens and tenant limits cached briefly, invalidated across replicas.
+//! - [`grants`]: the OAuth grant rules: codes, refresh rotation, approvals, clients, sessions.
 //! - [`health`]: readiness (Postgres, Docker, the sandbox image).
 //! - [`keys`]: the signing-key ring (access tokens).
 //! - [`links`]: expiring download links: minting, and opening one ([`links::LinkService`]).
@@ -26,6 +27,7 @@ pub mod admin;
 pub mod audit;
 pub mod cache;
 pub mod config;
+pub mod grants;
 pub mod health;
 pub mod keys;
 pub mod links;

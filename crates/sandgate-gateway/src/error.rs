@@ -137,7 +137,7 @@ impl IntoResponse for DownloadError {
         if let DownloadError::RateLimited { retry_after, .. } = self {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
-                HeaderValue::from(crate::files::retry_after_seconds(retry_after)),
+                HeaderValue::from(sandgate_service::links::retry_after_seconds(retry_after)),
             );
         }
         response

@@ -11,47 +11,22 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use maud::html;
 use serde::Deserialize;
-use uuid::Uuid;
+
+use sandgate_service::links::{LinkKind, LinkOwner, TranscriptDownload};
+use sandgate_service::transcripts::{CONTENT_SECURITY_POLICY, Format, Subject, TranscriptError};
 
 use crate::AppState;
-use crate::error::DownloadError;
-use crate::files::LinkKind;
+use crate::headers::untrusted;
 use crate::oauth::{html as pages, session};
-use crate::sandboxes::ServiceError;
-use crate::transcripts::{Format, Subject, TranscriptError};
 
 /// The path of the transcripts page.
 pub const PAGE: &str = crate::oauth::paths::TRANSCRIPTS;
 
-fn format_of(kind: LinkKind) -> Format {
-    match kind {
-        LinkKind::Html => Format::Html,
-        LinkKind::Notebook | LinkKind::File => Format::Notebook,
-    }
-}
-
-/// Serves a tenant's transcript in the link's format.
-pub async fn download(
-    state: &AppState,
-    tenant: Uuid,
-    subject: &Subject,
-    kind: LinkKind,
-) -> Result<Response, DownloadError> {
-    let transcript = state
-        .transcripts
-        .load(tenant, subject)
-        .await
-        .map_err(|err| match err {
-            TranscriptError::NotFound { .. } => DownloadError::TranscriptGone,
-            TranscriptError::Store(_) => DownloadError::Service(ServiceError::DatabaseAway),
-        })?;
-    let format = format_of(kind);
-    let mut response = format.render(&transcript).into_response();
+/// Serves a tenant's transcript behind a link, in the link's format.
+pub fn download(transcript: TranscriptDownload) -> Response {
+    let TranscriptDownload { format, name, body } = transcript;
+    let mut response = body.into_response();
     let headers = response.headers_mut();
-    let name = match subject {
-        Subject::Sandbox(id) => id.clone(),
-        Subject::Conversation(_) => "conversation".to_owned(),
-    };
     let (content_type, disposition) = match format {
         Format::Html => ("text/html; charset=utf-8", "inline".to_owned()),
         Format::Notebook => (
@@ -66,15 +41,15 @@ pub async fn download(
     // Untrusted content: a sandboxed, script-less document in an opaque origin.
     headers.insert(
         header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(sandgate_transcript::html::CONTENT_SECURITY_POLICY),
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
     );
-    crate::files::untrusted(headers);
+    untrusted(headers);
     headers.insert(
         header::REFERRER_POLICY,
         HeaderValue::from_static("no-referrer"),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    Ok(response)
+    response
 }
 
 /// The page's query.
@@ -114,7 +89,7 @@ pub async fn page(
                         state
                             .links
                             .mint_transcript(
-                                crate::files::LinkOwner::session(session.tenant_id),
+                                LinkOwner::session(session.tenant_id),
                                 &subject,
                                 LinkKind::from(format),
                             )

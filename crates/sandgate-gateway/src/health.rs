@@ -15,18 +15,7 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// `GET /readyz`: 200 when every dependency answers, 503 naming the ones that do not.
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
-    use sandgate_service::health::Needs;
-    let needs = match &state.docker {
-        Some(docker) => Needs::Engine {
-            docker,
-            image: &state.config.sandbox.image,
-        },
-        None => Needs::Nodes {
-            lost_after_seconds: i64::try_from(state.config.node.lost_after_seconds)
-                .unwrap_or(i64::MAX),
-        },
-    };
-    let readiness = sandgate_service::health::readiness(&state.db, needs).await;
+    let readiness = state.readiness.check().await;
     if !readiness.is_ready() {
         tracing::warn!(checks = ?readiness.checks, "not ready");
         return (StatusCode::SERVICE_UNAVAILABLE, Json(readiness));

@@ -9,6 +9,7 @@
 //! - [`metrics`]: Prometheus metrics at `/metrics`.
 //! - [`files`]: expiring download links for files in sandboxes (and transcripts).
 //! - [`handoff`]: transcript downloads and the logged-in users' transcripts page.
+//! - [`headers`]: the headers every download carries.
 //! - [`error`]: the mapping of errors to HTTP answers.
 //! - [`oauth`]: the OAuth 2.1 authorization server (the `sandgate-oauth` crate).
 //! - [`config`], [`sandboxes`], [`lifecycle`], [`audit`], [`keys`], [`admin`], [`transcripts`],
@@ -22,8 +23,8 @@ use axum::Router;
 use axum::http::{HeaderName, Request};
 use axum::routing::get;
 use sandgate_mcp::LocalSessionManager;
-use sandgate_sandbox::DockerBackend;
-use sandgate_store::PgPool;
+use sandgate_service::PgPool;
+use sandgate_service::health::ReadinessProbe;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -34,6 +35,7 @@ pub mod connections;
 pub mod error;
 pub mod files;
 pub mod handoff;
+pub mod headers;
 pub mod health;
 pub mod metrics;
 pub mod node;
@@ -49,6 +51,7 @@ pub use sandgate_service::{
 
 use crate::keys::KeyRing;
 use crate::sandboxes::SandboxService;
+use sandgate_service::grants::Grants;
 pub use sandgate_service::startup::Role;
 
 /// What the gateway shares with every request handler. Cheap to clone.
@@ -58,22 +61,24 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// The Postgres pool.
     pub db: PgPool,
-    /// The Docker engine of this process's own node (none: `serve --gateway-only`).
-    pub docker: Option<DockerBackend>,
+    /// What `/readyz` checks (with a node of its own: its Docker engine and the image).
+    pub readiness: ReadinessProbe,
     /// Signing and verifying keys for access tokens.
     pub keys: KeyRing,
     /// Tenant-scoped sandboxes.
     pub sandboxes: SandboxService,
     /// The authorization server's own state (cookie key, metadata-document fetcher).
     pub oauth: oauth::OAuthState,
+    /// The OAuth grant rules (codes, tokens, approvals, clients, sessions).
+    pub grants: Grants,
     /// The audit trail's writer.
     pub audit: audit::AuditLog,
     /// Prometheus metrics.
     pub metrics: metrics::Metrics,
     /// Expiring download links (`get_file`, `export_transcript`).
     pub links: files::DownloadLinks,
-    /// Rate limits on opening download links.
-    pub link_limits: files::LinkLimits,
+    /// Opens download links (revocation, rate limits, the audit trail).
+    pub link_service: files::LinkService,
     /// Transcripts of what ran in sandboxes.
     pub transcripts: transcripts::Transcripts,
     /// Who owns each MCP session (Postgres, keyed hashes of the ids).
@@ -124,7 +129,14 @@ impl AppState {
         let services = sandgate_service::Services::start(&config, role).await?;
         let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
         let links = files::DownloadLinks::new(config.keys.secret_bytes(), &config.public_url());
-        let link_limits = files::LinkLimits::new(&config.links);
+        let link_service = files::LinkService::new(
+            links.clone(),
+            files::LinkLimits::new(&config.links),
+            services.db.clone(),
+            services.sandboxes.clone(),
+            services.transcripts.clone(),
+        );
+        let readiness = ReadinessProbe::of(&services, &config);
         let sessions = sandgate_service::sessions::SessionBindings::new(
             services.db.clone(),
             config.keys.secret_bytes(),
@@ -132,29 +144,32 @@ impl AppState {
         );
         let mcp_sessions = mcp::session_manager(&config);
         let (stop, background) = (&services.background_stop, &services.background);
-        forget_idle_link_limits(link_limits.clone(), stop.clone(), background);
-        oauth::purge::start(
+        link_service.start_housekeeping(stop.clone(), background);
+        let config = Arc::new(config);
+        let grants = Grants::new(
             services.db.clone(),
-            &config.oauth.limits,
-            stop.clone(),
-            background,
+            services.keys.clone(),
+            services.sandboxes.clone(),
+            config.clone(),
         );
+        grants.start_purge(stop.clone(), background);
         oauth.limits.start_housekeeping(
             std::time::Duration::from_secs(60),
             stop.clone(),
             background,
         );
         Ok(Self {
-            config: Arc::new(config),
+            config,
             db: services.db,
-            docker: services.docker,
+            readiness,
             keys: services.keys,
             sandboxes: services.sandboxes,
             oauth,
+            grants,
             audit: services.audit,
             metrics: metrics::Metrics::new(),
             links,
-            link_limits,
+            link_service,
             transcripts: services.transcripts,
             sessions,
             mcp_sessions,
@@ -165,31 +180,13 @@ impl AppState {
     }
 }
 
-/// Every minute, drops the rate-limit state of links (and tenants) not opened lately.
-fn forget_idle_link_limits(
-    limits: files::LinkLimits,
-    stop: CancellationToken,
-    tracker: &TaskTracker,
-) {
-    tracker.spawn(async move {
-        let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                _ = every.tick() => limits.forget_idle(),
-            }
-        }
-    });
-}
-
 impl AppState {
     /// The part of the state the authorization server's routes use.
     fn oauth_app(&self) -> oauth::AppState {
         oauth::AppState {
             config: self.config.clone(),
-            db: self.db.clone(),
             keys: self.keys.clone(),
-            sandboxes: self.sandboxes.clone(),
+            grants: self.grants.clone(),
             oauth: self.oauth.clone(),
         }
     }

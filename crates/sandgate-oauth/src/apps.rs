@@ -7,9 +7,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use sandgate_auth::Scope;
-use sandgate_store::StoreError;
-use sandgate_store::changes::Change;
-use sandgate_store::grants;
+use sandgate_service::grants::GrantError;
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -23,8 +21,8 @@ fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M UTC").to_string()
 }
 
-fn unavailable(err: &StoreError) -> Response {
-    super::log_store(err);
+fn unavailable(err: &GrantError) -> Response {
+    super::log_failure(err);
     html::error_page(
         StatusCode::SERVICE_UNAVAILABLE,
         "Temporarily unavailable",
@@ -38,12 +36,7 @@ async fn page_handler(state: &AppState, headers: &HeaderMap, here: &str) -> Resp
         Ok(None) => return session::login_redirect(here),
         Err(err) => return unavailable(&err),
     };
-    let connections = async {
-        let mut conn = state.db.acquire().await?;
-        grants::connections_of_user(&mut conn, session.user_id).await
-    }
-    .await;
-    let connections = match connections {
+    let connections = match state.grants.connections(session.user_id).await {
         Ok(c) => c,
         Err(err) => return unavailable(&err),
     };
@@ -121,38 +114,13 @@ pub async fn disconnect(
     if !session::csrf_ok(&session, form.csrf.as_deref()) {
         return session::form_expired();
     }
-    let revoked = async {
-        let mut tx = state.db.begin().await?;
-        let done = grants::revoke(
-            &mut tx,
-            form.grant_id,
-            Some(session.user_id),
-            "disconnected by the user",
-        )
-        .await?;
-        tx.commit().await?;
-        Ok::<_, StoreError>(done)
-    }
-    .await;
-    match revoked {
-        Ok(true) => {
-            tracing::info!(grant_id = %form.grant_id, user_id = %session.user_id, "app disconnected");
-            state
-                .sandboxes
-                .cache()
-                .forget(&Change::Grant(form.grant_id));
-            match state.sandboxes.close_grant(form.grant_id).await {
-                Ok(n) => {
-                    tracing::info!(grant_id = %form.grant_id, closed = n, "closed the app's sandboxes")
-                }
-                Err(err) => {
-                    tracing::error!(error = ?err, grant_id = %form.grant_id, "closing the app's sandboxes failed")
-                }
-            }
-        }
-        // Not this user's, or already gone: the page shows the truth either way.
-        Ok(false) => {}
-        Err(err) => return unavailable(&err),
+    // Not this user's, or already gone (false): the page shows the truth either way.
+    if let Err(err) = state
+        .grants
+        .disconnect(session.user_id, form.grant_id)
+        .await
+    {
+        return unavailable(&err);
     }
     see_other(paths::APPS).into_response()
 }

@@ -8,16 +8,12 @@
 use axum::extract::{Form, OriginalUri, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use chrono::Utc;
-use sandgate_auth::secret::{self, SecretKind};
 use sandgate_auth::{Scope, client as client_rules, pkce};
-use sandgate_store::clients::Client;
-use sandgate_store::grants::{self, NewAuthCode};
-use sandgate_store::users::Session;
-use sandgate_store::{StoreError, tenants};
+use sandgate_service::grants::consent::may_connect;
+use sandgate_service::grants::{Client, GrantError, NewCode, Session, join_scopes};
 use serde::Deserialize;
 
-use super::clients::{ClientLookupError, join_scopes, lookup};
+use super::clients::{ClientLookupError, lookup};
 use super::ratelimit::ClientAddress;
 use maud::html;
 
@@ -106,8 +102,8 @@ fn error_to_client(
     ))
 }
 
-fn unavailable(err: &StoreError) -> Failure {
-    super::log_store(err);
+fn unavailable(err: &GrantError) -> Failure {
+    super::log_failure(err);
     Failure::Page(html::error_page(
         StatusCode::SERVICE_UNAVAILABLE,
         "Temporarily unavailable",
@@ -129,7 +125,7 @@ async fn validate(
     };
     let client = match lookup(state, client_id, address).await {
         Ok(client) => client,
-        Err(ClientLookupError::Store(err)) => return Err(unavailable(&err)),
+        Err(ClientLookupError::Grant(err)) => return Err(unavailable(&err)),
         Err(ClientLookupError::Limited(limited)) => {
             let mut response =
                 html::error_page(limited.status(), "Too many requests", &limited.message());
@@ -217,43 +213,30 @@ async fn validate(
 }
 
 /// Issues a code under `grant_id` and redirects the browser to the client with it.
-async fn issue_code(
-    state: &AppState,
-    valid: &Valid,
-    grant_id: uuid::Uuid,
-) -> Result<Response, StoreError> {
-    let code = secret::generate(SecretKind::AuthorizationCode);
-    let ttl = i64::try_from(state.config.oauth.code_ttl_seconds).unwrap_or(60);
-    let scopes = join_scopes(&valid.scopes);
-    let mut conn = state.db.acquire().await?;
-    grants::insert_code(
-        &mut conn,
-        &NewAuthCode {
-            code_hash: &secret::hash(&code),
-            grant_id,
-            client_id: &valid.client.id,
-            redirect_uri: &valid.redirect_uri,
-            code_challenge: &valid.challenge,
-            resource: &valid.resource,
-            scopes: &scopes,
-            expires_at: Utc::now() + chrono::Duration::seconds(ttl),
-        },
-    )
-    .await?;
-    Ok(redirect_to_client(
-        state,
-        &valid.redirect_uri,
-        valid.state.as_deref(),
-        &[("code", &code)],
-    ))
+async fn issue_code(state: &AppState, valid: &Valid, grant_id: uuid::Uuid) -> Response {
+    let code = NewCode {
+        grant_id,
+        client_id: &valid.client.id,
+        redirect_uri: &valid.redirect_uri,
+        code_challenge: &valid.challenge,
+        resource: &valid.resource,
+        scopes: &valid.scopes,
+    };
+    match state.grants.issue_code(code).await {
+        Ok(code) => redirect_to_client(
+            state,
+            &valid.redirect_uri,
+            valid.state.as_deref(),
+            &[("code", &code)],
+        ),
+        Err(err) => unavailable(&err).into_response(),
+    }
 }
 
-/// A confidential client registered for one tenant (`sandgate admin client create`) acts only for
-/// that tenant: a user of another tenant may not connect it. Self-registered (DCR) and
-/// metadata-document clients belong to no tenant and may be connected by anyone.
+/// The refusal of a client registered for another tenant than the user's (the rule:
+/// [`may_connect`]).
 fn foreign_client(state: &AppState, valid: &Valid, session: &Session) -> Option<Response> {
-    let owner = valid.client.tenant_id?;
-    if owner == session.tenant_id {
+    if may_connect(&valid.client, session) {
         return None;
     }
     tracing::warn!(client_id = %valid.client.id, user_id = %session.user_id, "refused a client registered for another tenant");
@@ -295,26 +278,14 @@ pub async fn authorize(
         return refused;
     }
     // Connect once: an approval covering these scopes skips the screen.
-    let existing = async {
-        let mut conn = state.db.acquire().await?;
-        grants::live_for(
-            &mut conn,
-            session.tenant_id,
-            Some(session.user_id),
-            &valid.client.id,
-        )
-        .await
-    }
-    .await;
-    match existing {
-        Ok(Some(grant)) => {
-            let granted = Scope::parse_list(&grant.scopes).unwrap_or_default();
-            if valid.scopes.iter().all(|s| granted.contains(s)) {
-                tracing::info!(client_id = %valid.client.id, grant_id = %grant.id, "already approved; skipping consent");
-                return issue_code(&state, &valid, grant.id)
-                    .await
-                    .unwrap_or_else(|err| unavailable(&err).into_response());
-            }
+    let prior = state
+        .grants
+        .prior_approval(&session, &valid.client.id, &valid.scopes)
+        .await;
+    match prior {
+        Ok(Some(grant_id)) => {
+            tracing::info!(client_id = %valid.client.id, grant_id = %grant_id, "already approved; skipping consent");
+            return issue_code(&state, &valid, grant_id).await;
         }
         Ok(None) => {}
         Err(err) => return unavailable(&err).into_response(),
@@ -323,14 +294,8 @@ pub async fn authorize(
 }
 
 async fn consent_page(state: &AppState, valid: &Valid, session: &Session) -> Response {
-    let tenant = async {
-        let mut conn = state.db.acquire().await?;
-        tenants::get(&mut conn, session.tenant_id).await
-    }
-    .await;
-    let tenant_name = match tenant {
-        Ok(Some(t)) => t.name,
-        Ok(None) => session.tenant_id.to_string(),
+    let tenant_name = match state.grants.tenant_name(session.tenant_id).await {
+        Ok(name) => name,
         Err(err) => return unavailable(&err).into_response(),
     };
     let redirect_host = url::Url::parse(&valid.redirect_uri)
@@ -478,40 +443,14 @@ pub async fn consent(
         )
         .into_response();
     }
-    let approved = async {
-        let mut tx = state.db.begin().await?;
-        let existing = grants::live_for(
-            &mut tx,
-            session.tenant_id,
-            Some(session.user_id),
-            &valid.client.id,
-        )
-        .await?;
-        // Approving more scopes adds to the connection; it never silently drops earlier ones.
-        let mut scopes = existing
-            .map(|g| Scope::parse_list(&g.scopes).unwrap_or_default())
-            .unwrap_or_default();
-        scopes.extend(valid.scopes.iter().copied());
-        scopes.sort();
-        scopes.dedup();
-        let grant = grants::approve(
-            &mut tx,
-            session.tenant_id,
-            Some(session.user_id),
-            &valid.client.id,
-            &join_scopes(&scopes),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok::<_, StoreError>(grant)
-    }
-    .await;
-    let grant = match approved {
-        Ok(grant) => grant,
+    let approved = state
+        .grants
+        .approve(&session, &valid.client.id, &valid.scopes)
+        .await;
+    let grant_id = match approved {
+        Ok(grant_id) => grant_id,
         Err(err) => return unavailable(&err).into_response(),
     };
-    tracing::info!(client_id = %valid.client.id, grant_id = %grant.id, user_id = %session.user_id, "the user approved an app");
-    issue_code(&state, &valid, grant.id)
-        .await
-        .unwrap_or_else(|err| unavailable(&err).into_response())
+    tracing::info!(client_id = %valid.client.id, grant_id = %grant_id, user_id = %session.user_id, "the user approved an app");
+    issue_code(&state, &valid, grant_id).await
 }

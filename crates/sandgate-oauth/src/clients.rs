@@ -9,11 +9,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use chrono::Utc;
-use sandgate_auth::client::{self, AuthMethod, ClientMetadata, ValidClient};
-use sandgate_auth::secret::{self, SecretKind};
-use sandgate_store::clients::{self as store, Client, NewClient};
-use sandgate_store::{StoreError, hygiene};
+use sandgate_auth::client::{self, ClientMetadata};
+use sandgate_service::grants::{Client, GrantError, Registered};
 
 use super::ratelimit::{ClientAddress, Limited};
 use crate::AppState;
@@ -30,9 +27,9 @@ pub enum ClientLookupError {
     /// Fetching its metadata document would exceed the caller's fetch rate.
     #[error("{}", .0.message())]
     Limited(Limited),
-    /// Postgres failed.
-    #[error("database error")]
-    Store(#[from] StoreError),
+    /// The service failed (Postgres).
+    #[error(transparent)]
+    Grant(#[from] GrantError),
 }
 
 /// Finds a client by id; a client id that is a metadata-document URL is fetched (and cached for
@@ -44,20 +41,8 @@ pub async fn lookup(
     address: ClientAddress,
 ) -> Result<Client, ClientLookupError> {
     let meta = &state.config.oauth.client_metadata;
-    let mut conn = sandgate_store::acquire(&state.db).await?;
-    let existing = store::get(&mut conn, client_id).await?;
-    drop(conn);
-    match existing {
-        Some(c) if c.kind != "cimd" => return Ok(c),
-        Some(c)
-            if c.fetched_at.is_some_and(|t| {
-                (Utc::now() - t).num_seconds()
-                    < i64::try_from(meta.cache_seconds).unwrap_or(i64::MAX)
-            }) =>
-        {
-            return Ok(c);
-        }
-        _ => {}
+    if let Some(stored) = state.grants.stored_client(client_id).await? {
+        return Ok(stored);
     }
     if !meta.enabled || !client::is_metadata_document_url(client_id, meta.allow_private_addresses) {
         return Err(ClientLookupError::Unknown(client_id.to_owned()));
@@ -81,45 +66,7 @@ pub async fn lookup(
         }
         Err(err) => return Err(err),
     };
-    let mut conn = sandgate_store::acquire(&state.db).await?;
-    make_room(state, &mut conn).await?;
-    Ok(store::upsert(&mut conn, &new_client(client_id, "cimd", &valid, None)).await?)
-}
-
-/// Keeps the dynamic clients that never completed a flow under the cap by evicting the oldest
-/// of them (a flood of registrations cannot lock out real ones, which complete their flow).
-async fn make_room(
-    state: &AppState,
-    conn: &mut sandgate_store::PgConnection,
-) -> Result<(), StoreError> {
-    let cap = i64::from(state.config.oauth.limits.max_unused_dynamic_clients);
-    let evicted = hygiene::evict_unused_clients(conn, cap).await?;
-    if evicted > 0 {
-        tracing::info!(
-            evicted,
-            "evicted dynamic clients that never completed a flow"
-        );
-    }
-    Ok(())
-}
-
-fn new_client<'a>(
-    id: &'a str,
-    kind: &'a str,
-    valid: &'a ValidClient,
-    secret_hash: Option<&'a [u8]>,
-) -> NewClient<'a> {
-    NewClient {
-        id,
-        kind,
-        name: &valid.name,
-        redirect_uris: &valid.redirect_uris,
-        auth_method: valid.auth_method.as_str(),
-        secret_hash,
-        grant_types: &valid.grant_types,
-        scopes: None,
-        tenant_id: None,
-    }
+    Ok(state.grants.save_document_client(client_id, &valid).await?)
 }
 
 #[tracing::instrument(skip_all, fields(client_id = url))]
@@ -284,23 +231,13 @@ pub async fn register(
         Ok(valid) => valid,
         Err(e) => return registration_error(StatusCode::BAD_REQUEST, e.code(), &e.to_string()),
     };
-    let client_id = format!("sgcl_{}", uuid::Uuid::new_v4().simple());
-    let client_secret =
-        (valid.auth_method != AuthMethod::None).then(|| secret::generate(SecretKind::ClientSecret));
-    let secret_hash = client_secret.as_deref().map(secret::hash);
-    let mut row = new_client(&client_id, "dcr", &valid, secret_hash.as_deref());
-    let scopes = valid.scopes.as_ref().map(|s| join_scopes(s));
-    row.scopes = scopes.as_deref();
-    let stored = async {
-        let mut conn = state.db.acquire().await?;
-        make_room(&state, &mut conn).await?;
-        store::upsert(&mut conn, &row).await
-    }
-    .await;
-    let client = match stored {
-        Ok(client) => client,
+    let Registered {
+        client,
+        client_secret,
+    } = match state.grants.register_client(&valid).await {
+        Ok(registered) => registered,
         Err(err) => {
-            super::log_store(&err);
+            super::log_failure(&err);
             return registration_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "temporarily_unavailable",
@@ -308,7 +245,6 @@ pub async fn register(
             );
         }
     };
-    tracing::info!(client_id = %client.id, name = %client.name, "registered a client");
     let mut answer = serde_json::json!({
         "client_id": client.id,
         "client_id_issued_at": client.created_at.timestamp(),
@@ -326,15 +262,6 @@ pub async fn register(
         answer["client_secret_expires_at"] = 0.into();
     }
     (StatusCode::CREATED, Json(answer)).into_response()
-}
-
-/// Scopes as a space-separated string.
-pub fn join_scopes(scopes: &[sandgate_auth::Scope]) -> String {
-    scopes
-        .iter()
-        .map(|s| s.as_str())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn registration_error(status: StatusCode, code: &str, description: &str) -> Response {

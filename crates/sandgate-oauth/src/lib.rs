@@ -1,6 +1,8 @@
 //! The OAuth 2.1 authorization server (DESIGN §6, MCP authorization spec): metadata and JWKS,
 //! client registration and metadata documents, login, the consent page, the token and
-//! revocation endpoints, and the connected-apps page where a user disconnects an app.
+//! revocation endpoints, and the connected-apps page where a user disconnects an app. The grant
+//! rules themselves are the service's (`sandgate_service::grants`): this crate parses requests,
+//! renders pages, sets cookies and maps the rules' refusals to OAuth error responses.
 //!
 //! - [`metadata`]: RFC 8414 authorization-server metadata and the JWKS.
 //! - [`clients`]: dynamic registration (RFC 7591) and client-ID metadata documents.
@@ -11,7 +13,6 @@
 //! - [`html`]: the pages' shared layout and the headers that keep them out of frames.
 //! - [`ratelimit`]: limits on the unauthenticated endpoints, the client address.
 //! - [`redirect`]: where a browser may be sent after login.
-//! - [`purge`]: the scheduled purge of expired codes, sessions, tokens and unused clients.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
-use sandgate_store::StoreError;
+use sandgate_service::grants::GrantError;
 
 pub use crate::state::AppState;
 // The configuration lives in the service crate; `crate::config` keeps the modules' paths.
@@ -31,7 +32,6 @@ pub mod authorize;
 pub mod clients;
 pub mod html;
 pub mod metadata;
-pub mod purge;
 pub mod ratelimit;
 pub mod redirect;
 pub mod session;
@@ -161,7 +161,8 @@ pub fn routes() -> Router<AppState> {
     html::with_security_headers(routes)
 }
 
-/// A database failure inside an OAuth handler: logged with its cause, shown as a plain 500/503.
-pub(crate) fn log_store(err: &StoreError) {
+/// A failure of the service inside an OAuth handler: logged with its cause, shown as a plain
+/// 500/503.
+pub(crate) fn log_failure(err: &GrantError) {
     tracing::error!(error = ?err, "OAuth storage failed");
 }

@@ -11,12 +11,11 @@ use axum::extract::{Form, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum_extra::extract::cookie::{Cookie, Key, SameSite, SignedCookieJar};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use maud::html;
 use sandgate_auth::password;
 use sandgate_auth::secret::{self, SecretKind};
-use sandgate_store::users::{self, Session};
-use sandgate_store::{StoreError, hygiene};
+use sandgate_service::grants::{GrantError, Session, SignIn, User};
 use serde::Deserialize;
 
 use super::html::{self, hidden, page, see_other};
@@ -105,12 +104,11 @@ fn session_id_in(jar: SignedCookieJar, name: &str) -> Option<String> {
 }
 
 /// The logged-in user of this request, if any.
-pub async fn current(state: &AppState, headers: &HeaderMap) -> Result<Option<Session>, StoreError> {
+pub async fn current(state: &AppState, headers: &HeaderMap) -> Result<Option<Session>, GrantError> {
     let Some(id) = session_id(state, headers) else {
         return Ok(None);
     };
-    let mut conn = state.db.acquire().await?;
-    users::session(&mut conn, &secret::hash(&id)).await
+    state.grants.session(&id).await
 }
 
 /// Where to send a browser that needs to log in first, coming back to `next` afterwards.
@@ -237,11 +235,12 @@ pub async fn login(
     if let Err(limited) = limits.login_for(email) {
         return render_limited(&state, &next, limited);
     }
-    let user = match find_unlocked_user(&state, email).await {
-        Ok(Ok(user)) => user,
-        Ok(Err(limited)) => return render_limited(&state, &next, limited),
+    let user = match state.grants.sign_in(email).await {
+        Ok(SignIn::User(user)) => Some(user),
+        Ok(SignIn::NoSuchUser) => None,
+        Ok(SignIn::Locked(until)) => return render_limited(&state, &next, lockout(until)),
         Err(err) => {
-            super::log_store(&err);
+            super::log_failure(&err);
             return unavailable();
         }
     };
@@ -253,7 +252,7 @@ pub async fn login(
     let Some(user) = user.filter(|_| matches) else {
         return failed_login(&state, &next, user_id).await;
     };
-    match start_session(&state, user.id).await {
+    match state.grants.start_session(user.id).await {
         Ok(id) => {
             tracing::info!(user_id = %user.id, tenant_id = %user.tenant_id, "signed in");
             let ttl = i64::try_from(state.config.oauth.session_ttl_seconds).unwrap_or(i64::MAX / 4);
@@ -263,28 +262,18 @@ pub async fn login(
             (jar, see_other(&next)).into_response()
         }
         Err(err) => {
-            super::log_store(&err);
+            super::log_failure(&err);
             unavailable()
         }
     }
 }
 
-/// The user with this email, unless the account is locked (then the lock as a limit).
-async fn find_unlocked_user(
-    state: &AppState,
-    email: &str,
-) -> Result<Result<Option<users::User>, Limited>, StoreError> {
-    let mut conn = state.db.acquire().await?;
-    let Some(user) = users::by_email(&mut conn, email).await? else {
-        return Ok(Ok(None));
-    };
-    Ok(match hygiene::locked_until(&mut conn, user.id).await? {
-        Some(until) => Err(Limited {
-            what: LimitKind::Lockout,
-            retry_after: (until - Utc::now()).to_std().unwrap_or_default(),
-        }),
-        None => Ok(Some(user)),
-    })
+/// A locked account as a limit: refused until `until`.
+fn lockout(until: DateTime<Utc>) -> Limited {
+    Limited {
+        what: LimitKind::Lockout,
+        retry_after: (until - Utc::now()).to_std().unwrap_or_default(),
+    }
 }
 
 /// Verifies the password on the hashing threads. A missing user is checked against a dummy hash
@@ -292,7 +281,7 @@ async fn find_unlocked_user(
 /// the async workers, and only as many at once as there are hashing threads.
 async fn check_password(
     state: &AppState,
-    user: Option<&users::User>,
+    user: Option<&User>,
     password: String,
 ) -> Result<bool, Limited> {
     let hash = user.map_or_else(
@@ -310,30 +299,16 @@ async fn check_password(
 /// A wrong email or password: counts the failure against the account (which may lock it).
 async fn failed_login(state: &AppState, next: &str, user_id: Option<uuid::Uuid>) -> Response {
     tracing::info!("a sign-in failed");
-    let l = &state.config.oauth.limits;
-    let rule = hygiene::Lockout {
-        after_failures: i32::try_from(l.lockout_after_failures).unwrap_or(i32::MAX),
-        base_seconds: i64::from(l.lockout_seconds),
-        max_seconds: i64::from(l.lockout_max_seconds),
-    };
     let locked = match user_id {
-        Some(id) => async {
-            let mut conn = state.db.acquire().await?;
-            hygiene::record_failed_login(&mut conn, id, rule).await
-        }
-        .await
-        .unwrap_or_else(|err| {
-            super::log_store(&err);
+        Some(id) => state.grants.failed_sign_in(id).await.unwrap_or_else(|err| {
+            super::log_failure(&err);
             None
         }),
         None => None,
     };
     match locked {
         Some(until) => {
-            let limited = Limited {
-                what: LimitKind::Lockout,
-                retry_after: (until - Utc::now()).to_std().unwrap_or_default(),
-            };
+            let limited = lockout(until);
             let message = format!("Wrong email or password. {}", limited.message());
             let mut response = render_login(state, next, Some(&message), StatusCode::UNAUTHORIZED);
             limited.stamp(&mut response);
@@ -346,19 +321,6 @@ async fn failed_login(state: &AppState, next: &str, user_id: Option<uuid::Uuid>)
             StatusCode::UNAUTHORIZED,
         ),
     }
-}
-
-/// Records a new session for `user_id` (resetting its failed sign-ins); returns its secret id.
-async fn start_session(state: &AppState, user_id: uuid::Uuid) -> Result<String, StoreError> {
-    let id = secret::generate(SecretKind::Session);
-    let csrf = secret::generate(SecretKind::Csrf);
-    let ttl = state.config.oauth.session_ttl_seconds;
-    let expires =
-        Utc::now() + chrono::Duration::seconds(i64::try_from(ttl).unwrap_or(i64::MAX / 4));
-    let mut conn = state.db.acquire().await?;
-    hygiene::clear_failed_logins(&mut conn, user_id).await?;
-    users::create_session(&mut conn, &secret::hash(&id), user_id, &csrf, expires).await?;
-    Ok(id)
 }
 
 /// The logout form.
@@ -379,10 +341,8 @@ pub async fn logout(
         if !csrf_ok(&session, form.csrf.as_deref()) {
             return form_expired();
         }
-        if let Some(id) = session_id(&state, &headers)
-            && let Ok(mut conn) = state.db.acquire().await
-        {
-            let _ = users::delete_session(&mut conn, &secret::hash(&id)).await;
+        if let Some(id) = session_id(&state, &headers) {
+            let _ = state.grants.end_session(&id).await;
         }
     }
     let jar = SignedCookieJar::new(cookie_key(&state)).remove(policy.removal(policy.session));

@@ -3,9 +3,8 @@
 use std::sync::Arc;
 
 use sandgate_service::config::Config;
+use sandgate_service::grants::Grants;
 use sandgate_service::keys::KeyRing;
-use sandgate_service::sandboxes::SandboxService;
-use sandgate_store::PgPool;
 
 use crate::OAuthState;
 
@@ -15,12 +14,10 @@ use crate::OAuthState;
 pub struct AppState {
     /// The validated configuration.
     pub config: Arc<Config>,
-    /// The Postgres pool.
-    pub db: PgPool,
-    /// Signing and verifying keys for access tokens.
+    /// Signing and verifying keys for access tokens (the JWKS).
     pub keys: KeyRing,
-    /// Tenant-scoped sandboxes (disconnecting an app closes its sandboxes).
-    pub sandboxes: SandboxService,
+    /// The grant rules: codes, tokens, approvals, clients, sessions.
+    pub grants: Grants,
     /// The authorization server's own state (cookie key, metadata-document fetcher).
     pub oauth: OAuthState,
 }

@@ -26,6 +26,8 @@ use tokio_util::task::TaskTracker;
 use crate::write_behind::{Bounds, Dropped, Sink, WriteBehind};
 
 pub use crate::write_behind::FLUSH_AT_SHUTDOWN;
+/// How a tool call ended (the audit trail's outcome; also a metric label).
+pub use sandgate_store::audit::Outcome;
 
 /// Most events waiting to be written; beyond, new events are dropped (counted and logged).
 pub const QUEUE_EVENTS: usize = 100_000;

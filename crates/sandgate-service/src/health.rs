@@ -156,3 +156,39 @@ impl Readiness {
         self.status == "ready"
     }
 }
+
+/// What `/readyz` checks for this process, ready to run: Postgres, and Docker and the sandbox
+/// image with a node of its own, a live registered node without. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ReadinessProbe {
+    db: PgPool,
+    docker: Option<DockerBackend>,
+    image: String,
+    lost_after_seconds: i64,
+}
+
+impl ReadinessProbe {
+    /// The probe of the running `services` under `config`.
+    pub fn of(services: &crate::Services, config: &crate::Config) -> Self {
+        Self {
+            db: services.db.clone(),
+            docker: services.docker.clone(),
+            image: config.sandbox.image.clone(),
+            lost_after_seconds: i64::try_from(config.node.lost_after_seconds).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// Runs the checks, each bounded in time.
+    pub async fn check(&self) -> Readiness {
+        let needs = match &self.docker {
+            Some(docker) => Needs::Engine {
+                docker,
+                image: &self.image,
+            },
+            None => Needs::Nodes {
+                lost_after_seconds: self.lost_after_seconds,
+            },
+        };
+        readiness(&self.db, needs).await
+    }
+}

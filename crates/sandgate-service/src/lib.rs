@@ -6,9 +6,11 @@
 //! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`cache`]: live tokens and tenant limits cached briefly, invalidated across replicas.
+//! - [`grants`]: the OAuth grant rules: codes, refresh rotation, approvals, clients, sessions.
 //! - [`health`]: readiness (Postgres, Docker, the sandbox image).
 //! - [`keys`]: the signing-key ring (access tokens).
-//! - [`links`]: expiring download links (signed; opened by the gateway's `/files/` route).
+//! - [`links`]: expiring download links: minting, and opening one ([`links::LinkService`]).
+//! - [`metrics`]: the service's numbers for the gateway's `/metrics` (pools, nodes, budgets).
 //! - [`node_rpc`]: serving this process's sandbox node to gateways (`[node]`).
 //! - [`node_registry`]: the node's row in Postgres: registration and heartbeat.
 //! - [`packages`]: packages on demand (the host side of `pip install` in a sandbox).
@@ -25,9 +27,11 @@ pub mod admin;
 pub mod audit;
 pub mod cache;
 pub mod config;
+pub mod grants;
 pub mod health;
 pub mod keys;
 pub mod links;
+pub mod metrics;
 pub mod node_registry;
 pub mod node_rpc;
 pub mod packages;
@@ -46,3 +50,6 @@ pub use sandboxes::{
     CallPermit, Caller, Limits, Quota, Resolved, SandboxService, ServiceError, Target,
 };
 pub use startup::Services;
+
+/// The Postgres pool: the faces hand it on (to readiness, to the service's parts), never query it.
+pub use sandgate_store::PgPool;

@@ -30,7 +30,11 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::retention::RetentionConfig;
+
 use crate::write_behind::{Bounds, Dropped, Sink, WriteBehind};
+/// The `Content-Security-Policy` an HTML transcript must be served with: a sandboxed,
+/// script-less document in an opaque origin (its content came from untrusted code).
+pub use sandgate_transcript::html::CONTENT_SECURITY_POLICY;
 
 /// Most entries waiting to be written. Calls need Postgres to start, so the queue fills only
 /// when Postgres goes away with calls running; an entry can be large (output, charts).

@@ -20,20 +20,74 @@ pub struct DownloadEvent {
     pub grant_id: Option<Uuid>,
     /// The access token that made the link, if any.
     pub token_id: Option<String>,
-    /// `file`, `notebook` or `html`.
-    pub kind: String,
+    /// What the link opened.
+    pub kind: DownloadKind,
     /// The sandbox.
     pub sandbox_id: Option<String>,
     /// The conversation (a conversation's transcript).
     pub conversation_id: Option<String>,
     /// The file's path (files).
     pub path: Option<String>,
-    /// `ok`, `refused`, `failed` or `cancelled` (the downloader went away).
-    pub outcome: String,
+    /// How the opening ended.
+    pub outcome: DownloadOutcome,
     /// Why it was refused or failed.
-    pub reason: Option<String>,
+    pub reason: Option<DownloadReason>,
     /// Bytes sent.
     pub bytes: Option<i64>,
+}
+
+/// What a download link opens (stored as text in `download_events.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum DownloadKind {
+    /// A file in a live sandbox.
+    File,
+    /// A transcript as a Jupyter notebook.
+    Notebook,
+    /// A transcript as an HTML page.
+    Html,
+}
+
+/// How an opening ended (stored as text in `download_events.outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum DownloadOutcome {
+    /// Served whole.
+    Ok,
+    /// The link may not be opened (now).
+    Refused,
+    /// Serving it went wrong on our side.
+    Failed,
+    /// The downloader went away before the end.
+    Cancelled,
+}
+
+/// Why an opening was refused or failed (stored as text in `download_events.reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum DownloadReason {
+    /// Not a link we sealed.
+    Invalid,
+    /// Past its expiry.
+    Expired,
+    /// Its app connection or token was revoked.
+    Revoked,
+    /// The transcript it names is no longer kept.
+    TranscriptGone,
+    /// A per-link or per-tenant rate limit.
+    RateLimited,
+    /// The sandbox ended, was lost, or is not the tenant's.
+    SandboxGone,
+    /// Postgres or the sandbox's node was away.
+    Unavailable,
+    /// A tenant limit or quota.
+    Limit,
+    /// The file is no longer there (moved, removed, too large).
+    FileGone,
+    /// The file stream broke off in the sandbox.
+    Sandbox,
+    /// Anything else on our side.
+    Internal,
 }
 
 /// Records an opening.
@@ -49,12 +103,12 @@ pub async fn record(conn: &mut PgConnection, event: &DownloadEvent) -> Result<()
     .bind(&event.link_id)
     .bind(event.grant_id)
     .bind(&event.token_id)
-    .bind(&event.kind)
+    .bind(event.kind)
     .bind(&event.sandbox_id)
     .bind(&event.conversation_id)
     .bind(&event.path)
-    .bind(&event.outcome)
-    .bind(&event.reason)
+    .bind(event.outcome)
+    .bind(event.reason)
     .bind(event.bytes)
     .execute(conn)
     .await?;

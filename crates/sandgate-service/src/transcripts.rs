@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::retention::RetentionConfig;
+use crate::config::RetentionConfig;
 use crate::write_behind::{Bounds, Dropped, Sink, WriteBehind};
 
 /// Most entries waiting to be written. Calls need Postgres to start, so the queue fills only

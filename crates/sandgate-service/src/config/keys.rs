@@ -1,6 +1,8 @@
 //! `[keys]`: the deployment's secret (signing-key seeds sealed at rest, download links sealed)
 //! and admin-issued tokens; `[links]`: download-link rate limits.
 
+use std::time::Duration;
+
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
@@ -25,6 +27,11 @@ pub struct LinksConfig {
     /// Opens of a tenant's links per minute (also the burst); beyond: 429 + Retry-After.
     pub per_tenant_per_minute: u32,
 }
+
+/// The least time a retired key keeps verifying: longer than any OAuth access token lives. It
+/// keeps verifying longer when admin-issued tokens may live longer (`crate::keys::KeySettings`); `oauth.access_token_ttl_seconds` may
+/// be no longer.
+pub const RETIRED_KEY_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// The development secret used when `keys.secret` is empty on a loopback deployment. Public:
 /// anything it protects is protected only by the host's loopback interface.

@@ -15,11 +15,15 @@ mod http;
 mod keys;
 mod node;
 mod oauth_limits;
+mod packages;
+mod retention;
 
 pub use http::HttpConfig;
-pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig};
+pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig, RETIRED_KEY_GRACE};
 pub use node::NodeConfig;
 pub use oauth_limits::OAuthLimitsConfig;
+pub use packages::PackagesConfig;
+pub use retention::RetentionConfig;
 
 /// The defaults, with a comment on every key (the repository's `config/default.toml`).
 pub const DEFAULT_TOML: &str = include_str!("../../../../config/default.toml");
@@ -48,7 +52,7 @@ pub struct Config {
     /// Reaper and reconciliation timing.
     pub lifecycle: LifecycleConfig,
     /// What is kept after a sandbox ends, for how long, and how much (transcripts).
-    pub retention: crate::retention::RetentionConfig,
+    pub retention: RetentionConfig,
     /// The MCP endpoint.
     pub mcp: McpConfig,
     /// Connections: caps and timeouts.
@@ -62,7 +66,7 @@ pub struct Config {
     /// Logging.
     pub log: LogConfig,
     /// Packages on demand (`pip install` in a sandbox).
-    pub packages: crate::packages::PackagesConfig,
+    pub packages: PackagesConfig,
     /// The sandbox node: its RPC listener, certificates, heartbeat, capacity.
     pub node: NodeConfig,
 }
@@ -484,12 +488,12 @@ impl Config {
                 return Err(invalid(key, "must be at least 1".into()));
             }
         }
-        if o.access_token_ttl_seconds > crate::keys::RETIRED_KEY_GRACE.as_secs() {
+        if o.access_token_ttl_seconds > RETIRED_KEY_GRACE.as_secs() {
             return Err(invalid(
                 "oauth.access_token_ttl_seconds",
                 format!(
                     "must be at most {} (a rotated key verifies that long)",
-                    crate::keys::RETIRED_KEY_GRACE.as_secs()
+                    RETIRED_KEY_GRACE.as_secs()
                 ),
             ));
         }
@@ -637,6 +641,16 @@ impl Config {
             },
             None => self.listen.ip().is_loopback(),
         }
+    }
+
+    /// A pool on `database.url` with the migrations applied (the operator commands' way in).
+    pub async fn migrated_pool(
+        &self,
+    ) -> Result<sandgate_store::PgPool, sandgate_store::StoreError> {
+        let db =
+            sandgate_store::connect_lazy(self.database.url.expose_secret(), &self.pool_settings())?;
+        sandgate_store::migrate(&db).await?;
+        Ok(db)
     }
 
     /// The Postgres pool settings.

@@ -9,7 +9,7 @@ use tokio::io::AsyncWriteExt;
 use url::Url;
 
 use super::PackagesConfigError;
-use super::config::PackagesConfig;
+use crate::config::PackagesConfig;
 
 /// The JSON API first (PEP 691), HTML (PEP 503) for indexes that only have that.
 const ACCEPT: &str = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1";

@@ -4,14 +4,18 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 use url::Url;
+use validator::{Validate, ValidationError};
+
+use super::validation::problem;
 
 /// Packages on demand (`[packages]`).
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, PartialEq, Validate)]
 #[serde(deny_unknown_fields)]
 pub struct PackagesConfig {
     /// Whether `pip install` in a sandbox may install anything.
     pub enabled: bool,
     /// The upstream simple index (PEP 503/691); empty: the one this machine's pip uses.
+    #[validate(custom(function = an_http_url))]
     pub index_url: String,
     /// A PEM bundle of extra CA certificates for the upstream (a corporate proxy), trusted
     /// besides the system's; empty: none.
@@ -20,8 +24,10 @@ pub struct PackagesConfig {
     /// `sandgate-packages` in the system's temporary directory.
     pub cache_dir: String,
     /// The largest wheel a sandbox may download, MiB.
+    #[validate(range(min = 1, message = "must be at least 1"))]
     pub max_wheel_mb: u64,
     /// How long one request to the upstream index may take, seconds.
+    #[validate(range(min = 1, message = "must be at least 1"))]
     pub fetch_timeout_seconds: u64,
 }
 
@@ -34,26 +40,13 @@ impl PackagesConfig {
             PathBuf::from(&self.cache_dir)
         }
     }
+}
 
-    /// Checks the values; the error names the key.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        if !self.index_url.trim().is_empty() {
-            match Url::parse(self.index_url.trim()) {
-                Ok(url) if matches!(url.scheme(), "http" | "https") => {}
-                _ => {
-                    return Err((
-                        "packages.index_url".into(),
-                        format!("{:?} is not an http(s) URL", self.index_url),
-                    ));
-                }
-            }
-        }
-        if self.max_wheel_mb == 0 || self.fetch_timeout_seconds == 0 {
-            return Err((
-                "packages.max_wheel_mb".into(),
-                "max_wheel_mb and fetch_timeout_seconds must be more than 0".into(),
-            ));
-        }
-        Ok(())
+/// Empty (this machine's pip's index), or an http(s) URL.
+fn an_http_url(index_url: &str) -> Result<(), ValidationError> {
+    let url = index_url.trim();
+    if !url.is_empty() && !Url::parse(url).is_ok_and(|u| matches!(u.scheme(), "http" | "https")) {
+        return Err(problem(format!("{index_url:?} is not an http(s) URL")));
     }
+    Ok(())
 }

@@ -9,8 +9,7 @@ use sandgate_auth::secret::{self, SecretKind};
 use sandgate_store::audit::AuditEvent;
 use sandgate_store::sandboxes::SandboxRow;
 use sandgate_store::tenants::TenantLimits;
-use sandgate_store::{PgPool, StoreError, clients, grants, tenants, users};
-use secrecy::ExposeSecret;
+use sandgate_store::{StoreError, clients, grants, tenants, users};
 use uuid::Uuid;
 
 use crate::Config;
@@ -111,7 +110,7 @@ pub async fn set_tenant_limits(
     reset: bool,
     changes: &LimitChanges,
 ) -> Result<(TenantLimits, Limits), AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut tx = db.begin().await?;
     tenants::lock(&mut tx, tenant).await?;
     let mut own = tenants::limits(&mut tx, tenant)
@@ -219,7 +218,7 @@ pub async fn audit(
     tenant: Uuid,
     limit: i64,
 ) -> Result<Vec<AuditEvent>, AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
@@ -260,7 +259,7 @@ pub async fn set_package_policy(
             "--max-wheel-mb: {mb} must be more than 0"
         )));
     }
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
@@ -319,7 +318,7 @@ pub async fn package_installs(
     tenant: Uuid,
     limit: i64,
 ) -> Result<Vec<sandgate_store::packages::PackageInstall>, AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
@@ -374,14 +373,14 @@ pub async fn sandboxes(
     config: &Config,
     tenant: Option<Uuid>,
 ) -> Result<Vec<SandboxRow>, AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     Ok(sandgate_store::sandboxes::list_live(&mut conn, tenant).await?)
 }
 
 /// The registered sandbox nodes.
 pub async fn nodes(config: &Config) -> Result<Vec<sandgate_store::nodes::NodeRow>, AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     Ok(sandgate_store::nodes::list(&mut conn).await?)
 }
@@ -392,7 +391,7 @@ pub async fn set_node_draining(
     id: &str,
     draining: bool,
 ) -> Result<sandgate_store::nodes::NodeRow, AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     sandgate_store::nodes::set_draining(&mut conn, id, draining)
         .await?
@@ -457,17 +456,10 @@ pub fn render_sandboxes(rows: &[SandboxRow]) -> String {
     out
 }
 
-pub(crate) async fn pool(config: &Config) -> Result<PgPool, AdminError> {
-    let db =
-        sandgate_store::connect_lazy(config.database.url.expose_secret(), &config.pool_settings())?;
-    sandgate_store::migrate(&db).await?;
-    Ok(db)
-}
-
 /// Creates a tenant and returns it.
 #[tracing::instrument(skip_all)]
 pub async fn create_tenant(config: &Config, name: &str) -> Result<tenants::Tenant, AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     match tenants::create(&mut conn, name).await {
         Err(StoreError::Query(sqlx_err))
@@ -499,7 +491,7 @@ pub async fn issue_token(
             max,
         });
     }
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
@@ -544,7 +536,7 @@ pub async fn list_tokens(
     tenant: Option<Uuid>,
     all: bool,
 ) -> Result<Vec<AdminToken>, AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     Ok(admin_tokens::list(&mut conn, tenant, all).await?)
 }
@@ -580,7 +572,7 @@ pub fn render_tokens(tokens: &[AdminToken]) -> String {
 /// Revokes an admin-issued token by id: every gateway refuses it from its next request on.
 #[tracing::instrument(skip_all)]
 pub async fn revoke_token(config: &Config, id: &str) -> Result<AdminToken, AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut tx = db.begin().await?;
     let token = admin_tokens::revoke(&mut tx, id.trim())
         .await?
@@ -592,7 +584,7 @@ pub async fn revoke_token(config: &Config, id: &str) -> Result<AdminToken, Admin
 /// Rotates the signing key; returns the new key's id.
 #[tracing::instrument(skip_all)]
 pub async fn rotate_keys(config: &Config) -> Result<String, AdminError> {
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let settings = KeySettings::of(config);
     // Rows from before seeds were sealed are sealed first, as a gateway start would.
     keys::seal_clear_seeds(&db, &settings.sealer).await?;
@@ -612,7 +604,7 @@ pub async fn create_user(
         return Err(AdminError::BadEmail(email.to_owned()));
     }
     let hash = sandgate_auth::password::hash_password(password)?;
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
@@ -647,7 +639,7 @@ pub async fn create_client(
     for uri in redirect_uris {
         sandgate_auth::client::check_redirect_uri(uri)?;
     }
-    let db = pool(config).await?;
+    let db = config.migrated_pool().await?;
     let mut tx = db.begin().await?;
     if tenants::get(&mut tx, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));

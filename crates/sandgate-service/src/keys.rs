@@ -17,9 +17,7 @@ use sandgate_auth::{AccessClaims, KeyPair, TokenError, TokenIssuer, TokenVerifie
 use sandgate_store::{PgPool, StoreError, keys};
 use sha2::Sha256;
 
-/// The least time a retired key keeps verifying: longer than any OAuth access token lives. It
-/// keeps verifying longer when admin-issued tokens may live longer ([`KeySettings`]).
-pub const RETIRED_KEY_GRACE: Duration = Duration::from_secs(24 * 3600);
+pub use crate::config::RETIRED_KEY_GRACE;
 
 /// A 32-byte key for one `purpose`, derived from the deployment's secret (HMAC-SHA256 as a
 /// PRF, keyed by the secret: each purpose gets an independent key).

@@ -14,6 +14,7 @@
 //! - [`node_rpc`]: serving this process's sandbox node to gateways (`[node]`).
 //! - [`node_registry`]: the node's row in Postgres: registration and heartbeat.
 //! - [`packages`]: packages on demand (the host side of `pip install` in a sandbox).
+//! - [`placement`]: which node a lease goes to, warm or cold: one rule.
 //! - [`sessions`]: MCP sessions bound to the principal that opened them; the session cap.
 //! - [`startup`]: [`Services::start`]: the pool, keys, sandbox manager and background work.
 //! - [`admin`]: operator commands behind `sandgate admin`.
@@ -35,6 +36,7 @@ pub mod metrics;
 pub mod node_registry;
 pub mod node_rpc;
 pub mod packages;
+pub mod placement;
 pub mod resource_uri;
 pub mod retention;
 pub mod sandboxes;

@@ -15,76 +15,30 @@ use sandgate_node::{NodeHandle, NodeTls};
 use sandgate_sandbox::{ChannelError, DockerBackend, SandboxBackend, SandboxError};
 use sandgate_store::audit::{self, AuditTable};
 use sandgate_store::{PgPool, StoreError, nodes, sandboxes, transcripts};
-use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::admin::AdminError;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, RetentionConfig};
 use crate::node_registry::legacy_node_id;
 use crate::sandboxes::{NodeSet, ServiceError};
 
-/// The `[retention]` settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RetentionConfig {
-    /// How long an ended sandbox's transcript is kept, seconds.
-    pub transcripts_seconds: u64,
-    /// How long an ended sandbox's files are kept, seconds (only 0: they go with the container).
-    pub files_seconds: u64,
-    /// How long the audit trail (tool calls, download-link openings) is kept, seconds.
-    pub audit_seconds: u64,
-    /// How often the purge job runs, seconds.
-    pub purge_interval_seconds: u64,
-    /// Most entries one sandbox's transcript keeps.
-    pub transcript_max_entries: u32,
-    /// Most bytes one sandbox's transcript keeps.
-    pub transcript_max_bytes: u64,
+/// Why a retention command (`sandgate admin tenant purge`, `… retention`) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RetentionError {
+    /// Postgres failed.
+    #[error("database error (is Postgres running at database.url, and migrated?)")]
+    Store(#[from] StoreError),
+    /// The tenant does not exist.
+    #[error("no tenant with id {0}; `sandgate admin tenant create <name>` makes one")]
+    NoSuchTenant(Uuid),
+    /// The node RPC's certificates (`node.tls_*`) could not be read.
+    #[error(transparent)]
+    NodeTls(#[from] sandgate_node::TlsError),
+    /// The retention asked for does not fit the column.
+    #[error("retention must be at most 2147483647 seconds")]
+    TooLong,
 }
-
-impl RetentionConfig {
-    /// Checks the settings; errors name the key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: &str| {
-            Err(ConfigError::Invalid {
-                key: format!("retention.{key}"),
-                message: message.to_owned(),
-            })
-        };
-        if self.files_seconds != 0 {
-            return invalid(
-                "files_seconds",
-                "only 0 is supported: a sandbox's files live in its container, which is removed when the sandbox ends",
-            );
-        }
-        if self.transcripts_seconds > i32::MAX as u64 {
-            return invalid(
-                "transcripts_seconds",
-                "must be at most 2147483647 (68 years)",
-            );
-        }
-        if !(AUDIT_MIN_SECONDS..=i32::MAX as u64).contains(&self.audit_seconds) {
-            return invalid(
-                "audit_seconds",
-                "must be between 86400 (a day) and 2147483647 (68 years)",
-            );
-        }
-        if self.purge_interval_seconds == 0 {
-            return invalid("purge_interval_seconds", "must be at least 1");
-        }
-        if self.transcript_max_entries == 0 || self.transcript_max_entries > i32::MAX as u32 {
-            return invalid("transcript_max_entries", "must be between 1 and 2147483647");
-        }
-        if self.transcript_max_bytes < 1024 || self.transcript_max_bytes > i64::MAX as u64 {
-            return invalid("transcript_max_bytes", "must be at least 1024");
-        }
-        Ok(())
-    }
-}
-
-/// The shortest audit retention accepted: an audit trail is for looking back.
-const AUDIT_MIN_SECONDS: u64 = 86_400;
 
 /// Rows of an audit table one purge statement deletes at most.
 const AUDIT_PURGE_BATCH: i64 = 10_000;
@@ -222,8 +176,8 @@ const ENGINE_WITHIN: Duration = Duration::from_secs(10);
 /// sweep ended on a silent node are removed too when their node (or this host's engine) can be
 /// reached. The tenant, its users, connections and audit trail (which never holds content)
 /// stay.
-pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, AdminError> {
-    let db = crate::admin::pool(config).await?;
+pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, RetentionError> {
+    let db = config.migrated_pool().await?;
     // Before anything changes: a configuration that cannot reach the nodes fails here.
     let remover = Remover::new(config).await?;
     let mut tx = sandgate_store::begin(&db).await?;
@@ -231,7 +185,7 @@ pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, Admin
         .await?
         .is_none()
     {
-        return Err(AdminError::NoSuchTenant(tenant));
+        return Err(RetentionError::NoSuchTenant(tenant));
     }
     let lost_after = i64::try_from(config.node.lost_after_seconds).unwrap_or(i64::MAX);
     let ended = sandboxes::end_all_of_tenant(&mut tx, tenant, "purged").await?;
@@ -296,7 +250,7 @@ struct Remover {
 }
 
 impl Remover {
-    async fn new(config: &Config) -> Result<Self, AdminError> {
+    async fn new(config: &Config) -> Result<Self, RetentionError> {
         let own = match DockerBackend::connect(&config.docker.host) {
             Ok(docker) => match tokio::time::timeout(ENGINE_WITHIN, docker.engine()).await {
                 Ok(Ok(engine)) if !engine.id.is_empty() => {
@@ -394,18 +348,14 @@ pub async fn set_tenant_retention(
     config: &Config,
     tenant: Uuid,
     seconds: Option<u32>,
-) -> Result<u64, AdminError> {
-    let db = crate::admin::pool(config).await?;
+) -> Result<u64, RetentionError> {
+    let db = config.migrated_pool().await?;
     let mut conn = sandgate_store::acquire(&db).await?;
     let value = seconds
-        .map(|s| {
-            i32::try_from(s).map_err(|_| {
-                AdminError::InvalidLimit("retention must be at most 2147483647 seconds".into())
-            })
-        })
+        .map(|s| i32::try_from(s).map_err(|_| RetentionError::TooLong))
         .transpose()?;
     if !transcripts::set_retention(&mut conn, tenant, value).await? {
-        return Err(AdminError::NoSuchTenant(tenant));
+        return Err(RetentionError::NoSuchTenant(tenant));
     }
     Ok(value.map_or(config.retention.transcripts_seconds, |v| v as u64))
 }

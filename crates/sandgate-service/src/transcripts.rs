@@ -29,8 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::retention::RetentionConfig;
-
+use crate::config::RetentionConfig;
 use crate::write_behind::{Bounds, Dropped, Sink, WriteBehind};
 /// The `Content-Security-Policy` an HTML transcript must be served with: a sandboxed,
 /// script-less document in an opaque origin (its content came from untrusted code).

@@ -124,37 +124,36 @@ pub async fn insert_warm(
     Ok(())
 }
 
-/// Flips one warm row of `profile` to leased, on a node that may take leases: its heartbeat
-/// within `lost_after_seconds` and not draining; a row of `prefer` (this process's own node)
-/// first, then the oldest. `FOR UPDATE SKIP LOCKED` makes concurrent leases (from any number of
-/// gateways) take different rows. `None` when no such node has one.
+/// Flips one warm row of `profile` to leased, on a node of `nodes` (the placement's choice, best
+/// first): a row of the first node that has one, the oldest of that node's. Rows of nodes not
+/// listed are never taken. `FOR UPDATE SKIP LOCKED` makes concurrent leases (from any number of
+/// gateways) take different rows. `None` when no listed node has one.
 #[tracing::instrument(skip_all)]
 pub async fn lease_warm(
     conn: &mut PgConnection,
     profile: &str,
-    prefer: Option<&str>,
-    lost_after_seconds: i64,
+    nodes: &[String],
     lease: &NewLease<'_>,
 ) -> Result<Option<SandboxRow>, StoreError> {
+    if nodes.is_empty() {
+        return Ok(None);
+    }
     let row = sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET state = 'leased', tenant_id = $3, conversation_id = $4,
                 leased_at = now(), last_used_at = now(), idle_timeout_seconds = $5, expires_at = $6, grant_id = $7
          WHERE id = (SELECT id FROM sandboxes
-                     WHERE state = 'warm' AND profile = $1
-                       AND node IN (SELECT id FROM nodes WHERE NOT draining
-                                    AND heartbeat_at > now() - make_interval(secs => $8))
-                     ORDER BY node IS NOT DISTINCT FROM $2 DESC, created_at
+                     WHERE state = 'warm' AND profile = $1 AND node = ANY($2)
+                     ORDER BY array_position($2, node), created_at
                      FOR UPDATE SKIP LOCKED LIMIT 1)
          RETURNING {COLUMNS}"
     )))
     .bind(profile)
-    .bind(prefer)
+    .bind(nodes)
     .bind(lease.tenant_id)
     .bind(lease.conversation_id)
     .bind(lease.idle_timeout_seconds)
     .bind(lease.expires_at)
     .bind(lease.grant_id)
-    .bind(lost_after_seconds as f64)
     .fetch_optional(conn)
     .await
     .map_err(conflict_on_unique("conversation already has a sandbox"))?;

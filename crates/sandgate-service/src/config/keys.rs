@@ -1,11 +1,14 @@
 //! `[keys]`: the deployment's secret (signing-key seeds sealed at rest, download links sealed)
 //! and admin-issued tokens; `[links]`: download-link rate limits.
 
+use std::time::Duration;
+
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+use validator::Validate;
 
 /// Key settings (`[keys]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Validate)]
 #[serde(deny_unknown_fields)]
 pub struct KeysConfig {
     /// The deployment's secret: the key-encryption key of the signing-key seeds in Postgres and
@@ -13,18 +16,31 @@ pub struct KeysConfig {
     /// accepted only when the public URL is loopback.
     pub secret: SecretString,
     /// Longest lifetime of a token from `sandgate admin token issue`, seconds.
+    #[validate(range(
+        min = 60,
+        max = 31_622_400,
+        message = "must be between 60 and 31622400 (366 days): retired signing keys keep \
+                   verifying that long"
+    ))]
     pub admin_token_max_ttl_seconds: u64,
 }
 
 /// Download-link settings (`[links]`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Validate)]
 #[serde(deny_unknown_fields)]
 pub struct LinksConfig {
     /// Opens of one link per minute (also the burst); beyond: 429 + Retry-After.
+    #[validate(range(min = 1, message = "must be at least 1"))]
     pub per_link_per_minute: u32,
     /// Opens of a tenant's links per minute (also the burst); beyond: 429 + Retry-After.
+    #[validate(range(min = 1, message = "must be at least 1"))]
     pub per_tenant_per_minute: u32,
 }
+
+/// The least time a retired key keeps verifying: longer than any OAuth access token lives. It
+/// keeps verifying longer when admin-issued tokens may live longer (`crate::keys::KeySettings`); `oauth.access_token_ttl_seconds` may
+/// be no longer.
+pub const RETIRED_KEY_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 /// The development secret used when `keys.secret` is empty on a loopback deployment. Public:
 /// anything it protects is protected only by the host's loopback interface.
@@ -42,8 +58,9 @@ impl KeysConfig {
         }
     }
 
-    /// Checks the values; `Err((key, message))` names the offending key.
-    pub fn validate(&self, loopback: bool) -> Result<(), (String, String)> {
+    /// Checks the secret (by hand, not declared: a secret is not handed to the validator,
+    /// whose errors carry the value they refused); `Err((key, message))` names the key.
+    pub fn check_secret(&self, loopback: bool) -> Result<(), (String, String)> {
         let secret = self.secret.expose_secret();
         if secret.is_empty() && !loopback {
             return Err((
@@ -60,35 +77,6 @@ impl KeysConfig {
                 "keys.secret".into(),
                 "must be at least 32 characters (e.g. `openssl rand -base64 48`)".into(),
             ));
-        }
-        if self.admin_token_max_ttl_seconds < 60 {
-            return Err((
-                "keys.admin_token_max_ttl_seconds".into(),
-                "must be at least 60".into(),
-            ));
-        }
-        if self.admin_token_max_ttl_seconds > 366 * 86400 {
-            return Err((
-                "keys.admin_token_max_ttl_seconds".into(),
-                "must be at most 31622400 (366 days): retired signing keys keep verifying \
-                 that long"
-                    .into(),
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl LinksConfig {
-    /// Checks the values; `Err((key, message))` names the offending key.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        for (key, value) in [
-            ("links.per_link_per_minute", self.per_link_per_minute),
-            ("links.per_tenant_per_minute", self.per_tenant_per_minute),
-        ] {
-            if value == 0 {
-                return Err((key.into(), "must be at least 1".into()));
-            }
         }
         Ok(())
     }

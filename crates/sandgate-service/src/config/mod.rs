@@ -7,205 +7,96 @@ use std::time::Duration;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use sandgate_sandbox::SandboxProfile;
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::ExposeSecret;
 use serde::Deserialize;
 use url::Url;
+use validator::{Validate, ValidationError};
 
+use validation::problem;
+
+mod database;
 mod http;
 mod keys;
+mod lifecycle;
+mod limits;
+mod mcp;
 mod node;
+mod oauth;
 mod oauth_limits;
+mod packages;
+mod retention;
+mod validation;
 
+pub use database::{DatabaseConfig, DockerConfig};
 pub use http::HttpConfig;
-pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig};
+pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig, RETIRED_KEY_GRACE};
+pub use lifecycle::{LifecycleConfig, PoolConfig};
+pub use limits::{LimitsConfig, PIDS_PER_CALL};
+pub use mcp::McpConfig;
 pub use node::NodeConfig;
+pub use oauth::{ClientMetadataConfig, OAuthConfig};
 pub use oauth_limits::OAuthLimitsConfig;
+pub use packages::PackagesConfig;
+pub use retention::RetentionConfig;
 
 /// The defaults, with a comment on every key (the repository's `config/default.toml`).
 pub const DEFAULT_TOML: &str = include_str!("../../../../config/default.toml");
 
 /// The whole configuration of a gateway process.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Validate)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Address the HTTP server binds.
     pub listen: SocketAddr,
     /// The URL clients reach the gateway at; empty in the file means "derive from `listen`".
     #[serde(deserialize_with = "empty_url_is_none")]
+    #[validate(custom(function = an_origin_url))]
     public_url: Option<Url>,
     /// Deployment name (container labels).
+    #[validate(custom(function = a_label))]
     pub instance: String,
     /// Postgres.
+    #[validate(nested)]
     pub database: DatabaseConfig,
     /// The Docker engine.
     pub docker: DockerConfig,
     /// The sandbox profile.
     pub sandbox: SandboxProfile,
     /// The warm pool.
+    #[validate(nested)]
     pub pool: PoolConfig,
     /// Default tenant limits and per-call bounds.
+    #[validate(nested)]
     pub limits: LimitsConfig,
     /// Reaper and reconciliation timing.
+    #[validate(nested)]
     pub lifecycle: LifecycleConfig,
     /// What is kept after a sandbox ends, for how long, and how much (transcripts).
-    pub retention: crate::retention::RetentionConfig,
+    #[validate(nested)]
+    pub retention: RetentionConfig,
     /// The MCP endpoint.
+    #[validate(nested)]
     pub mcp: McpConfig,
     /// Connections: caps and timeouts.
+    #[validate(nested)]
     pub http: HttpConfig,
     /// The OAuth 2.1 authorization server (DESIGN §6).
+    #[validate(nested)]
     pub oauth: OAuthConfig,
     /// The deployment's secret and admin-issued tokens.
+    #[validate(nested)]
     pub keys: KeysConfig,
     /// Download links.
+    #[validate(nested)]
     pub links: LinksConfig,
     /// Logging.
     pub log: LogConfig,
     /// Packages on demand (`pip install` in a sandbox).
-    pub packages: crate::packages::PackagesConfig,
+    #[validate(nested)]
+    pub packages: PackagesConfig,
     /// The sandbox node: its RPC listener, certificates, heartbeat, capacity.
+    #[validate(nested)]
     pub node: NodeConfig,
-}
-
-/// Postgres settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DatabaseConfig {
-    /// Connection URL (secret: it may hold a password).
-    pub url: SecretString,
-    /// Most connections in the pool.
-    pub max_connections: u32,
-    /// How long a request waits for a connection, milliseconds.
-    pub acquire_timeout_ms: u64,
-}
-
-/// Docker engine settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DockerConfig {
-    /// Engine address; empty means the local default.
-    pub host: String,
-}
-
-/// Warm pool settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolConfig {
-    /// Ready containers kept waiting however low the demand (the floor).
-    pub min_ready: usize,
-    /// Ready containers kept waiting at most however high the demand (the ceiling).
-    pub max_ready: usize,
-    /// Most containers started at once; 0 adapts it to the machine.
-    pub max_concurrent_starts: usize,
-    /// The window the lease rate is measured over: how long the pool stays grown after demand
-    /// stops, seconds.
-    pub demand_window_seconds: u64,
-    /// How long a cold start waits for its place among the starts run at once before
-    /// `create_sandbox` is refused with a retryable limit, seconds.
-    pub start_wait_seconds: u64,
-}
-
-/// Processes one call in a sandbox may need at once (an agent thread, a shell, the command):
-/// `limits.max_calls_per_sandbox` times this must fit in `sandbox.pids_limit`.
-pub const PIDS_PER_CALL: i64 = 4;
-
-/// Default tenant limits and per-call bounds.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsConfig {
-    /// Most live sandboxes per tenant.
-    pub max_sandboxes: u32,
-    /// Default idle timeout, seconds.
-    pub idle_timeout_seconds: u32,
-    /// Longest idle timeout a caller may ask for, seconds.
-    pub max_idle_timeout_seconds: u32,
-    /// Hard lifetime, seconds.
-    pub max_lifetime_seconds: u32,
-    /// Most tool calls per tenant per minute.
-    pub max_calls_per_minute: u32,
-    /// Longest per-call timeout, seconds.
-    pub max_call_timeout_seconds: u32,
-    /// Per-call timeout when none is given, seconds.
-    pub default_call_timeout_seconds: u32,
-    /// Output kept per cell or command, bytes.
-    pub output_limit_bytes: usize,
-    /// Largest file moved by get_file / upload_file, bytes.
-    pub max_file_bytes: u64,
-    /// Largest file get_file returns inline; bigger ones come as a resource link, bytes.
-    pub inline_file_bytes: u64,
-    /// Most open MCP sessions (2025-11-25 era) per tenant.
-    pub max_sessions: u32,
-    /// Most tool calls per tenant running at once, across replicas.
-    pub max_calls_in_flight: u32,
-    /// Most tool calls running at once in one sandbox (below what its pids limit carries).
-    pub max_calls_per_sandbox: u32,
-    /// How long a call's in-flight slot outlives a replica that died mid-call, seconds (a live
-    /// call renews its slot every third of this).
-    pub call_slot_ttl_seconds: u32,
-}
-
-/// Reaper and reconciliation timing.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LifecycleConfig {
-    /// Reaper interval, milliseconds.
-    pub reaper_interval_ms: u64,
-    /// Reconciliation interval, seconds.
-    pub reconcile_interval_seconds: u64,
-    /// Age below which an unknown container is left alone, seconds.
-    pub orphan_grace_seconds: u64,
-}
-
-/// MCP endpoint settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct McpConfig {
-    /// Largest request body, bytes.
-    pub max_request_bytes: usize,
-    /// SSE keep-alive interval, seconds.
-    pub sse_keep_alive_seconds: u64,
-    /// Extra allowed Origins.
-    pub allowed_origins: Vec<String>,
-    /// A 2025-11-25 session unused this long ends (and frees its tenant's session slot), seconds.
-    pub session_idle_seconds: u64,
-}
-
-/// OAuth authorization-server settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OAuthConfig {
-    /// Access token lifetime, seconds.
-    pub access_token_ttl_seconds: u64,
-    /// Refresh token lifetime, seconds (each rotation starts a new one).
-    pub refresh_token_ttl_seconds: u64,
-    /// Authorization code lifetime, seconds.
-    pub code_ttl_seconds: u64,
-    /// Browser session lifetime, seconds.
-    pub session_ttl_seconds: u64,
-    /// Key for signing session cookies; empty: a random key per process.
-    pub cookie_secret: SecretString,
-    /// Whether clients may register themselves (RFC 7591).
-    pub dynamic_registration: bool,
-    /// Client-ID metadata documents.
-    pub client_metadata: ClientMetadataConfig,
-    /// Limits on the unauthenticated endpoints.
-    pub limits: OAuthLimitsConfig,
-}
-
-/// Fetching client-ID metadata documents.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClientMetadataConfig {
-    /// Whether `client_id` URLs are accepted at all.
-    pub enabled: bool,
-    /// Allow http URLs and private, loopback and link-local addresses (tests only).
-    pub allow_private_addresses: bool,
-    /// Whole-fetch timeout, milliseconds.
-    pub fetch_timeout_ms: u64,
-    /// Largest document, bytes.
-    pub max_bytes: usize,
-    /// How long a fetched document is used before it is fetched again, seconds.
-    pub cache_seconds: u64,
 }
 
 /// Log settings.
@@ -284,304 +175,52 @@ impl Config {
         Ok(config)
     }
 
-    /// Checks the values together; the first problem is reported with its key.
+    /// Checks the values: the range and shape checks declared beside each field
+    /// (`#[validate(…)]`), then the checks that compare fields or sections, or read a secret;
+    /// the first problem is reported with its key.
     fn validate(&self) -> Result<(), ConfigError> {
-        self.validate_basics()?;
-        self.validate_limits()?;
-        self.validate_mcp()?;
-        self.validate_oauth()?;
-        self.validate_lifecycle()?;
-        self.node.validate()?;
-        self.packages
-            .validate()
-            .map_err(|(key, message)| ConfigError::Invalid { key, message })
-    }
-
-    /// `database`, `instance` and `public_url`.
-    fn validate_basics(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            key: key.to_owned(),
-            message,
-        };
-        if self.database.url.expose_secret().is_empty() {
-            return Err(invalid(
-                "database.url",
-                "no Postgres URL: set SANDGATE_DATABASE__URL or DATABASE_URL (scripts/stack.sh prints one)".into(),
-            ));
-        }
-        if !self.database.url.expose_secret().starts_with("postgres") {
-            return Err(invalid(
-                "database.url",
-                "must be a postgres:// or postgresql:// URL".into(),
-            ));
-        }
-        if self.instance.is_empty()
-            || !self
-                .instance
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        // The most common mistake first: no database named at all.
+        self.database.check_url()?;
+        if let Err(errors) = Validate::validate(self)
+            && let Some(problem) = validation::first_problem(&errors)
         {
-            return Err(invalid(
-                "instance",
-                format!(
-                    "{:?} must be non-empty letters, digits, '-', '_' or '.'",
-                    self.instance
-                ),
-            ));
+            return Err(problem);
         }
-        if self.database.max_connections == 0 {
-            return Err(invalid(
-                "database.max_connections",
-                "must be at least 1".into(),
-            ));
-        }
-        if let Some(url) = &self.public_url {
-            if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
-                return Err(invalid(
-                    "public_url",
-                    format!("{url} must be an http(s) URL with a host"),
-                ));
-            }
-            if url.path() != "/" || url.query().is_some() {
-                return Err(invalid(
-                    "public_url",
-                    format!(
-                        "{url} must have no path or query; the MCP endpoint is <public_url>/mcp"
-                    ),
-                ));
-            }
-        }
-        Ok(())
+        self.oauth.check_cookie_secret()?;
+        self.check_together()
     }
 
-    /// `limits`.
-    fn validate_limits(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            key: key.to_owned(),
-            message,
-        };
-        let l = &self.limits;
-        for (key, value) in [
-            ("limits.max_sandboxes", l.max_sandboxes),
-            ("limits.idle_timeout_seconds", l.idle_timeout_seconds),
-            (
-                "limits.max_idle_timeout_seconds",
-                l.max_idle_timeout_seconds,
-            ),
-            ("limits.max_lifetime_seconds", l.max_lifetime_seconds),
-            ("limits.max_calls_per_minute", l.max_calls_per_minute),
-            ("limits.max_sessions", l.max_sessions),
-            ("limits.max_calls_in_flight", l.max_calls_in_flight),
-            ("limits.max_calls_per_sandbox", l.max_calls_per_sandbox),
-            (
-                "limits.max_call_timeout_seconds",
-                l.max_call_timeout_seconds,
-            ),
-            (
-                "limits.default_call_timeout_seconds",
-                l.default_call_timeout_seconds,
-            ),
-        ] {
-            if value == 0 {
-                return Err(invalid(key, "must be at least 1".into()));
-            }
-        }
-        if l.idle_timeout_seconds > l.max_idle_timeout_seconds {
-            return Err(invalid(
-                "limits.idle_timeout_seconds",
-                format!(
-                    "{} exceeds limits.max_idle_timeout_seconds ({})",
-                    l.idle_timeout_seconds, l.max_idle_timeout_seconds
-                ),
-            ));
-        }
-        if l.default_call_timeout_seconds > l.max_call_timeout_seconds {
-            return Err(invalid(
-                "limits.default_call_timeout_seconds",
-                format!(
-                    "{} exceeds limits.max_call_timeout_seconds ({})",
-                    l.default_call_timeout_seconds, l.max_call_timeout_seconds
-                ),
-            ));
-        }
-        if l.output_limit_bytes < 1024 {
-            return Err(invalid(
-                "limits.output_limit_bytes",
-                "must be at least 1024".into(),
-            ));
-        }
-        // A call in a sandbox can take a thread of the agent, a shell and the command's own
-        // process: leave the pids limit room for them all, plus the kernel and background jobs.
-        let carried = self.sandbox.pids_limit / PIDS_PER_CALL;
-        if i64::from(l.max_calls_per_sandbox) > carried {
-            return Err(invalid(
-                "limits.max_calls_per_sandbox",
-                format!(
-                    "{} is more than sandbox.pids_limit ({}) can carry; at most {carried} \
-                     ({PIDS_PER_CALL} processes per call)",
-                    l.max_calls_per_sandbox, self.sandbox.pids_limit
-                ),
-            ));
-        }
-        if l.call_slot_ttl_seconds < 3 {
-            return Err(invalid(
-                "limits.call_slot_ttl_seconds",
-                "must be at least 3".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// `mcp`.
-    fn validate_mcp(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            key: key.to_owned(),
-            message,
-        };
-        if self.mcp.session_idle_seconds == 0 {
-            return Err(invalid(
-                "mcp.session_idle_seconds",
-                "must be at least 1".into(),
-            ));
-        }
-        for origin in &self.mcp.allowed_origins {
-            let ok = Url::parse(origin).is_ok_and(|u| {
-                u.host().is_some()
-                    && u.path() == "/"
-                    && u.as_str().trim_end_matches('/') == origin.trim_end_matches('/')
-            });
-            if !ok {
-                return Err(invalid(
-                    "mcp.allowed_origins",
-                    format!("{origin:?} is not an origin (scheme://host[:port])"),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// `oauth`.
-    fn validate_oauth(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            key: key.to_owned(),
-            message,
-        };
-        let o = &self.oauth;
-        for (key, value) in [
-            ("oauth.access_token_ttl_seconds", o.access_token_ttl_seconds),
-            (
-                "oauth.refresh_token_ttl_seconds",
-                o.refresh_token_ttl_seconds,
-            ),
-            ("oauth.code_ttl_seconds", o.code_ttl_seconds),
-            ("oauth.session_ttl_seconds", o.session_ttl_seconds),
-            (
-                "oauth.client_metadata.fetch_timeout_ms",
-                o.client_metadata.fetch_timeout_ms,
-            ),
-        ] {
-            if value == 0 {
-                return Err(invalid(key, "must be at least 1".into()));
-            }
-        }
-        if o.access_token_ttl_seconds > crate::keys::RETIRED_KEY_GRACE.as_secs() {
-            return Err(invalid(
-                "oauth.access_token_ttl_seconds",
-                format!(
-                    "must be at most {} (a rotated key verifies that long)",
-                    crate::keys::RETIRED_KEY_GRACE.as_secs()
-                ),
-            ));
-        }
-        if o.code_ttl_seconds > 600 {
-            return Err(invalid(
-                "oauth.code_ttl_seconds",
-                "must be at most 600 (codes are short-lived)".into(),
-            ));
-        }
-        let secret = o.cookie_secret.expose_secret();
-        if !secret.is_empty() && secret.len() < 32 {
-            return Err(invalid(
-                "oauth.cookie_secret",
-                "must be empty or at least 32 characters".into(),
-            ));
-        }
+    /// The checks that compare fields or sections with each other.
+    fn check_together(&self) -> Result<(), ConfigError> {
+        let invalid = |(key, message): (String, String)| ConfigError::Invalid { key, message };
+        self.limits.check_together(self.sandbox.pids_limit)?;
         // A per-process random cookie key would log users out at every replica change.
         if !self.is_loopback() && self.cookie_key().is_none() {
-            return Err(invalid(
-                "oauth.cookie_secret",
-                "is required when the public URL is not loopback, unless keys.secret is set (the \
-                 cookie key is then derived from it): a key of its own per process would not \
-                 let one replica read another's login cookies. Set SANDGATE_KEYS__SECRET (or \
-                 SANDGATE_OAUTH__COOKIE_SECRET) to at least 32 random characters, the same on \
-                 every replica"
+            return Err(ConfigError::Invalid {
+                key: "oauth.cookie_secret".into(),
+                message: "is required when the public URL is not loopback, unless keys.secret is \
+                          set (the cookie key is then derived from it): a key of its own per \
+                          process would not let one replica read another's login cookies. Set \
+                          SANDGATE_KEYS__SECRET (or SANDGATE_OAUTH__COOKIE_SECRET) to at least \
+                          32 random characters, the same on every replica"
                     .into(),
-            ));
+            });
         }
-        if o.client_metadata.max_bytes < 512 {
-            return Err(invalid(
-                "oauth.client_metadata.max_bytes",
-                "must be at least 512".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    /// `lifecycle`, `pool` and `sandbox`.
-    fn validate_lifecycle(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            key: key.to_owned(),
-            message,
-        };
-        if self.lifecycle.reaper_interval_ms < 100 {
-            return Err(invalid(
-                "lifecycle.reaper_interval_ms",
-                "must be at least 100".into(),
-            ));
-        }
-        if self.lifecycle.reconcile_interval_seconds == 0 {
-            return Err(invalid(
-                "lifecycle.reconcile_interval_seconds",
-                "must be at least 1".into(),
-            ));
-        }
-        if self.pool.start_wait_seconds < 1 {
-            return Err(invalid(
-                "pool.start_wait_seconds",
-                "must be at least 1".into(),
-            ));
-        }
-        if self.pool.demand_window_seconds < 6 {
-            return Err(invalid(
-                "pool.demand_window_seconds",
-                format!(
-                    "{} is too short; at least 6 (the short window is a sixth of it)",
-                    self.pool.demand_window_seconds
-                ),
-            ));
-        }
-        if self.pool.max_ready < self.pool.min_ready {
-            return Err(invalid(
-                "pool.max_ready",
-                format!(
-                    "{} is below pool.min_ready ({}); the ceiling must be at least the floor",
-                    self.pool.max_ready, self.pool.min_ready
-                ),
-            ));
-        }
+        self.pool.check_together()?;
         self.http
-            .validate(self.mcp.sse_keep_alive_seconds)
-            .and_then(|()| self.oauth.limits.validate())
-            .map_err(|(key, message)| invalid(&key, message))?;
+            .check_together(self.mcp.sse_keep_alive_seconds)
+            .and_then(|()| self.oauth.limits.check_together())
+            .map_err(invalid)?;
         self.sandbox
             .validate()
-            .map_err(|err| invalid(&format!("sandbox.{}", err.field()), err.to_string()))?;
-        self.retention.validate()?;
+            .map_err(|err| ConfigError::Invalid {
+                key: format!("sandbox.{}", err.field()),
+                message: err.to_string(),
+            })?;
         self.keys
-            .validate(self.is_loopback())
-            .and_then(|()| self.links.validate())
-            .map_err(|(key, message)| invalid(&key, message))?;
-        Ok(())
+            .check_secret(self.is_loopback())
+            .map_err(invalid)?;
+        self.node.check_together()
     }
 
     /// The public base URL, without a trailing slash.
@@ -639,6 +278,16 @@ impl Config {
         }
     }
 
+    /// A pool on `database.url` with the migrations applied (the operator commands' way in).
+    pub async fn migrated_pool(
+        &self,
+    ) -> Result<sandgate_store::PgPool, sandgate_store::StoreError> {
+        let db =
+            sandgate_store::connect_lazy(self.database.url.expose_secret(), &self.pool_settings())?;
+        sandgate_store::migrate(&db).await?;
+        Ok(db)
+    }
+
     /// The Postgres pool settings.
     pub fn pool_settings(&self) -> sandgate_store::PoolSettings {
         sandgate_store::PoolSettings {
@@ -646,6 +295,30 @@ impl Config {
             acquire_timeout: Duration::from_millis(self.database.acquire_timeout_ms),
         }
     }
+}
+
+/// `instance`: a name fit for container labels.
+fn a_label(instance: &str) -> Result<(), ValidationError> {
+    let fits = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    if instance.is_empty() || !instance.chars().all(fits) {
+        return Err(problem(format!(
+            "{instance:?} must be non-empty letters, digits, '-', '_' or '.'"
+        )));
+    }
+    Ok(())
+}
+
+/// `public_url`: an http(s) origin; the MCP endpoint is `<public_url>/mcp`.
+fn an_origin_url(url: &Url) -> Result<(), ValidationError> {
+    if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+        return Err(problem(format!("{url} must be an http(s) URL with a host")));
+    }
+    if url.path() != "/" || url.query().is_some() {
+        return Err(problem(format!(
+            "{url} must have no path or query; the MCP endpoint is <public_url>/mcp"
+        )));
+    }
+    Ok(())
 }
 
 /// Renders figment's errors with the key in the configuration's own spelling (`listen`,
@@ -819,6 +492,114 @@ mod tests {
             );
             Ok(())
         });
+    }
+
+    #[test]
+    fn each_declared_check_refuses_naming_its_key() {
+        for (var, value, key) in [
+            ("SANDGATE_INSTANCE", "two words", "instance"),
+            (
+                "SANDGATE_PUBLIC_URL",
+                "https://mcp.example.com/sub",
+                "public_url",
+            ),
+            (
+                "SANDGATE_DATABASE__MAX_CONNECTIONS",
+                "0",
+                "database.max_connections",
+            ),
+            (
+                "SANDGATE_LIMITS__MAX_SANDBOXES",
+                "0",
+                "limits.max_sandboxes",
+            ),
+            (
+                "SANDGATE_LIMITS__OUTPUT_LIMIT_BYTES",
+                "10",
+                "limits.output_limit_bytes",
+            ),
+            (
+                "SANDGATE_POOL__DEMAND_WINDOW_SECONDS",
+                "5",
+                "pool.demand_window_seconds",
+            ),
+            (
+                "SANDGATE_LIFECYCLE__REAPER_INTERVAL_MS",
+                "10",
+                "lifecycle.reaper_interval_ms",
+            ),
+            (
+                "SANDGATE_MCP__SESSION_IDLE_SECONDS",
+                "0",
+                "mcp.session_idle_seconds",
+            ),
+            (
+                "SANDGATE_HTTP__CLIENT_ADDRESS_HEADER",
+                "no spaces",
+                "http.client_address_header",
+            ),
+            (
+                "SANDGATE_OAUTH__ACCESS_TOKEN_TTL_SECONDS",
+                "90000",
+                "oauth.access_token_ttl_seconds",
+            ),
+            (
+                "SANDGATE_OAUTH__CODE_TTL_SECONDS",
+                "601",
+                "oauth.code_ttl_seconds",
+            ),
+            (
+                "SANDGATE_OAUTH__CLIENT_METADATA__MAX_BYTES",
+                "10",
+                "oauth.client_metadata.max_bytes",
+            ),
+            (
+                "SANDGATE_OAUTH__LIMITS__LOCKOUT_SECONDS",
+                "0",
+                "oauth.limits.lockout_seconds",
+            ),
+            (
+                "SANDGATE_KEYS__ADMIN_TOKEN_MAX_TTL_SECONDS",
+                "59",
+                "keys.admin_token_max_ttl_seconds",
+            ),
+            (
+                "SANDGATE_LINKS__PER_LINK_PER_MINUTE",
+                "0",
+                "links.per_link_per_minute",
+            ),
+            (
+                "SANDGATE_RETENTION__TRANSCRIPT_MAX_BYTES",
+                "10",
+                "retention.transcript_max_bytes",
+            ),
+            (
+                "SANDGATE_PACKAGES__INDEX_URL",
+                "ftp://index.example",
+                "packages.index_url",
+            ),
+            (
+                "SANDGATE_PACKAGES__FETCH_TIMEOUT_SECONDS",
+                "0",
+                "packages.fetch_timeout_seconds",
+            ),
+            (
+                "SANDGATE_NODE__HEARTBEAT_SECONDS",
+                "0",
+                "node.heartbeat_seconds",
+            ),
+        ] {
+            Jail::expect_with(|jail| {
+                jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+                jail.set_env(var, value);
+                let err = load_in(jail).expect_err(var).to_string();
+                assert!(
+                    err.starts_with(&format!("invalid configuration: {key}: ")),
+                    "{var}={value} is refused naming {key}: {err}"
+                );
+                Ok(())
+            });
+        }
     }
 
     #[test]

@@ -5,12 +5,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::Deserialize;
+use validator::Validate;
 
 use super::ConfigError;
 
 /// The node side of a process: what `sandgate node` (and `sandgate serve` with `listen` set)
 /// serves to gateways.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Validate)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// The RPC address; empty: no RPC listener (`sandgate serve`'s node is then only its own).
@@ -25,6 +26,7 @@ pub struct NodeConfig {
     /// The deployment's private CA (PEM): peers must hold a certificate it signed.
     pub tls_ca: PathBuf,
     /// How often the node heartbeats in Postgres, seconds.
+    #[validate(range(min = 1, message = "must be at least 1"))]
     pub heartbeat_seconds: u64,
     /// A node silent this long is lost, seconds.
     pub lost_after_seconds: u64,
@@ -59,7 +61,7 @@ impl NodeConfig {
         self.listen_addr().map(|a| format!("{scheme}://{a}"))
     }
 
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    pub(super) fn check_together(&self) -> Result<(), ConfigError> {
         let invalid = |key: &str, message: String| ConfigError::Invalid {
             key: key.to_owned(),
             message,
@@ -76,12 +78,6 @@ impl NodeConfig {
             ));
         }
         // Every process with a node heartbeats, and every process sweeps silent nodes.
-        if self.heartbeat_seconds == 0 {
-            return Err(invalid(
-                "node.heartbeat_seconds",
-                "must be at least 1".into(),
-            ));
-        }
         if self.lost_after_seconds <= self.heartbeat_seconds {
             return Err(invalid(
                 "node.lost_after_seconds",

@@ -14,7 +14,8 @@ mod index;
 mod policy;
 mod upstream;
 
-pub use config::{PackagesConfig, PackagesConfigError};
+pub use crate::config::PackagesConfig;
+pub use config::PackagesConfigError;
 pub use index::CallIndex;
 pub use policy::{Policy, Rule};
 

@@ -3,13 +3,14 @@
 use std::path::Path;
 use std::time::Duration;
 
+use html5gum::{StartTag, Token, Tokenizer};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use url::Url;
 
 use super::PackagesConfigError;
-use super::config::PackagesConfig;
+use crate::config::PackagesConfig;
 
 /// The JSON API first (PEP 691), HTML (PEP 503) for indexes that only have that.
 const ACCEPT: &str = "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1";
@@ -156,88 +157,72 @@ fn parse_json(page: &Url, body: &[u8]) -> Result<Vec<ProjectFile>, PageError> {
         .collect())
 }
 
-/// PEP 503: the anchors of the page; the sha256 from each URL's fragment.
+/// PEP 503 (<https://peps.python.org/pep-0503/>): the anchors of the page; the sha256 from each
+/// URL's fragment. The page is read by html5gum's WHATWG tokenizer, so any tag soup a browser
+/// reads (unquoted or upper-case attributes, every character reference) reads the same here.
 fn parse_html(page: &Url, html: &str) -> Vec<ProjectFile> {
     let mut files = Vec::new();
-    let lower = html.to_ascii_lowercase();
-    let mut at = 0;
-    while let Some(start) = lower[at..].find("<a ").map(|i| at + i) {
-        let Some(tag_end) = lower[start..].find('>').map(|i| start + i) else {
-            break;
-        };
-        let Some(close) = lower[tag_end..].find("</a>").map(|i| tag_end + i) else {
-            break;
-        };
-        let tag = &html[start + 3..tag_end];
-        let text = unescape(html[tag_end + 1..close].trim());
-        at = close + 4;
-        let Some(href) = attribute(tag, "href") else {
-            continue;
-        };
-        let Ok(mut url) = page.join(&href) else {
-            continue;
-        };
-        let sha256 = url
-            .fragment()
-            .and_then(|f| f.strip_prefix("sha256="))
-            .map(str::to_ascii_lowercase);
-        url.set_fragment(None);
-        let filename = if text.is_empty() {
-            url.path_segments()
-                .and_then(|mut s| s.next_back())
-                .unwrap_or_default()
-                .to_owned()
-        } else {
-            text
-        };
-        files.push(ProjectFile {
-            filename,
-            url,
-            sha256,
-            requires_python: attribute(tag, "data-requires-python"),
-            yanked: attribute(tag, "data-yanked"),
-        });
+    // The anchor being read: its start tag and its text so far.
+    let mut open: Option<(StartTag<()>, String)> = None;
+    for Ok(token) in Tokenizer::new(html) {
+        match token {
+            Token::StartTag(tag) if tag.name == b"a" => {
+                // An anchor left open ends where the next one starts.
+                files.extend(
+                    open.take()
+                        .and_then(|(tag, text)| anchor(page, &tag, &text)),
+                );
+                open = Some((tag, String::new()));
+            }
+            Token::String(s) => {
+                if let Some((_, text)) = open.as_mut() {
+                    text.push_str(&String::from_utf8_lossy(&s));
+                }
+            }
+            Token::EndTag(tag) if tag.name == b"a" => {
+                files.extend(
+                    open.take()
+                        .and_then(|(tag, text)| anchor(page, &tag, &text)),
+                );
+            }
+            _ => {}
+        }
     }
+    files.extend(open.and_then(|(tag, text)| anchor(page, &tag, &text)));
     files
 }
 
-/// The value of attribute `name` in the inside of a tag (quoted with " or ').
-fn attribute(tag: &str, name: &str) -> Option<String> {
-    let lower = tag.to_ascii_lowercase();
-    let mut from = 0;
-    while let Some(i) = lower[from..].find(name).map(|i| from + i) {
-        from = i + name.len();
-        let before_ok = i == 0 || lower.as_bytes()[i - 1].is_ascii_whitespace();
-        let rest = tag[from..].trim_start();
-        if !before_ok {
-            continue;
-        }
-        let Some(rest) = rest.strip_prefix('=') else {
-            if rest.is_empty() || rest.starts_with(|c: char| c.is_ascii_whitespace() || c == '/') {
-                return Some(String::new()); // a bare attribute (data-yanked)
-            }
-            continue;
-        };
-        let rest = rest.trim_start();
-        let quote = rest.chars().next()?;
-        if quote == '"' || quote == '\'' {
-            let end = rest[1..].find(quote)?;
-            return Some(unescape(&rest[1..=end]));
-        }
-        let end = rest
-            .find(|c: char| c.is_ascii_whitespace())
-            .unwrap_or(rest.len());
-        return Some(unescape(&rest[..end]));
-    }
-    None
-}
-
-fn unescape(s: &str) -> String {
-    s.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&#39;", "'")
-        .replace("&amp;", "&")
+/// The file one anchor lists: its `href` resolved against the page, its text (else the URL's
+/// last segment) as the file name, PEP 503's `data-requires-python` and PEP 592's
+/// `data-yanked`. `None` without a usable `href`.
+fn anchor(page: &Url, tag: &StartTag<()>, text: &str) -> Option<ProjectFile> {
+    let attribute = |name: &str| {
+        tag.attributes
+            .get(name.as_bytes())
+            .map(|value| String::from_utf8_lossy(value).into_owned())
+    };
+    let mut url = page.join(&attribute("href")?).ok()?;
+    let sha256 = url
+        .fragment()
+        .and_then(|f| f.strip_prefix("sha256="))
+        .map(str::to_ascii_lowercase);
+    url.set_fragment(None);
+    let text = text.trim();
+    let filename = if text.is_empty() {
+        url.path_segments()
+            .and_then(|mut s| s.next_back())
+            .unwrap_or_default()
+            .to_owned()
+    } else {
+        text.to_owned()
+    };
+    Some(ProjectFile {
+        filename,
+        url,
+        sha256,
+        requires_python: attribute("data-requires-python"),
+        yanked: attribute("data-yanked"),
+    })
 }
 
 /// Why a download failed.
@@ -336,9 +321,10 @@ mod tests {
         let html = r#"<html><body>
             <a href="../../files/demo-1.0-py3-none-any.whl#sha256=ABCD" data-requires-python="&gt;=3.8">demo-1.0-py3-none-any.whl</a>
             <A HREF='demo-0.9.tar.gz' data-yanked>demo-0.9.tar.gz</A>
+            <a href=demo-0.8.tar.gz data-yanked="&quot;bad&quot; &amp; gone &#x2014; see&nbsp;#1"></a>
             </body></html>"#;
         let files = parse_html(&page, html);
-        assert_eq!(files.len(), 2, "{files:?}");
+        assert_eq!(files.len(), 3, "{files:?}");
         assert_eq!(files[0].filename, "demo-1.0-py3-none-any.whl");
         assert_eq!(
             files[0].url.as_str(),
@@ -351,6 +337,15 @@ mod tests {
         assert_eq!(
             files[1].url.as_str(),
             "http://127.0.0.1:1/simple/demo/demo-0.9.tar.gz"
+        );
+        assert_eq!(
+            files[2].filename, "demo-0.8.tar.gz",
+            "an unquoted href, and no text: the name from the URL"
+        );
+        assert_eq!(
+            files[2].yanked.as_deref(),
+            Some("\"bad\" & gone \u{2014} see\u{a0}#1"),
+            "every character reference is decoded, named or numeric"
         );
     }
 

@@ -9,7 +9,8 @@ use sandgate_store::sandboxes::{self, NewLease, SandboxRow};
 
 use super::busy::BusyGuard;
 use super::error::over_limit;
-use super::{Caller, Placement, Resolved, SandboxService, ServiceError};
+use super::{Caller, Resolved, SandboxService, ServiceError};
+use crate::placement::Placement;
 
 impl SandboxService {
     #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
@@ -74,7 +75,8 @@ impl SandboxService {
         }
     }
 
-    /// No warm sandbox: a cold start on the node [`super::nodes::place`] chooses.
+    /// No warm sandbox: a cold start on the node the placement rule ([`crate::placement`])
+    /// chooses.
     ///
     /// Cold starts are bounded (with the pool's refills, by a limit that adapts to the machine):
     /// a burst of conversations on an empty pool would otherwise start every container at once

@@ -30,7 +30,7 @@ use busy::BusyMap;
 pub(crate) use error::ended_error;
 pub use error::{Quota, ServiceError, describe_fate};
 pub use limits::{Caller, Limits};
-pub use nodes::{NodeSet, OwnNode, Placement};
+pub use nodes::{NodeSet, OwnNode};
 pub use ops::Target;
 pub use quota::CallPermit;
 

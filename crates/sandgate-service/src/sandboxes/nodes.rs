@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sandgate_node::{NodeHandle, NodeTls, RemoteNode, SandboxHandle, SandboxManager};
-use sandgate_store::PgPool;
-use sandgate_store::nodes::{self, NodeLoad};
+use sandgate_store::nodes;
+use sandgate_store::{PgConnection, PgPool, StoreError};
 
 use super::ServiceError;
+use crate::placement::{self, Choice, Placement};
 
 /// This process's own node: its registry id and its sandbox manager.
 #[derive(Debug, Clone)]
@@ -153,117 +154,21 @@ impl NodeSet {
         }
     }
 
-    /// Where a cold start goes (see [`place`]), among the nodes that may take leases now.
+    /// Where a lease may go now, by the one placement rule ([`crate::placement`]), read on
+    /// `conn` (a warm lease's transaction, so the choice and the lease are one).
+    pub async fn choose(&self, conn: &mut PgConnection) -> Result<Choice, StoreError> {
+        placement::choose(
+            conn,
+            &placement::OwnFirstThenMostRoom,
+            self.own_id(),
+            self.lost_after_seconds(),
+        )
+        .await
+    }
+
+    /// Where a cold start goes, by the one placement rule ([`crate::placement`]).
     pub async fn place(&self, db: &PgPool) -> Result<Placement, ServiceError> {
         let mut conn = db.acquire().await?;
-        let loads = nodes::placeable(&mut conn, self.lost_after_seconds()).await?;
-        drop(conn);
-        Ok(place(&loads, self.own_id()))
-    }
-}
-
-/// Where a cold start goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Placement {
-    /// On this node (its registry id).
-    On(String),
-    /// No live, non-draining node has room: `nodes` such nodes with `slots` in all, all used.
-    Full {
-        /// How many live, non-draining nodes there are.
-        nodes: usize,
-        /// Their slots, together.
-        slots: i64,
-    },
-}
-
-/// Chooses the node for a cold start among `loads` (the live, non-draining nodes with their
-/// leased counts): this process's own node (`own`) when it has room, else the one with the most
-/// room (slots minus leased sandboxes); ties go to the first listed.
-pub fn place(loads: &[NodeLoad], own: Option<&str>) -> Placement {
-    let room = |l: &NodeLoad| i64::from(l.node.slots) - l.leased;
-    if let Some(mine) = loads
-        .iter()
-        .find(|l| Some(l.node.id.as_str()) == own && room(l) > 0)
-    {
-        return Placement::On(mine.node.id.clone());
-    }
-    let mut best: Option<&NodeLoad> = None;
-    for load in loads.iter().filter(|l| room(l) > 0) {
-        if best.is_none_or(|b| room(load) > room(b)) {
-            best = Some(load);
-        }
-    }
-    match best {
-        Some(load) => Placement::On(load.node.id.clone()),
-        None => Placement::Full {
-            nodes: loads.len(),
-            slots: loads.iter().map(|l| i64::from(l.node.slots)).sum(),
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use chrono::Utc;
-    use sandgate_store::nodes::NodeRow;
-
-    use super::*;
-
-    fn load(id: &str, slots: i32, leased: i64) -> NodeLoad {
-        NodeLoad {
-            node: NodeRow {
-                id: id.into(),
-                name: format!("host-{id}"),
-                advertise_url: format!("https://{id}:7443"),
-                slots,
-                memory_bytes: 0,
-                live_sandboxes: 0,
-                ready_sandboxes: 0,
-                draining: false,
-                process: uuid::Uuid::nil(),
-                heartbeat_at: Utc::now(),
-                started_at: Utc::now(),
-            },
-            leased,
-        }
-    }
-
-    #[test]
-    fn the_own_node_is_preferred_while_it_has_room() {
-        let loads = [load("a", 10, 0), load("own", 4, 3)];
-        assert_eq!(
-            place(&loads, Some("own")),
-            Placement::On("own".into()),
-            "one slot left on the own node is enough"
-        );
-    }
-
-    #[test]
-    fn a_full_own_node_sends_the_lease_to_the_node_with_most_room() {
-        let loads = [load("own", 4, 4), load("b", 10, 8), load("c", 6, 1)];
-        assert_eq!(place(&loads, Some("own")), Placement::On("c".into()));
-    }
-
-    #[test]
-    fn without_an_own_node_the_most_room_wins_and_ties_go_to_the_first() {
-        let loads = [load("a", 5, 2), load("b", 6, 3), load("c", 2, 0)];
-        assert_eq!(place(&loads, None), Placement::On("a".into()));
-    }
-
-    #[test]
-    fn no_room_anywhere_is_full_with_the_numbers() {
-        let loads = [load("a", 2, 2), load("b", 3, 5)];
-        assert_eq!(
-            place(&loads, Some("a")),
-            Placement::Full { nodes: 2, slots: 5 }
-        );
-        assert_eq!(place(&[], None), Placement::Full { nodes: 0, slots: 0 });
-    }
-
-    #[test]
-    fn an_own_node_that_is_not_placeable_is_not_chosen() {
-        // `loads` holds only live, non-draining nodes: a draining own node is absent.
-        let loads = [load("b", 3, 1)];
-        assert_eq!(place(&loads, Some("own")), Placement::On("b".into()));
+        Ok(self.choose(&mut conn).await?.cold())
     }
 }

@@ -40,8 +40,9 @@ enum Unusable {
 const WARM_ATTEMPTS: usize = 3;
 
 impl SandboxService {
-    /// Leases a warm row: one transaction checks the tenant's limit and flips the row (`FOR
-    /// UPDATE SKIP LOCKED`, so no two leases anywhere get the same row); then the container's
+    /// Leases a warm row: one transaction checks the tenant's limit, asks the placement rule
+    /// which nodes may take the lease and flips a row of the first that has one (`FOR UPDATE
+    /// SKIP LOCKED`, so no two leases anywhere get the same row); then the container's
     /// handle comes from this process's pool, or is adopted when another process started it.
     /// `None` when there is no warm row.
     #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id))]
@@ -57,14 +58,10 @@ impl SandboxService {
             if live >= i64::from(caller.limits.max_sandboxes) {
                 return Err(over_limit(&caller.limits));
             }
-            let Some(row) = sandboxes::lease_warm(
-                &mut tx,
-                &self.profile.name,
-                self.nodes.own_id(),
-                self.nodes.lost_after_seconds(),
-                lease,
-            )
-            .await?
+            // The placement rule's choice, in the same transaction as the lease.
+            let choice = self.nodes.choose(&mut tx).await?;
+            let Some(row) =
+                sandboxes::lease_warm(&mut tx, &self.profile.name, &choice.order, lease).await?
             else {
                 return Ok(None);
             };

@@ -1,4 +1,5 @@
-//! Nodes: the engine lock, warm leases only on live, non-draining nodes, and the lost-node sweep.
+//! Nodes: the engine lock, which nodes may take leases, warm leases only on the nodes the
+//! placement chose (in its order), and the lost-node sweep.
 
 use chrono::{Duration, Utc};
 use sandgate_store::nodes::{self, NewNode};
@@ -76,44 +77,28 @@ async fn only_one_live_connection_holds_an_engine_and_its_end_frees_it() {
 }
 
 #[tokio::test]
-async fn a_warm_lease_takes_only_rows_of_live_undrained_nodes_own_first() {
+async fn only_live_undrained_nodes_are_placeable_and_a_warm_lease_takes_the_chosen_in_order() {
     let db = TestDb::new().await;
     let mut conn = db.pool.acquire().await.unwrap();
     let tenant = tenants::create(&mut conn, "acme").await.unwrap();
     for node in ["drained", "silent", "other", "own"] {
         live_node(&mut conn, node).await;
-        sandboxes::insert_warm(
-            &mut conn,
-            &format!("sbx_{node}"),
-            "default",
-            &format!("ctr_{node}"),
-            node,
-        )
-        .await
-        .unwrap();
+        for n in 0..2 {
+            sandboxes::insert_warm(
+                &mut conn,
+                &format!("sbx_{node}_{n}"),
+                "default",
+                &format!("ctr_{node}_{n}"),
+                node,
+            )
+            .await
+            .unwrap();
+        }
     }
     nodes::set_draining(&mut conn, "drained", true)
         .await
         .unwrap();
     silence(&mut conn, "silent", 60).await;
-
-    let first = sandboxes::lease_warm(&mut conn, "default", Some("own"), 30, &lease(tenant.id))
-        .await
-        .unwrap()
-        .expect("a warm row");
-    assert_eq!(first.node, "own", "this process's own node's row first");
-    let second = sandboxes::lease_warm(&mut conn, "default", Some("own"), 30, &lease(tenant.id))
-        .await
-        .unwrap()
-        .expect("a warm row");
-    assert_eq!(second.node, "other", "then another live node's");
-    let none = sandboxes::lease_warm(&mut conn, "default", Some("own"), 30, &lease(tenant.id))
-        .await
-        .unwrap();
-    assert!(
-        none.is_none(),
-        "a draining node's and a silent node's warm rows are never leased: {none:?}"
-    );
     let placeable: Vec<String> = nodes::placeable(&mut conn, 30)
         .await
         .unwrap()
@@ -125,6 +110,26 @@ async fn a_warm_lease_takes_only_rows_of_live_undrained_nodes_own_first() {
         ["other", "own"],
         "only live, undrained nodes take leases"
     );
+
+    // The placement's choice, best first: the own node, then the other.
+    let chosen = ["own".to_owned(), "other".to_owned()];
+    let mut leased = Vec::new();
+    while let Some(row) = sandboxes::lease_warm(&mut conn, "default", &chosen, &lease(tenant.id))
+        .await
+        .unwrap()
+    {
+        leased.push(row.id);
+    }
+    assert_eq!(
+        leased,
+        ["sbx_own_0", "sbx_own_1", "sbx_other_0", "sbx_other_1"],
+        "the first chosen node's rows first, each node's oldest first; the rows of nodes not \
+         chosen (draining, silent) are never leased"
+    );
+    let none = sandboxes::lease_warm(&mut conn, "default", &[], &lease(tenant.id))
+        .await
+        .unwrap();
+    assert!(none.is_none(), "no node chosen, no lease: {none:?}");
     drop(conn);
     db.drop_db().await;
 }

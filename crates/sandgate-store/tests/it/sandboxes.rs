@@ -29,14 +29,15 @@ async fn two_leases_never_get_the_same_warm_row() {
         .await
         .unwrap();
 
+    let node1 = ["node1".to_owned()];
     // Two transactions at once: SKIP LOCKED hands each a different row.
     let mut first = db.pool.begin().await.unwrap();
     let mut second = db.pool.begin().await.unwrap();
-    let a = sandboxes::lease_warm(&mut first, "default", None, 30, &lease(tenant.id, None))
+    let a = sandboxes::lease_warm(&mut first, "default", &node1, &lease(tenant.id, None))
         .await
         .unwrap()
         .expect("a warm row for the first lease");
-    let b = sandboxes::lease_warm(&mut second, "default", None, 30, &lease(tenant.id, None))
+    let b = sandboxes::lease_warm(&mut second, "default", &node1, &lease(tenant.id, None))
         .await
         .unwrap()
         .expect("a warm row for the second lease");
@@ -44,7 +45,7 @@ async fn two_leases_never_get_the_same_warm_row() {
     first.commit().await.unwrap();
     second.commit().await.unwrap();
 
-    let none = sandboxes::lease_warm(&mut conn, "default", None, 30, &lease(tenant.id, None))
+    let none = sandboxes::lease_warm(&mut conn, "default", &node1, &lease(tenant.id, None))
         .await
         .unwrap();
     assert!(none.is_none(), "the pool's rows are all leased: {none:?}");

@@ -11,9 +11,9 @@ use sandgate_service::Caller;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::calls::Answer;
-use super::tools::RunTerminalCommandOutput;
-use super::{CallError, McpServer};
+use super::McpServer;
+use super::answer::{Answer, CallError, target};
+use super::schema::RunTerminalCommandOutput;
 
 /// Most packages one call installs.
 const MAX_PACKAGES: usize = 50;
@@ -79,10 +79,12 @@ impl McpServer {
             args.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS),
         ))?;
         let conversation = args.conversation_id.as_deref().or(conversation);
-        let to = super::calls::target(&args.sandbox_id, conversation, None);
-        let resolved = self.inner.sandboxes.resolve_target(caller, to).await?;
-        self.run_command(&resolved, &command, None, timeout, ctx)
-            .await
+        let to = target(&args.sandbox_id, conversation, None);
+        let line = sandgate_service::CommandLine {
+            command: &command,
+            cwd: None,
+        };
+        self.run_command(caller, to, line, timeout, ctx).await
     }
 }
 

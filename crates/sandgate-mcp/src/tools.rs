@@ -124,7 +124,7 @@ fn tool<A: JsonSchema + 'static, O: JsonSchema + 'static>(
 /// clients (the official TypeScript SDK among them) check `structuredContent` against
 /// `outputSchema` even when `isError` is true.
 pub(super) trait AdmittingErrors {
-    /// The tool, its output schema made `anyOf` its own output and the error shape.
+    /// The tool, its output schema admitting its own output or the error shape.
     fn admitting_errors(self) -> Self;
 }
 
@@ -137,30 +137,41 @@ impl AdmittingErrors for Tool {
     }
 }
 
-/// `{"type": "object", "anyOf": [output, error], "$defs": …}`: both schemas under one root,
-/// their definitions hoisted to it so that their `$ref`s still resolve.
+/// The tool's output schema, its properties joined by the error shape's and its `required`
+/// moved into `anyOf`: an answer is either the tool's output (its required fields present) or
+/// the error shape (`error` a string, `retryable` present). A property both name (`error` of
+/// `execute_code`, the exception it raised) admits either.
 fn output_or_error(output: &JsonObject) -> JsonObject {
-    let error =
-        serde_json::to_value(schemars::schema_for!(ToolErrorOutput)).expect("a schema serializes");
-    let mut defs = JsonObject::new();
-    let mut branch = |schema: &JsonObject| {
-        let mut schema = schema.clone();
-        schema.remove("$schema");
-        if let Some(serde_json::Value::Object(own)) = schema.remove("$defs") {
-            defs.extend(own);
+    // What the error shape serializes to, its schema made as rmcp makes the outputs'.
+    let error = rmcp::handler::server::tool::schema_for_output::<ToolErrorOutput>();
+    let mut root = output.clone();
+    let own_required = root.remove("required");
+    let properties = root
+        .entry("properties")
+        .or_insert_with(|| JsonObject::new().into())
+        .as_object_mut()
+        .expect("an object schema's properties");
+    let error_properties = error["properties"].as_object().expect("error properties");
+    for (name, schema) in error_properties {
+        match properties.get_mut(name) {
+            Some(own) if own != schema => {
+                *own = serde_json::json!({ "anyOf": [own.clone(), schema] });
+            }
+            Some(_) => {}
+            None => {
+                properties.insert(name.clone(), schema.clone());
+            }
         }
-        serde_json::Value::Object(schema)
-    };
-    let branches = vec![
-        branch(output),
-        branch(error.as_object().expect("an object schema")),
-    ];
-    let mut root = JsonObject::new();
-    root.insert("type".into(), "object".into());
-    root.insert("anyOf".into(), branches.into());
-    if !defs.is_empty() {
-        root.insert("$defs".into(), defs.into());
     }
+    let own_branch = match own_required {
+        Some(required) => serde_json::json!({ "required": required }),
+        None => serde_json::json!({}),
+    };
+    let error_branch = serde_json::json!({
+        "required": error["required"],
+        "properties": { "error": { "type": "string" } },
+    });
+    root.insert("anyOf".into(), vec![own_branch, error_branch].into());
     root
 }
 
@@ -344,6 +355,26 @@ mod tests {
                 "{}",
                 name.as_str()
             );
+        }
+    }
+
+    #[test]
+    fn every_output_schema_admits_the_error_shape() {
+        for name in ToolName::ALL {
+            let output = name.definition().output_schema.as_ref().expect("a schema");
+            let branches = output["anyOf"].as_array().expect("anyOf output and error");
+            assert_eq!(branches.len(), 2, "{}", name.as_str());
+            assert!(
+                output.get("required").is_none(),
+                "{}: required moved into the branches",
+                name.as_str()
+            );
+            let error = &branches[1]["required"];
+            assert_eq!(error, &serde_json::json!(["error", "retryable"]));
+            let properties = output["properties"].as_object().expect("properties");
+            for field in ["sandbox_id", "error", "retryable", "retry_after_seconds"] {
+                assert!(properties.contains_key(field), "{}: {field}", name.as_str());
+            }
         }
     }
 }

@@ -36,6 +36,11 @@ step "Python test venv (scripts/py-venv.sh)"
 SANDGATE_TEST_PYTHON="$("$repo/scripts/py-venv.sh")"
 export SANDGATE_TEST_PYTHON
 
+step "TypeScript MCP SDK (scripts/ts-sdk.sh)"
+# The e2e test ts_sdk runs the official MCP TypeScript SDK (tests/ts-sdk/package-lock.json).
+SANDGATE_TEST_TS_SDK="$("$repo/scripts/ts-sdk.sh")"
+export SANDGATE_TEST_TS_SDK
+
 step "Chromium for the browser test (scripts/ensure-chromium.sh)"
 "$repo/scripts/ensure-chromium.sh"
 

@@ -3,6 +3,7 @@
 
 mod cli;
 mod deploy;
+mod error_kinds;
 mod gateway_share;
 mod handoff;
 mod hostile;
@@ -22,6 +23,7 @@ mod quotas;
 mod replicas;
 mod scale_out;
 mod support;
+mod ts_sdk;
 mod webdriver;
 #[path = "../shared/wheels.rs"]
 mod wheels;

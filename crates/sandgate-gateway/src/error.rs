@@ -3,8 +3,7 @@
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use sandgate_sandbox::{ChannelError, SandboxError};
-use sandgate_service::ServiceError;
+use sandgate_service::{ErrorKind, ServiceError};
 
 /// Why a download link gives no file.
 #[derive(Debug, thiserror::Error)]
@@ -47,46 +46,31 @@ impl DownloadError {
 
     /// The audited reason, a short word.
     pub fn reason(&self) -> &'static str {
-        match self {
-            DownloadError::InvalidLink => "invalid",
-            DownloadError::Expired => "expired",
-            DownloadError::Revoked => "revoked",
-            DownloadError::TranscriptGone => "transcript_gone",
-            DownloadError::RateLimited { .. } => "rate_limited",
-            DownloadError::Service(err) => match err {
-                ServiceError::NotFound(_)
-                | ServiceError::Ended { .. }
-                | ServiceError::Lost { .. } => "sandbox_gone",
-                ServiceError::Unavailable(_)
-                | ServiceError::DatabaseAway
-                | ServiceError::NodeAway { .. } => "unavailable",
-                ServiceError::Limit { .. } | ServiceError::Quota { .. } => "limit",
-                ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => "file_gone",
-                ServiceError::Store(_) | ServiceError::Sandbox(_) => "internal",
-            },
-        }
+        self.answer().2
     }
 
-    /// The status and the text a person sees: the one exhaustive mapping.
-    fn answer(&self) -> (StatusCode, &'static str) {
-        const GONE: &str = "The sandbox this file was in has ended, so the file is gone.";
-        const AWAY: &str = "Temporarily unavailable; retry in a moment.";
-        const FAILED: &str = "The file could not be read; retry in a moment.";
+    /// The status, the text a person sees and the audited reason: the one exhaustive mapping.
+    fn answer(&self) -> (StatusCode, &'static str, &'static str) {
         match self {
-            DownloadError::InvalidLink => {
-                (StatusCode::NOT_FOUND, "This download link is not valid.")
-            }
+            DownloadError::InvalidLink => (
+                StatusCode::NOT_FOUND,
+                "This download link is not valid.",
+                "invalid",
+            ),
             DownloadError::Expired => (
                 StatusCode::GONE,
                 "This download link has expired; ask for the file again.",
+                "expired",
             ),
             DownloadError::Revoked => (
                 StatusCode::GONE,
                 "The app connection that made this link was disconnected, so the link no longer works.",
+                "revoked",
             ),
             DownloadError::TranscriptGone => (
                 StatusCode::GONE,
                 "This transcript is no longer kept (it was deleted after its retention period).",
+                "transcript_gone",
             ),
             DownloadError::RateLimited {
                 limit: sandgate_service::links::LinkLimit::PerLink,
@@ -94,37 +78,54 @@ impl DownloadError {
             } => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "This download link was opened too often; retry after the time in Retry-After.",
+                "rate_limited",
             ),
             DownloadError::RateLimited { .. } => (
                 StatusCode::TOO_MANY_REQUESTS,
                 "Too many downloads for this account; retry after the time in Retry-After.",
+                "rate_limited",
             ),
-            DownloadError::Service(err) => match err {
-                // Another tenant's sandbox answers like a missing one: both are gone for the link.
-                ServiceError::NotFound(_)
-                | ServiceError::Ended { .. }
-                | ServiceError::Lost { .. } => (StatusCode::GONE, GONE),
-                ServiceError::Unavailable(_)
-                | ServiceError::DatabaseAway
-                | ServiceError::NodeAway { .. } => (StatusCode::SERVICE_UNAVAILABLE, AWAY),
-                ServiceError::Limit { .. } | ServiceError::Quota { .. } => {
-                    (StatusCode::TOO_MANY_REQUESTS, AWAY)
-                }
-                // The agent refused: the file was moved, removed or grew past the limit.
-                ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => {
-                    (StatusCode::NOT_FOUND, "The file is no longer there.")
-                }
-                ServiceError::Store(_) | ServiceError::Sandbox(_) => {
-                    (StatusCode::INTERNAL_SERVER_ERROR, FAILED)
-                }
-            },
+            DownloadError::Service(err) => service_answer(err.kind()),
         }
+    }
+}
+
+/// A service failure's status, text and audited reason, by the catalogue's kind.
+fn service_answer(kind: ErrorKind) -> (StatusCode, &'static str, &'static str) {
+    const GONE: &str = "The sandbox this file was in has ended, so the file is gone.";
+    const AWAY: &str = "Temporarily unavailable; retry in a moment.";
+    const FAILED: &str = "The file could not be read; retry in a moment.";
+    match kind {
+        // Another tenant's sandbox answers like a missing one: both are gone for the link.
+        ErrorKind::NotFound | ErrorKind::Ended | ErrorKind::Lost => {
+            (StatusCode::GONE, GONE, "sandbox_gone")
+        }
+        ErrorKind::Unavailable | ErrorKind::NodeAway => {
+            (StatusCode::SERVICE_UNAVAILABLE, AWAY, "unavailable")
+        }
+        ErrorKind::QuotaExceeded | ErrorKind::Capacity => {
+            (StatusCode::TOO_MANY_REQUESTS, AWAY, "limit")
+        }
+        // The agent refused: the file was moved or removed, or grew past the size limit (the
+        // only limit a link's read meets).
+        ErrorKind::BadPath | ErrorKind::SandboxRefused | ErrorKind::Limit => (
+            StatusCode::NOT_FOUND,
+            "The file is no longer there.",
+            "file_gone",
+        ),
+        ErrorKind::Internal
+        | ErrorKind::SandboxFailed
+        | ErrorKind::Timeout
+        | ErrorKind::ConnectionLost
+        | ErrorKind::InvalidParams
+        | ErrorKind::NoSuchJob
+        | ErrorKind::CommandFailed => (StatusCode::INTERNAL_SERVER_ERROR, FAILED, "internal"),
     }
 }
 
 impl IntoResponse for DownloadError {
     fn into_response(self) -> Response {
-        let (status, message) = self.answer();
+        let (status, message, _) = self.answer();
         if status.is_server_error() {
             tracing::error!(error = ?self, "serving a download link failed");
         }

@@ -18,7 +18,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use sandgate_auth::{AccessClaims, Scope};
-use sandgate_store::audit::{ErrorKind, Outcome};
+use sandgate_service::audit::{ErrorKind, Outcome};
 
 use crate::AppState;
 use crate::refusal::{BearerError, OversizedBody, too_large};
@@ -143,7 +143,7 @@ pub fn audit_refusal(
     tool: Option<ToolName>,
     kind: ErrorKind,
 ) {
-    let event = sandgate_store::audit::AuditEvent {
+    let event = sandgate_service::audit::AuditEvent {
         at: chrono::Utc::now(),
         tenant_id: claims.tenant,
         token_id: Some(claims.jti.clone()),

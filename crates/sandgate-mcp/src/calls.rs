@@ -8,51 +8,22 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chrono::DateTime;
 use rmcp::RoleServer;
-use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ResourceContents};
+use rmcp::model::{ContentBlock, JsonObject, ResourceContents};
 use rmcp::service::RequestContext;
-use sandgate_sandbox::{
-    AgentError, ChannelError, CommandOptions, ExecOptions, OutputEvent, SandboxError,
-};
-use sandgate_service::{Caller, Resolved, ServiceError, Target};
+use sandgate_service::domain::CommandOutcome;
+use sandgate_service::{Caller, CommandLine, ErrorKind, RunLimits, ServiceError, Target};
 use serde::de::DeserializeOwned;
-use tokio::sync::mpsc;
 
+use super::McpServer;
+use super::answer::{Answer, CallError, target};
 use super::progress::progress_forwarder;
-use super::render::{absolute, render_cell, render_streams, rfc3339, structured};
-use super::tools::*;
-use super::{CallError, McpServer};
-
-/// A tool's answer plus what the audit trail needs.
-pub(super) struct Answer {
-    pub(super) result: CallToolResult,
-    pub(super) sandbox_id: Option<String>,
-}
-
-impl Answer {
-    fn new(sandbox_id: &str, result: CallToolResult) -> Self {
-        Self {
-            result,
-            sandbox_id: Some(sandbox_id.to_owned()),
-        }
-    }
-}
+use super::render::{absolute, mime_type, render_cell, render_streams, rfc3339, structured};
+use super::schema::*;
+use super::tools::ToolName;
 
 fn parse_args<T: DeserializeOwned>(args: Option<JsonObject>) -> Result<T, CallError> {
     serde_json::from_value(serde_json::Value::Object(args.unwrap_or_default()))
         .map_err(|e| CallError::InvalidParams(format!("invalid arguments: {e}")))
-}
-
-/// The target of a call that named `sandbox_id` and `keep_alive` in its arguments.
-pub(super) fn target<'a>(
-    sandbox_id: &'a Option<String>,
-    conversation: Option<&'a str>,
-    keep_alive: Option<u32>,
-) -> Target<'a> {
-    Target {
-        sandbox_id: sandbox_id.as_deref(),
-        conversation,
-        keep_alive,
-    }
 }
 
 impl McpServer {
@@ -93,8 +64,8 @@ impl McpServer {
                 let args: ExecuteCodeArgs = parse_args(args)?;
                 let timeout = self.call_timeout(args.timeout_seconds)?;
                 let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
-                let resolved = self.inner.sandboxes.resolve_target(caller, to).await?;
-                self.execute_code(&resolved, &args.code, timeout, ctx).await
+                self.execute_code(caller, to, &args.code, timeout, ctx)
+                    .await
             }
             ToolName::RunTerminalCommand => {
                 let args: RunTerminalCommandArgs = parse_args(args)?;
@@ -103,9 +74,11 @@ impl McpServer {
                 }
                 let timeout = self.call_timeout(args.timeout_seconds)?;
                 let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
-                let resolved = self.inner.sandboxes.resolve_target(caller, to).await?;
-                self.run_command(&resolved, &args.command, args.cwd, timeout, ctx)
-                    .await
+                let line = CommandLine {
+                    command: &args.command,
+                    cwd: args.cwd.as_deref(),
+                };
+                self.run_command(caller, to, line, timeout, ctx).await
             }
             ToolName::UploadFile => {
                 self.upload_file(parse_args(args)?, caller, conversation)
@@ -368,53 +341,52 @@ impl McpServer {
         ))
     }
 
-    /// Runs a cell or command: its output streams as progress when the client asked for it, a
-    /// cancelled request stops it (dropping the call interrupts the cell or kills the command),
-    /// and a sandbox that died underneath is recorded and explained.
+    /// The limits of a cell or command that may run for `timeout`.
+    fn run_limits(&self, timeout: Duration) -> RunLimits {
+        RunLimits {
+            timeout,
+            output_limit: self.inner.limits.output_limit_bytes,
+        }
+    }
+
+    /// Runs a cell or command (`run`, given where its output goes): its output streams as
+    /// progress when the client asked for it, and a cancelled request stops it (dropping the
+    /// service's call interrupts the cell or kills the command).
     async fn run_streaming<T, Fut>(
         &self,
-        resolved: &Resolved,
         ctx: &RequestContext<RoleServer>,
-        start: impl FnOnce(Option<mpsc::Sender<OutputEvent>>) -> Fut,
+        run: impl FnOnce(sandgate_service::OutputSink) -> Fut,
     ) -> Result<T, CallError>
     where
-        Fut: Future<Output = Result<T, sandgate_sandbox::SandboxError>>,
+        Fut: Future<Output = Result<T, ServiceError>>,
     {
         let (events, progress) = progress_forwarder(ctx);
-        let call = self
-            .inner
-            .sandboxes
-            .with_package_index(resolved, start(events));
         let outcome = tokio::select! {
-            outcome = call => outcome,
+            outcome = run(events) => outcome,
             () = ctx.ct.cancelled() => return Err(CallError::Cancelled),
         };
         // All output notifications go out before the result.
         if let Some(progress) = progress {
             let _ = progress.await;
         }
-        Ok(self.inner.sandboxes.checked(resolved, outcome).await?)
+        Ok(outcome?)
     }
 
     async fn execute_code(
         &self,
-        resolved: &Resolved,
+        caller: &Caller,
+        to: Target<'_>,
         code: &str,
         timeout: Duration,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Answer, CallError> {
-        let options = ExecOptions {
-            timeout,
-            output_limit: self.inner.limits.output_limit_bytes,
-            ..ExecOptions::default()
-        };
-        let outcome = self
-            .run_streaming(resolved, ctx, |events| {
-                resolved.sandbox.exec(code, options, events)
+        let (service, transcripts) = (&self.inner.sandboxes, &self.inner.transcripts);
+        let limits = self.run_limits(timeout);
+        let (resolved, outcome) = self
+            .run_streaming(ctx, |events| {
+                service.run_cell(caller, to, transcripts, code, limits, events)
             })
             .await?;
-        let entry = crate::transcripts::cell_entry(code, &outcome);
-        self.inner.transcripts.record(&resolved.row, entry);
         let sandbox_id = resolved.row.id.clone();
         let mut images = Vec::new();
         let mut blocks = Vec::new();
@@ -457,26 +429,27 @@ impl McpServer {
         })
     }
 
+    /// Runs a command line in the target sandbox (`run_terminal_command`, `install_packages`).
     pub(super) async fn run_command(
         &self,
-        resolved: &Resolved,
-        command: &str,
-        cwd: Option<String>,
+        caller: &Caller,
+        to: Target<'_>,
+        line: CommandLine<'_>,
         timeout: Duration,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Answer, CallError> {
-        let options = CommandOptions {
-            timeout,
-            output_limit: self.inner.limits.output_limit_bytes,
-            cwd: cwd.clone(),
-        };
-        let outcome = self
-            .run_streaming(resolved, ctx, |events| {
-                resolved.sandbox.command(command, options, events)
+        let (service, transcripts) = (&self.inner.sandboxes, &self.inner.transcripts);
+        let limits = self.run_limits(timeout);
+        let (resolved, outcome) = self
+            .run_streaming(ctx, |events| {
+                service.run_command(caller, to, transcripts, line, limits, events)
             })
             .await?;
-        let entry = crate::transcripts::command_entry(command, cwd.as_deref(), &outcome);
-        self.inner.transcripts.record(&resolved.row, entry);
+        let failed = match (outcome.timed_out, outcome.exit_code) {
+            (true, _) => Some(ErrorKind::Timeout),
+            (false, Some(0)) => None,
+            (false, _) => Some(ErrorKind::CommandFailed),
+        };
         let out = RunTerminalCommandOutput {
             sandbox_id: resolved.row.id.clone(),
             stdout: outcome.stdout,
@@ -487,8 +460,10 @@ impl McpServer {
             truncated: outcome.truncated,
             duration_ms: outcome.duration.as_millis() as u64,
             job: None,
+            error: failed.map(|kind| kind.as_str().to_owned()),
+            retryable: failed.map(ErrorKind::retryable),
         };
-        let is_error = out.timed_out || out.exit_code != Some(0);
+        let is_error = failed.is_some();
         let mut text = render_streams(&out.stdout, &out.stderr);
         if out.timed_out {
             text.push_str(&format!(
@@ -535,7 +510,7 @@ impl McpServer {
              list_jobs shows whether it still runs, kill_job with job_id \"{}\" stops it.",
             job.job_id, job.pid, job.log, job.log, job.job_id
         );
-        let outcome = sandgate_sandbox::CommandOutcome {
+        let outcome = CommandOutcome {
             stdout: format!("{note}\n"),
             duration: started.elapsed(),
             ..Default::default()
@@ -552,6 +527,8 @@ impl McpServer {
             truncated: false,
             duration_ms: outcome.duration.as_millis() as u64,
             job: Some(job),
+            error: None,
+            retryable: None,
         };
         let text = format!("{note} (sandbox {})", out.sandbox_id);
         Ok(Answer::new(
@@ -611,27 +588,11 @@ impl McpServer {
             ));
         }
         let to = target(&args.sandbox_id, conversation, args.keep_alive_seconds);
-        let (resolved, job) = match self
+        let (resolved, job) = self
             .inner
             .sandboxes
             .kill_job(caller, to, &args.job_id)
-            .await
-        {
-            Err(ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(
-                AgentError::NotFound { .. },
-            )))) => {
-                let text = format!(
-                    "There is no background job \"{}\" in this sandbox; list_jobs shows its \
-                     jobs and their job_ids.",
-                    args.job_id
-                );
-                return Ok(Answer {
-                    result: CallToolResult::error(vec![ContentBlock::text(text)]),
-                    sandbox_id: args.sandbox_id,
-                });
-            }
-            other => other?,
-        };
+            .await?;
         let out = KillJobOutput {
             sandbox_id: resolved.row.id.clone(),
             job: JobOutput::from(job),

@@ -1,31 +1,21 @@
-//! The one mapping from what can go wrong in a tool call to what the client sees, what the
-//! audit trail records and which metric label counts it.
+//! The one mapping from what can go wrong in a tool call or a resource read to what the client
+//! sees, what the audit trail records and which metric label counts it: each kind of the
+//! service's error catalogue ([`ErrorKind`]) is mapped here, exhaustively, once.
 //!
 //! A malformed call is a JSON-RPC invalid-params error; a call that was fine but could not be
 //! done is a tool result with `isError: true` whose text tells the model what to do next and
-//! never shows internals (those are logged with their whole cause chain).
+//! whose structured content names the kind (`error`), whether a retry may help (`retryable`)
+//! and when (`retry_after_seconds`). Internals are never shown (they are logged with their
+//! whole cause chain).
 
 use rmcp::ErrorData;
 use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock};
-use sandgate_sandbox::{ChannelError, SandboxError};
-use sandgate_service::{Quota, ServiceError};
-use sandgate_store::audit::{ErrorKind, Outcome};
+use sandgate_service::audit::{ErrorKind as AuditKind, Outcome};
+use sandgate_service::{ErrorKind, Quota, ServiceError};
+use serde_json::json;
 
-use super::calls::Answer;
-
-/// Why a tool call produced no normal result.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum CallError {
-    /// The call itself is malformed: a JSON-RPC invalid-params error.
-    #[error("{0}")]
-    InvalidParams(String),
-    /// The call was fine but could not be done: a tool result with `isError: true`.
-    #[error(transparent)]
-    Service(#[from] ServiceError),
-    /// The client cancelled it.
-    #[error("the call was cancelled")]
-    Cancelled,
-}
+use super::answer::{Answer, CallError};
+use super::schema::ToolErrorOutput;
 
 /// How a failed call is answered and recorded.
 #[derive(Debug)]
@@ -34,8 +24,8 @@ pub(crate) struct Failure {
     pub response: Result<CallToolResponse, ErrorData>,
     /// The audit trail's outcome (and the metric label).
     pub outcome: Outcome,
-    /// The audit trail's error kind.
-    pub kind: ErrorKind,
+    /// The audit trail's error kind (none for a user's own mistake the tool reported).
+    pub kind: Option<AuditKind>,
     /// The sandbox the failure names, for the audit trail.
     pub sandbox_id: Option<String>,
 }
@@ -48,7 +38,7 @@ pub(crate) struct Settled {
     /// The audit trail's outcome (and the metric label).
     pub outcome: Outcome,
     /// The audit trail's error kind, when it failed.
-    pub kind: Option<ErrorKind>,
+    pub kind: Option<AuditKind>,
     /// The sandbox the call reached or the failure names.
     pub sandbox_id: Option<String>,
 }
@@ -71,7 +61,7 @@ pub(crate) fn settle(result: Result<Answer, CallError>, tool: &str) -> Settled {
             Settled {
                 response: failure.response,
                 outcome: failure.outcome,
-                kind: Some(failure.kind),
+                kind: failure.kind,
                 sandbox_id: failure.sandbox_id,
             }
         }
@@ -79,19 +69,22 @@ pub(crate) fn settle(result: Result<Answer, CallError>, tool: &str) -> Settled {
 }
 
 impl CallError {
-    /// The answer and the record for this error: the one exhaustive mapping.
+    /// The answer and the record for this error.
     pub(crate) fn into_failure(self, tool: &str) -> Failure {
         match self {
             CallError::InvalidParams(message) => Failure {
-                response: Err(ErrorData::invalid_params(message, None)),
+                response: Err(ErrorData::invalid_params(
+                    message,
+                    Some(error_data(ErrorKind::InvalidParams)),
+                )),
                 outcome: Outcome::Refused,
-                kind: ErrorKind::InvalidParams,
+                kind: Some(AuditKind::InvalidParams),
                 sandbox_id: None,
             },
             CallError::Cancelled => Failure {
                 response: Err(ErrorData::internal_error("the call was cancelled", None)),
                 outcome: Outcome::Cancelled,
-                kind: ErrorKind::Cancelled,
+                kind: Some(AuditKind::Cancelled),
                 sandbox_id: None,
             },
             CallError::Service(err) => service_failure(&err, tool),
@@ -99,143 +92,163 @@ impl CallError {
     }
 }
 
+/// The audit trail's outcome and error kind of a failure of `kind`: the one exhaustive map.
+fn record_of(kind: ErrorKind, quota: Option<Quota>) -> (Outcome, Option<AuditKind>) {
+    let refused = |k| (Outcome::Refused, Some(k));
+    let failed = |k| (Outcome::Failed, Some(k));
+    match kind {
+        ErrorKind::InvalidParams => refused(AuditKind::InvalidParams),
+        ErrorKind::NotFound => refused(AuditKind::NotFound),
+        ErrorKind::Ended => refused(AuditKind::Ended),
+        ErrorKind::Lost => refused(AuditKind::Lost),
+        ErrorKind::Limit | ErrorKind::Capacity => refused(AuditKind::Limit),
+        ErrorKind::QuotaExceeded => refused(quota.map_or(AuditKind::Limit, quota_kind)),
+        ErrorKind::BadPath | ErrorKind::SandboxRefused => refused(AuditKind::SandboxRefused),
+        ErrorKind::NodeAway | ErrorKind::Unavailable => failed(AuditKind::Unavailable),
+        ErrorKind::Internal => failed(AuditKind::Internal),
+        ErrorKind::ConnectionLost | ErrorKind::SandboxFailed | ErrorKind::Timeout => {
+            failed(AuditKind::Sandbox)
+        }
+        // The tool worked; what the user asked for did not (an unknown job, a failed command).
+        ErrorKind::NoSuchJob | ErrorKind::CommandFailed => (Outcome::UserError, None),
+    }
+}
+
 fn service_failure(err: &ServiceError, tool: &str) -> Failure {
-    use ServiceError as E;
-    let refused = |kind, sandbox_id: Option<&String>| (Outcome::Refused, kind, sandbox_id.cloned());
-    let (outcome, kind, sandbox_id) = match err {
-        E::NotFound(id) => refused(ErrorKind::NotFound, Some(id)),
-        E::Ended { .. } => refused(ErrorKind::Ended, None),
-        E::Lost { sandbox_id, .. } => refused(ErrorKind::Lost, Some(sandbox_id)),
-        E::Limit { .. } => refused(ErrorKind::Limit, None),
-        E::Quota { quota, .. } => refused(quota_kind(*quota), None),
-        E::Unavailable(_) | E::DatabaseAway | E::NodeAway { .. } => {
-            (Outcome::Failed, ErrorKind::Unavailable, None)
-        }
-        E::Store(_) => (Outcome::Failed, ErrorKind::Internal, None),
-        E::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => {
-            refused(ErrorKind::SandboxRefused, None)
-        }
-        E::Sandbox(_) => (Outcome::Failed, ErrorKind::Sandbox, None),
+    let kind = err.kind();
+    let quota = match err {
+        ServiceError::Quota { quota, limit, .. } => Some((*quota, *limit)),
+        _ => None,
     };
+    let (outcome, audit_kind) = record_of(kind, quota.map(|(q, _)| q));
     if outcome == Outcome::Failed {
         tracing::error!(error = ?err, tool, "tool call failed");
     }
-    let mut result = CallToolResult::error(vec![ContentBlock::text(public_message(err))]);
-    if let E::Quota {
-        quota,
-        limit,
-        retry_after_seconds,
-    } = err
-    {
-        // Retryable: say which limit and when, machine-readably too.
-        result.structured_content = Some(serde_json::json!({
-            "error": "quota_exceeded",
-            "limit": quota.as_str(),
-            "value": limit,
-            "retry_after_seconds": retry_after_seconds,
-        }));
-    }
+    let sandbox_id = match err {
+        ServiceError::NotFound(id) | ServiceError::Lost { sandbox_id: id, .. } => Some(id.clone()),
+        _ => None,
+    };
+    let structured = ToolErrorOutput {
+        error: kind.as_str().into(),
+        retryable: kind.retryable(),
+        retry_after_seconds: err.retry_after_seconds(),
+        limit: quota.map(|(q, _)| q.as_str().to_owned()),
+        value: quota.map(|(_, limit)| limit),
+    };
+    let mut result = CallToolResult::error(vec![ContentBlock::text(err.public_message())]);
+    result.structured_content = Some(serde_json::to_value(structured).expect("serializes"));
     Failure {
         response: Ok(result.into()),
         outcome,
-        kind,
+        kind: audit_kind,
         sandbox_id,
     }
 }
 
+/// The machine-readable part of a JSON-RPC error: the kind and whether a retry may help.
+fn error_data(kind: ErrorKind) -> serde_json::Value {
+    json!({ "error": kind.as_str(), "retryable": kind.retryable() })
+}
+
+/// The JSON-RPC error of a failed `resources/read` or `resources/list` of `uri`.
+pub(crate) fn resource_error(uri: &str, err: ServiceError) -> ErrorData {
+    let kind = err.kind();
+    let message = err.public_message();
+    match kind {
+        ErrorKind::NotFound | ErrorKind::Ended | ErrorKind::Lost => {
+            resource_not_found(uri, message)
+        }
+        ErrorKind::Internal | ErrorKind::Unavailable | ErrorKind::NodeAway => {
+            tracing::warn!(error = ?err, "reading a resource failed");
+            ErrorData::internal_error(message, Some(error_data(kind)))
+        }
+        ErrorKind::InvalidParams
+        | ErrorKind::ConnectionLost
+        | ErrorKind::Limit
+        | ErrorKind::Capacity
+        | ErrorKind::QuotaExceeded
+        | ErrorKind::BadPath
+        | ErrorKind::NoSuchJob
+        | ErrorKind::SandboxRefused
+        | ErrorKind::SandboxFailed
+        | ErrorKind::Timeout
+        | ErrorKind::CommandFailed => ErrorData::invalid_request(message, Some(error_data(kind))),
+    }
+}
+
+/// The JSON-RPC error for a resource that does not exist (or is another tenant's).
+pub(crate) fn resource_not_found(uri: &str, message: String) -> ErrorData {
+    ErrorData::resource_not_found(
+        message,
+        Some(json!({ "uri": uri, "error": ErrorKind::NotFound.as_str(), "retryable": false })),
+    )
+}
+
 /// The audit trail's error kind of a quota refusal.
-fn quota_kind(quota: Quota) -> ErrorKind {
+fn quota_kind(quota: Quota) -> AuditKind {
     match quota {
-        Quota::CallsPerMinute => ErrorKind::RateLimited,
-        Quota::CallsInFlight => ErrorKind::CallsInFlight,
-        Quota::CallsPerSandbox => ErrorKind::SandboxBusy,
+        Quota::CallsPerMinute => AuditKind::RateLimited,
+        Quota::CallsInFlight => AuditKind::CallsInFlight,
+        Quota::CallsPerSandbox => AuditKind::SandboxBusy,
     }
 }
 
 /// The quota a refusal's error kind names, as metrics label it.
-pub(crate) fn quota_limit(kind: ErrorKind) -> Option<&'static str> {
+pub(crate) fn quota_limit(kind: AuditKind) -> Option<&'static str> {
     Some(match kind {
-        ErrorKind::RateLimited => Quota::CallsPerMinute.as_str(),
-        ErrorKind::CallsInFlight => Quota::CallsInFlight.as_str(),
-        ErrorKind::SandboxBusy => Quota::CallsPerSandbox.as_str(),
+        AuditKind::RateLimited => Quota::CallsPerMinute.as_str(),
+        AuditKind::CallsInFlight => Quota::CallsInFlight.as_str(),
+        AuditKind::SandboxBusy => Quota::CallsPerSandbox.as_str(),
         _ => return None,
     })
 }
 
-/// The text the model sees for a failed call: specific, with what to do next; never internals.
-pub(super) fn public_message(err: &ServiceError) -> String {
-    match err {
-        ServiceError::Store(_) => {
-            "sandgate hit an internal error; retry the call, and if it persists, tell the user"
-                .into()
-        }
-        ServiceError::Sandbox(inner) => match inner {
-            SandboxError::Channel(ch) => ch.to_string(),
-            SandboxError::Died { .. } | SandboxError::ConnectionLost { .. } => inner.to_string(),
-            // A node in another process reads the same as this process's own engine: the node
-            // logged the reason under an incident id, which the gateway's log names.
-            SandboxError::Launch(_)
-            | SandboxError::AgentStart { .. }
-            | SandboxError::NodeFailed { starting: true, .. } => {
-                "starting a sandbox failed; retry in a few seconds".into()
-            }
-            // Mapped to a limit by the service; a stray one still reads as what it is.
-            SandboxError::StartQueue { .. } => inner.to_string(),
-            SandboxError::UnknownProfile(_)
-            | SandboxError::InvalidProfile { .. }
-            | SandboxError::NotOurs { .. }
-            | SandboxError::Backend(_)
-            | SandboxError::NodeFailed {
-                starting: false, ..
-            } => "the sandbox could not do that; retry, or call create_sandbox for a fresh one"
-                .into(),
-        },
-        ServiceError::NotFound(_)
-        | ServiceError::Ended { .. }
-        | ServiceError::Lost { .. }
-        | ServiceError::Limit { .. }
-        | ServiceError::Quota { .. }
-        | ServiceError::Unavailable(_)
-        | ServiceError::DatabaseAway
-        | ServiceError::NodeAway { .. } => err.to_string(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use sandgate_sandbox::ProfileError;
-    use sandgate_sandbox::backend::BackendError;
-
     use super::*;
 
-    fn text(err: SandboxError) -> String {
-        public_message(&ServiceError::Sandbox(err))
+    fn json_of(response: Result<CallToolResponse, ErrorData>) -> serde_json::Value {
+        match response.expect("a tool answer") {
+            CallToolResponse::Complete(result) => serde_json::to_value(result).unwrap(),
+            other => panic!("a complete tool result, not {other:?}"),
+        }
     }
 
     #[test]
-    fn a_remote_nodes_logged_failure_reads_as_the_same_failure_in_one_process() {
-        let node = |starting| SandboxError::NodeFailed {
-            node: "https://10.1.2.3:7443".into(),
-            incident: "0123456789ab".into(),
-            starting,
+    fn a_quota_refusal_keeps_its_fields_and_names_its_kind() {
+        let err = ServiceError::Quota {
+            quota: Quota::CallsPerMinute,
+            limit: 3,
+            retry_after_seconds: 20,
         };
-        let local_start = SandboxError::Launch(BackendError::Create {
-            sandbox_id: "sbx_1".into(),
-            source: "No such image: private:tag".into(),
-        });
-        assert_eq!(text(node(true)), text(local_start));
-        let local_call = SandboxError::InvalidProfile {
-            name: "default".into(),
-            reason: ProfileError::Cpus(1000.0),
-        };
-        assert_eq!(text(node(false)), text(local_call));
-        for starting in [true, false] {
-            let shown = text(node(starting));
-            assert!(
-                !shown.contains("10.1.2.3") && !shown.contains("0123456789ab"),
-                "no address or incident for the model: {shown}"
-            );
-            assert!(shown.contains("retry"), "says what to do next: {shown}");
-        }
+        let failure = CallError::Service(err).into_failure("execute_code");
+        let json = json_of(failure.response);
+        let structured = &json["structuredContent"];
+        assert_eq!(structured["error"], "quota_exceeded");
+        assert_eq!(structured["limit"], "max_calls_per_minute");
+        assert_eq!(structured["value"], 3);
+        assert_eq!(structured["retry_after_seconds"], 20);
+        assert_eq!(structured["retryable"], true);
+        assert_eq!(json["isError"], true);
+        assert_eq!(failure.kind, Some(AuditKind::RateLimited));
+    }
+
+    #[test]
+    fn a_missing_sandbox_is_a_refusal_naming_its_kind() {
+        let failure =
+            CallError::Service(ServiceError::NotFound("sbx_x".into())).into_failure("get_file");
+        let json = json_of(failure.response);
+        assert_eq!(json["structuredContent"]["error"], "not_found");
+        assert_eq!(json["structuredContent"]["retryable"], false);
+        assert!(
+            json["structuredContent"]
+                .get("retry_after_seconds")
+                .is_none()
+        );
+        assert_eq!(
+            json["content"][0]["text"],
+            "no sandbox sbx_x exists; call create_sandbox to get one"
+        );
+        assert_eq!(failure.outcome, Outcome::Refused);
     }
 }

@@ -3,10 +3,10 @@
 
 use rmcp::model::{ContentBlock, Resource};
 
-use super::calls::Answer;
+use super::McpServer;
+use super::answer::{Answer, CallError};
 use super::render::{rfc3339, structured};
-use super::tools::{ExportTranscriptArgs, ExportTranscriptOutput};
-use super::{CallError, McpServer};
+use super::schema::{ExportTranscriptArgs, ExportTranscriptOutput};
 use crate::sandboxes::{Caller, ServiceError};
 use crate::transcripts::{Format, Subject, TranscriptError};
 use sandgate_service::links::LinkKind;

@@ -3,11 +3,13 @@
 //!
 //! - [`routes`]: `/mcp` behind its bearer guard, and the protected-resource metadata.
 //! - [`AppState`]: what the endpoint needs from the gateway's state.
-//! - [`tools`]: the tools' arguments, outputs and descriptions.
+//! - [`tools`]: the tools' names, scopes, descriptions and declared schemas.
+//! - [`schema`]: the tools' arguments and structured outputs, and the error shape.
+//! - `answer`: a call's answer, or why there is none (what `errors` maps).
 //! - [`auth`]: the bearer-token middleware and the protected-resource metadata (RFC 9728).
 //! - `calls`: what each tool does, as MCP (arguments in, service call, answer out).
 //! - `errors`: the one mapping from a failed call to its answer, audit record and metric.
-//! - `render`: the text blocks beside the structured content.
+//! - `render`: the text blocks beside the structured content, MIME types.
 //! - `progress`: output of running cells and commands as progress notifications.
 //! - [`resources`]: the sandboxes' files and transcripts as MCP resources.
 //! - `export`: the `export_transcript` tool.
@@ -31,8 +33,8 @@ pub use rmcp::transport::streamable_http_server::session::local::LocalSessionMan
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use sandgate_auth::AccessClaims;
+use sandgate_service::audit::AuditEvent;
 use sandgate_service::sessions::SessionHash;
-use sandgate_store::audit::AuditEvent;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -44,6 +46,7 @@ use sandgate_service::{audit, config, resource_uri, sandboxes, transcripts};
 
 pub use crate::state::AppState;
 
+mod answer;
 pub mod auth;
 mod calls;
 mod errors;
@@ -56,12 +59,13 @@ pub mod refusal;
 mod render;
 pub mod resources;
 pub mod routes;
+pub mod schema;
 pub mod session_store;
 pub mod sessions;
 mod state;
 pub mod tools;
 
-use errors::CallError;
+use answer::CallError;
 
 use tools::*;
 

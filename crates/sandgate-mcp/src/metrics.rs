@@ -10,7 +10,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use sandgate_store::audit::Outcome;
+use sandgate_service::audit::Outcome;
 
 use crate::tools::ToolName;
 

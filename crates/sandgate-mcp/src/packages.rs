@@ -1,6 +1,7 @@
 //! `install_packages`: pip in the sandbox, the same way as `pip install` typed in a terminal
 //! command (the sandbox's package index is served beside every cell and command; see
-//! `sandgate_service::packages`), with output streamed as progress.
+//! `sandgate_service::packages`), with output streamed as progress. Which requirements it takes
+//! is the service's rule (`sandgate_service::packages::requirements`).
 
 use std::sync::LazyLock;
 
@@ -8,17 +9,14 @@ use rmcp::RoleServer;
 use rmcp::model::{Tool, ToolAnnotations};
 use rmcp::service::RequestContext;
 use sandgate_service::Caller;
+use sandgate_service::packages::requirements::pip_command;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use super::calls::Answer;
-use super::tools::RunTerminalCommandOutput;
-use super::{CallError, McpServer};
+use super::McpServer;
+use super::answer::{Answer, CallError, target};
+use super::schema::RunTerminalCommandOutput;
 
-/// Most packages one call installs.
-const MAX_PACKAGES: usize = 50;
-/// Longest requirement accepted (a name with extras and version specifiers).
-const MAX_REQUIREMENT: usize = 200;
 /// How long pip may take when the caller names no timeout, seconds.
 const DEFAULT_TIMEOUT_SECONDS: u32 = 300;
 
@@ -74,71 +72,17 @@ impl McpServer {
         conversation: Option<&str>,
         ctx: &RequestContext<RoleServer>,
     ) -> Result<Answer, CallError> {
-        let command = pip_command(&args.packages).map_err(CallError::InvalidParams)?;
+        let command = pip_command(&args.packages)
+            .map_err(|refused| CallError::InvalidParams(refused.to_string()))?;
         let timeout = self.call_timeout(Some(
             args.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS),
         ))?;
         let conversation = args.conversation_id.as_deref().or(conversation);
-        let to = super::calls::target(&args.sandbox_id, conversation, None);
-        let resolved = self.inner.sandboxes.resolve_target(caller, to).await?;
-        self.run_command(&resolved, &command, None, timeout, ctx)
-            .await
-    }
-}
-
-/// `pip install --progress-bar off 'req' …`, each requirement checked and shell-quoted.
-fn pip_command(packages: &[String]) -> Result<String, String> {
-    if packages.is_empty() || packages.len() > MAX_PACKAGES {
-        return Err(format!(
-            "packages: give between 1 and {MAX_PACKAGES} requirements, e.g. [\"requests\", \"polars>=1.0\"]"
-        ));
-    }
-    let mut command = String::from("pip install --progress-bar off");
-    for req in packages {
-        let req = req.trim();
-        let allowed = |c: char| c.is_ascii_alphanumeric() || "._-[],<>=!~* ".contains(c);
-        if req.is_empty()
-            || req.len() > MAX_REQUIREMENT
-            || !req.starts_with(|c: char| c.is_ascii_alphanumeric())
-            || !req.chars().all(allowed)
-        {
-            return Err(format!(
-                "packages: {req:?} is not a requirement pip takes by name (a project name, \
-                 optionally with [extras] and version specifiers such as >=1.0; no URLs, paths \
-                 or options)"
-            ));
-        }
-        command.push_str(" '");
-        command.push_str(req);
-        command.push('\'');
-    }
-    Ok(command)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn requirements_are_quoted_and_anything_else_is_refused() {
-        let ok = pip_command(&["pandas>=2".into(), "pydantic[email]==2.9".into()]).unwrap();
-        assert_eq!(
-            ok,
-            "pip install --progress-bar off 'pandas>=2' 'pydantic[email]==2.9'"
-        );
-        for bad in [
-            "--index-url=http://x",
-            "x; rm -rf ~",
-            "x'y",
-            "/home/user/a.whl",
-            "",
-            "a$(id)",
-        ] {
-            assert!(
-                pip_command(&[bad.into()]).is_err(),
-                "{bad:?} must be refused"
-            );
-        }
-        assert!(pip_command(&[]).is_err());
+        let to = target(&args.sandbox_id, conversation, None);
+        let line = sandgate_service::CommandLine {
+            command: &command,
+            cwd: None,
+        };
+        self.run_command(caller, to, line, timeout, ctx).await
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use rmcp::RoleServer;
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::{Peer, RequestContext};
-use sandgate_sandbox::OutputEvent;
+use sandgate_service::domain::OutputEvent;
 use tokio::sync::mpsc;
 
 /// How often output chunks of a running cell or command are sent as progress notifications.

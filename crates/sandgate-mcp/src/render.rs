@@ -7,7 +7,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
 
-use super::tools::ExecuteCodeOutput;
+use sandgate_service::domain::{Job, Space};
+
+use super::schema::{ExecuteCodeOutput, JobOutput, SpaceOutput};
 
 pub(super) fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
@@ -105,4 +107,68 @@ pub(super) fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String 
     }
     text.push_str(&format!("[sandbox {}]", out.sandbox_id));
     text
+}
+
+impl From<Job> for JobOutput {
+    fn from(job: Job) -> Self {
+        let started = chrono::DateTime::from_timestamp_millis((job.started * 1000.0) as i64)
+            .map(rfc3339)
+            .unwrap_or_default();
+        Self {
+            job_id: job.id,
+            pid: job.pid,
+            command: job.command,
+            log: job.log,
+            started_at: started,
+            running: job.running,
+            exit_code: job.exit_code,
+            signal: job.signal,
+        }
+    }
+}
+
+impl From<Space> for SpaceOutput {
+    fn from(space: Space) -> Self {
+        Self {
+            used_bytes: space.used,
+            free_bytes: space.free,
+        }
+    }
+}
+
+/// Guesses a MIME type from a file name (`mime_guess`), falling back to sniffing the first bytes
+/// of a file without a known extension.
+pub fn mime_type(path: &str, head: &[u8]) -> String {
+    if let Some(known) = mime_guess::from_path(path).first_raw() {
+        return known.to_owned();
+    }
+    if head.starts_with(b"\x89PNG\r\n\x1a\n") {
+        "image/png".into()
+    } else if head.starts_with(b"\xff\xd8\xff") {
+        "image/jpeg".into()
+    } else if head.starts_with(b"GIF8") {
+        "image/gif".into()
+    } else if head.starts_with(b"%PDF") {
+        "application/pdf".into()
+    } else if std::str::from_utf8(head).is_ok() {
+        "text/plain".into()
+    } else {
+        "application/octet-stream".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mime_types_come_from_names_then_content() {
+        assert_eq!(mime_type("a/b.CSV", b"x,y"), "text/csv");
+        assert_eq!(mime_type("chart", b"\x89PNG\r\n\x1a\nrest"), "image/png");
+        assert_eq!(
+            mime_type("blob", &[0xff, 0xfe, 0x00, 0x80]),
+            "application/octet-stream"
+        );
+        assert_eq!(mime_type("notes", b"hello"), "text/plain");
+    }
 }

@@ -20,13 +20,13 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use sandgate_auth::{AccessClaims, Scope};
-use serde_json::json;
 
-use super::errors::public_message;
-use super::{McpServer, claims_of, session_conversation, tools::mime_type};
+use super::errors::{resource_error, resource_not_found};
+use super::render::mime_type;
+use super::{McpServer, claims_of, session_conversation};
 pub use crate::resource_uri::{POLICY_URI, file_uri, transcript_uri};
 use crate::resource_uri::{Target, file_name, parse};
-use crate::sandboxes::{Caller, ServiceError};
+use crate::sandboxes::Caller;
 use crate::transcripts::{Format, Subject, TranscriptError};
 
 /// Resources per `resources/list` page.
@@ -98,32 +98,12 @@ pub fn templates() -> ListResourceTemplatesResult {
     .with_cache_scope(CacheScope::Public)
 }
 
-fn not_found(uri: &str, message: String) -> ErrorData {
-    ErrorData::resource_not_found(message, Some(json!({ "uri": uri })))
-}
-
-fn service_error(uri: &str, err: ServiceError) -> ErrorData {
-    match err {
-        ServiceError::NotFound(_) | ServiceError::Ended { .. } | ServiceError::Lost { .. } => {
-            not_found(uri, public_message(&err))
-        }
-        ServiceError::Store(_)
-        | ServiceError::Unavailable(_)
-        | ServiceError::DatabaseAway
-        | ServiceError::NodeAway { .. } => {
-            tracing::warn!(error = ?err, "reading a resource failed");
-            ErrorData::internal_error(public_message(&err), None)
-        }
-        other => ErrorData::invalid_request(public_message(&other), None),
-    }
-}
-
 async fn caller_of(server: &McpServer, claims: &AccessClaims) -> Result<Caller, ErrorData> {
     let service = &server.inner.sandboxes;
     let limits = service
         .limits(claims.tenant)
         .await
-        .map_err(|e| service_error("", e))?;
+        .map_err(|e| resource_error("", e))?;
     Ok(Caller {
         tenant: claims.tenant,
         subject: claims.sub.clone(),
@@ -192,7 +172,7 @@ async fn session_sandbox(
     let Some(id) = service
         .find_conversation(caller, conversation)
         .await
-        .map_err(|e| service_error("", e))?
+        .map_err(|e| resource_error("", e))?
     else {
         return Ok(Vec::new());
     };
@@ -230,7 +210,7 @@ pub async fn read(
 ) -> Result<ReadResourceResult, ErrorData> {
     let claims = authorized(ctx)?;
     let target = parse(uri).ok_or_else(|| {
-        not_found(
+        resource_not_found(
             uri,
             format!(
                 "unknown resource {uri:?}; resources are sandbox://{{sandbox_id}}/files/{{path}}, \
@@ -252,7 +232,7 @@ pub async fn read(
                 .load(claims.tenant, &subject)
                 .await
                 .map_err(|err| match err {
-                    TranscriptError::NotFound { .. } => not_found(uri, err.to_string()),
+                    TranscriptError::NotFound { .. } => resource_not_found(uri, err.to_string()),
                     TranscriptError::Store(_) => ErrorData::internal_error(err.to_string(), None),
                 })?;
             ResourceContents::text(format.render(&transcript), uri)
@@ -276,7 +256,7 @@ async fn read_file(
     let resolved = service
         .resolve(&caller, Some(sandbox_id), None, None)
         .await
-        .map_err(|e| service_error(uri, e))?;
+        .map_err(|e| resource_error(uri, e))?;
     let file = resolved
         .sandbox
         .read_file(path, server.inner.limits.max_file_bytes)
@@ -284,7 +264,7 @@ async fn read_file(
     let (data, info) = service
         .checked(&resolved, file)
         .await
-        .map_err(|e| service_error(uri, e))?;
+        .map_err(|e| resource_error(uri, e))?;
     let mime = mime_type(&info.path, &data[..data.len().min(512)]);
     let texty = mime.starts_with("text/") || mime.ends_with("json") || mime.ends_with("xml");
     Ok(match String::from_utf8(data) {

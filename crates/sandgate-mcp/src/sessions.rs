@@ -21,8 +21,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use sandgate_auth::AccessClaims;
+use sandgate_service::audit::ErrorKind;
 use sandgate_service::sessions::{Ownership, Principal, SessionError};
-use sandgate_store::audit::ErrorKind;
 
 use crate::AppState;
 

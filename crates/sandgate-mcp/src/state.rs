@@ -2,13 +2,13 @@
 
 use std::sync::Arc;
 
+use sandgate_service::PgPool;
 use sandgate_service::audit::AuditLog;
 use sandgate_service::config::Config;
 use sandgate_service::keys::KeyRing;
 use sandgate_service::links::DownloadLinks;
 use sandgate_service::sandboxes::SandboxService;
 use sandgate_service::transcripts::Transcripts;
-use sandgate_store::PgPool;
 
 use crate::metrics::ToolMetrics;
 

@@ -1,492 +1,15 @@
-//! The tools: their arguments, structured outputs and descriptions. The names of tools and
-//! arguments are a public contract (clients and docs depend on them).
+//! The tools: their names, scopes and descriptions, and their declared schemas (the arguments
+//! and outputs themselves are `schema`'s). The names of tools and arguments are a public
+//! contract (clients and docs depend on them).
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use sandgate_auth::Scope;
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
-/// `create_sandbox` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateSandboxArgs {
-    /// A key for the end-user conversation (e.g. your chat's id). Calling create_sandbox again
-    /// with the same conversation_id returns the same sandbox while it lives.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-    /// Close the sandbox after this many seconds without a call (each call restarts the clock;
-    /// every tool takes keep_alive_seconds to change it). Bounded by your limits.
-    #[serde(default)]
-    pub keep_alive_seconds: Option<u32>,
-}
-
-/// `create_sandbox` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct CreateSandboxOutput {
-    /// The sandbox's id: pass it as sandbox_id to the other tools.
-    pub sandbox_id: String,
-    /// False when the conversation already had this sandbox and it was returned again.
-    pub created: bool,
-    /// The conversation it is bound to, if any.
-    pub conversation_id: Option<String>,
-    /// When it will be closed at the latest (RFC 3339).
-    pub expires_at: String,
-    /// It is closed after this many seconds without a call.
-    pub idle_timeout_seconds: u32,
-}
-
-/// Fields every sandbox-reaching tool takes besides its own.
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct Target {
-    /// The sandbox to use (from create_sandbox). Without it, the conversation's sandbox is used,
-    /// created on demand; the result names the sandbox_id to pass on.
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// The conversation whose sandbox to use when sandbox_id is not given.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-}
-
-/// `execute_code` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExecuteCodeArgs {
-    /// Python source to run as one notebook cell.
-    pub code: String,
-    /// Interrupt the cell after this many seconds (default 60).
-    #[serde(default)]
-    pub timeout_seconds: Option<u32>,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-    /// Keep the sandbox alive this many seconds without a call from now on (like
-    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
-    #[serde(default)]
-    pub keep_alive_seconds: Option<u32>,
-}
-
-/// The value of a cell's last expression.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct CellResult {
-    /// Plain-text representation.
-    #[serde(rename = "text/plain", skip_serializing_if = "Option::is_none")]
-    pub text_plain: Option<String>,
-    /// HTML representation (e.g. a pandas DataFrame's table), when there is one.
-    #[serde(rename = "text/html", skip_serializing_if = "Option::is_none")]
-    pub text_html: Option<String>,
-}
-
-/// An exception raised by the cell.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct CellErrorOutput {
-    /// Exception class, e.g. ZeroDivisionError.
-    pub name: String,
-    /// Its message.
-    pub value: String,
-    /// Traceback, as plain-text lines.
-    pub traceback: Vec<String>,
-}
-
-/// A chart produced by the cell.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ImageOutput {
-    /// Where the PNG was saved in the sandbox (fetch it again with get_file).
-    pub path: Option<String>,
-    /// Always image/png.
-    pub mime_type: String,
-    /// Size in bytes.
-    pub size: u64,
-}
-
-/// `execute_code` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ExecuteCodeOutput {
-    /// The sandbox the cell ran in.
-    pub sandbox_id: String,
-    /// Everything printed to stdout (including by child processes).
-    pub stdout: String,
-    /// Everything printed to stderr.
-    pub stderr: String,
-    /// The value of the last expression, or null.
-    pub result: Option<CellResult>,
-    /// The exception the cell raised, or null.
-    pub error: Option<CellErrorOutput>,
-    /// The kernel's execution counter for this cell.
-    pub execution_count: Option<u64>,
-    /// Charts (also returned as image content).
-    pub images: Vec<ImageOutput>,
-    /// Output beyond the limit was dropped.
-    pub truncated: bool,
-    /// The cell hit its timeout and was interrupted.
-    pub timed_out: bool,
-    /// The kernel had to be restarted: variables defined earlier are gone (files are kept).
-    pub state_lost: bool,
-    /// Why the variables are gone (the kernel was restarted after a timeout, was killed, crashed
-    /// or ran out of memory), when they are.
-    pub state_lost_reason: Option<String>,
-    /// Wall time, milliseconds.
-    pub duration_ms: u64,
-}
-
-/// `run_terminal_command` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RunTerminalCommandArgs {
-    /// A bash command line (run with bash -lc as the sandbox user).
-    pub command: String,
-    /// Kill the command (and everything it started) after this many seconds (default 60).
-    #[serde(default)]
-    pub timeout_seconds: Option<u32>,
-    /// Working directory, relative to /home/user or absolute under it (default /home/user).
-    #[serde(default)]
-    pub cwd: Option<String>,
-    /// Start the command as a background job (default false): it keeps running after this
-    /// call (e.g. a server or a long computation for later calls) and the call returns at once
-    /// with the job; its output goes to the job's log file. See list_jobs and kill_job.
-    /// timeout_seconds does not apply to it.
-    #[serde(default)]
-    pub background: bool,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-    /// Keep the sandbox alive this many seconds without a call from now on (like
-    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
-    #[serde(default)]
-    pub keep_alive_seconds: Option<u32>,
-}
-
-/// `run_terminal_command` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct RunTerminalCommandOutput {
-    /// The sandbox the command ran in.
-    pub sandbox_id: String,
-    /// Its stdout.
-    pub stdout: String,
-    /// Its stderr.
-    pub stderr: String,
-    /// Exit code; null when it was killed by a signal.
-    pub exit_code: Option<i32>,
-    /// The signal that ended it, if any.
-    pub signal: Option<i32>,
-    /// It hit its timeout and was killed.
-    pub timed_out: bool,
-    /// Output beyond the limit was dropped.
-    pub truncated: bool,
-    /// Wall time, milliseconds.
-    pub duration_ms: u64,
-    /// The background job the call started (with background true), else null.
-    pub job: Option<JobOutput>,
-}
-
-/// A background job (started by run_terminal_command with background true).
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct JobOutput {
-    /// Its handle in the sandbox, e.g. job-1: pass it as job_id to kill_job.
-    pub job_id: String,
-    /// Its main process id inside the sandbox.
-    pub pid: u64,
-    /// The command line it runs.
-    pub command: String,
-    /// The file its stdout and stderr go to (outside /home/user: read it with
-    /// run_terminal_command, e.g. tail -n 50 <log>).
-    pub log: String,
-    /// When it started (RFC 3339).
-    pub started_at: String,
-    /// Whether it is still running.
-    pub running: bool,
-    /// Its exit code, once it exited normally.
-    pub exit_code: Option<i32>,
-    /// The signal that ended it (9 when kill_job killed it), if one did.
-    pub signal: Option<i32>,
-}
-
-impl From<sandgate_sandbox::Job> for JobOutput {
-    fn from(job: sandgate_sandbox::Job) -> Self {
-        let started = chrono::DateTime::from_timestamp_millis((job.started * 1000.0) as i64)
-            .map(super::render::rfc3339)
-            .unwrap_or_default();
-        Self {
-            job_id: job.id,
-            pid: job.pid,
-            command: job.command,
-            log: job.log,
-            started_at: started,
-            running: job.running,
-            exit_code: job.exit_code,
-            signal: job.signal,
-        }
-    }
-}
-
-/// `list_jobs` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ListJobsArgs {
-    /// The sandbox whose jobs to list (from create_sandbox).
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// The conversation whose sandbox's jobs to list when sandbox_id is not given.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-    /// Keep the sandbox alive this many seconds without a call from now on (like
-    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
-    #[serde(default)]
-    pub keep_alive_seconds: Option<u32>,
-}
-
-/// `list_jobs` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ListJobsOutput {
-    /// The sandbox.
-    pub sandbox_id: String,
-    /// Its running jobs and the most recently ended ones, oldest first.
-    pub jobs: Vec<JobOutput>,
-}
-
-/// `kill_job` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct KillJobArgs {
-    /// The job to kill (job_id from run_terminal_command or list_jobs, e.g. job-1).
-    pub job_id: String,
-    /// The sandbox the job runs in (from create_sandbox).
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// The conversation whose sandbox the job runs in when sandbox_id is not given.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-    /// Keep the sandbox alive this many seconds without a call from now on (like
-    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
-    #[serde(default)]
-    pub keep_alive_seconds: Option<u32>,
-}
-
-/// `kill_job` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct KillJobOutput {
-    /// The sandbox.
-    pub sandbox_id: String,
-    /// The job as it ended.
-    pub job: JobOutput,
-}
-
-/// `upload_file` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct UploadFileArgs {
-    /// Destination, relative to /home/user or absolute under it. Missing directories are created.
-    pub path: String,
-    /// The content, base64-encoded (for binary files). Give this or content_text.
-    #[serde(default)]
-    pub content_base64: Option<String>,
-    /// The content as UTF-8 text. Give this or content_base64.
-    #[serde(default)]
-    pub content_text: Option<String>,
-    /// Replace an existing file (default false).
-    #[serde(default)]
-    pub overwrite: Option<bool>,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-    /// Keep the sandbox alive this many seconds without a call from now on (like
-    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
-    #[serde(default)]
-    pub keep_alive_seconds: Option<u32>,
-}
-
-/// `upload_file` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct UploadFileOutput {
-    /// The sandbox.
-    pub sandbox_id: String,
-    /// Absolute path of the file.
-    pub path: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// Hex SHA-256 of the content.
-    pub sha256: String,
-}
-
-/// `get_file` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GetFileArgs {
-    /// The file, relative to /home/user or absolute under it.
-    pub path: String,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-    /// Keep the sandbox alive this many seconds without a call from now on (like
-    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
-    #[serde(default)]
-    pub keep_alive_seconds: Option<u32>,
-}
-
-/// `get_file` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct GetFileOutput {
-    /// The sandbox.
-    pub sandbox_id: String,
-    /// Absolute path of the file.
-    pub path: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// MIME type (from the file name and content).
-    pub mime_type: String,
-    /// Hex SHA-256 of the content.
-    pub sha256: String,
-    /// A link a person can open to download the file (while the sandbox lives), valid until
-    /// download_expires_at. Share it with the user instead of pasting large content.
-    pub download_url: String,
-    /// When the link stops working (RFC 3339).
-    pub download_expires_at: String,
-    /// Space used and left in /home/user.
-    pub space: Option<SpaceOutput>,
-}
-
-/// Space used and left in /home/user (a quota: writing past it fails with "No space left on
-/// device").
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct SpaceOutput {
-    /// Bytes in use.
-    pub used_bytes: u64,
-    /// Bytes still free.
-    pub free_bytes: u64,
-}
-
-impl From<sandgate_sandbox::Space> for SpaceOutput {
-    fn from(space: sandgate_sandbox::Space) -> Self {
-        Self {
-            used_bytes: space.used,
-            free_bytes: space.free,
-        }
-    }
-}
-
-/// `list_files` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ListFilesArgs {
-    /// Directory, relative to /home/user or absolute under it (default /home/user).
-    #[serde(default)]
-    pub path: Option<String>,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// See create_sandbox.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-    /// Keep the sandbox alive this many seconds without a call from now on (like
-    /// create_sandbox's; bounded by your limits). Without it, the idle timeout stays as it is.
-    #[serde(default)]
-    pub keep_alive_seconds: Option<u32>,
-}
-
-/// One directory entry.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct FileEntry {
-    /// File name.
-    pub name: String,
-    /// file, dir, symlink or other.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// Last modification (RFC 3339).
-    pub modified: String,
-}
-
-/// `list_files` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ListFilesOutput {
-    /// The sandbox.
-    pub sandbox_id: String,
-    /// The directory listed (absolute).
-    pub path: String,
-    /// Its entries, sorted by name.
-    pub entries: Vec<FileEntry>,
-    /// Space used and left in /home/user.
-    pub space: Option<SpaceOutput>,
-}
-
-/// `close_sandbox` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CloseSandboxArgs {
-    /// The sandbox to close. Without it, the conversation's sandbox is closed.
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// The conversation whose sandbox to close when sandbox_id is not given.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-}
-
-/// `close_sandbox` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct CloseSandboxOutput {
-    /// The sandbox.
-    pub sandbox_id: String,
-    /// True once it is closed.
-    pub closed: bool,
-}
-
-/// `export_transcript` arguments.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExportTranscriptArgs {
-    /// One sandbox's transcript. Without it, the conversation's (every sandbox it had).
-    #[serde(default)]
-    pub sandbox_id: Option<String>,
-    /// The conversation whose transcript to export when sandbox_id is not given.
-    #[serde(default)]
-    pub conversation_id: Option<String>,
-    /// "ipynb" (a Jupyter notebook, the default) or "html" (a page a person can read in a
-    /// browser).
-    #[serde(default)]
-    pub format: Option<String>,
-}
-
-/// `export_transcript` result.
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ExportTranscriptOutput {
-    /// The sandbox (the conversation's latest, when it had several).
-    pub sandbox_id: String,
-    /// The sandboxes the transcript covers, oldest first.
-    pub sandbox_ids: Vec<String>,
-    /// The conversation, when the sandboxes were bound to one.
-    pub conversation_id: Option<String>,
-    /// ipynb or html.
-    pub format: String,
-    /// The transcript as an MCP resource (read it with resources/read).
-    pub uri: String,
-    /// Its MIME type.
-    pub mime_type: String,
-    /// Its size in bytes.
-    pub size: u64,
-    /// Calls (cells, commands, file transfers) it holds.
-    pub calls: u64,
-    /// Later calls that were not kept because a sandbox's transcript was full.
-    pub dropped: u64,
-    /// A link a person (e.g. the human agent taking over) can open, valid until
-    /// download_expires_at; it stops working if this app is disconnected.
-    pub download_url: String,
-    /// When the link stops working (RFC 3339).
-    pub download_expires_at: String,
-}
+pub use super::render::mime_type;
+pub use super::schema::*;
 
 /// The tools, by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -594,6 +117,62 @@ fn tool<A: JsonSchema + 'static, O: JsonSchema + 'static>(
         .with_output_schema::<O>()
         .with_title(title)
         .with_annotations(annotations)
+        .admitting_errors()
+}
+
+/// A tool whose declared output schema also admits the error shape ([`ToolErrorOutput`]):
+/// clients (the official TypeScript SDK among them) check `structuredContent` against
+/// `outputSchema` even when `isError` is true.
+pub(super) trait AdmittingErrors {
+    /// The tool, its output schema admitting its own output or the error shape.
+    fn admitting_errors(self) -> Self;
+}
+
+impl AdmittingErrors for Tool {
+    fn admitting_errors(mut self) -> Self {
+        if let Some(output) = self.output_schema.take() {
+            self.output_schema = Some(Arc::new(output_or_error(&output)));
+        }
+        self
+    }
+}
+
+/// The tool's output schema, its properties joined by the error shape's and its `required`
+/// moved into `anyOf`: an answer is either the tool's output (its required fields present) or
+/// the error shape (`error` a string, `retryable` present). A property both name (`error` of
+/// `execute_code`, the exception it raised) admits either.
+fn output_or_error(output: &JsonObject) -> JsonObject {
+    // What the error shape serializes to, its schema made as rmcp makes the outputs'.
+    let error = rmcp::handler::server::tool::schema_for_output::<ToolErrorOutput>();
+    let mut root = output.clone();
+    let own_required = root.remove("required");
+    let properties = root
+        .entry("properties")
+        .or_insert_with(|| JsonObject::new().into())
+        .as_object_mut()
+        .expect("an object schema's properties");
+    let error_properties = error["properties"].as_object().expect("error properties");
+    for (name, schema) in error_properties {
+        match properties.get_mut(name) {
+            Some(own) if own != schema => {
+                *own = serde_json::json!({ "anyOf": [own.clone(), schema] });
+            }
+            Some(_) => {}
+            None => {
+                properties.insert(name.clone(), schema.clone());
+            }
+        }
+    }
+    let own_branch = match own_required {
+        Some(required) => serde_json::json!({ "required": required }),
+        None => serde_json::json!({}),
+    };
+    let error_branch = serde_json::json!({
+        "required": error["required"],
+        "properties": { "error": { "type": "string" } },
+    });
+    root.insert("anyOf".into(), vec![own_branch, error_branch].into());
+    root
 }
 
 static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
@@ -752,30 +331,9 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
                 .idempotent(true)
                 .open_world(false),
         ),
-        super::packages::DEFINITION.clone(),
+        super::packages::DEFINITION.clone().admitting_errors(),
     ]
 });
-
-/// Guesses a MIME type from a file name (`mime_guess`), falling back to sniffing the first bytes
-/// of a file without a known extension.
-pub fn mime_type(path: &str, head: &[u8]) -> String {
-    if let Some(known) = mime_guess::from_path(path).first_raw() {
-        return known.to_owned();
-    }
-    if head.starts_with(b"\x89PNG\r\n\x1a\n") {
-        "image/png".into()
-    } else if head.starts_with(b"\xff\xd8\xff") {
-        "image/jpeg".into()
-    } else if head.starts_with(b"GIF8") {
-        "image/gif".into()
-    } else if head.starts_with(b"%PDF") {
-        "application/pdf".into()
-    } else if std::str::from_utf8(head).is_ok() {
-        "text/plain".into()
-    } else {
-        "application/octet-stream".into()
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -801,13 +359,22 @@ mod tests {
     }
 
     #[test]
-    fn mime_types_come_from_names_then_content() {
-        assert_eq!(mime_type("a/b.CSV", b"x,y"), "text/csv");
-        assert_eq!(mime_type("chart", b"\x89PNG\r\n\x1a\nrest"), "image/png");
-        assert_eq!(
-            mime_type("blob", &[0xff, 0xfe, 0x00, 0x80]),
-            "application/octet-stream"
-        );
-        assert_eq!(mime_type("notes", b"hello"), "text/plain");
+    fn every_output_schema_admits_the_error_shape() {
+        for name in ToolName::ALL {
+            let output = name.definition().output_schema.as_ref().expect("a schema");
+            let branches = output["anyOf"].as_array().expect("anyOf output and error");
+            assert_eq!(branches.len(), 2, "{}", name.as_str());
+            assert!(
+                output.get("required").is_none(),
+                "{}: required moved into the branches",
+                name.as_str()
+            );
+            let error = &branches[1]["required"];
+            assert_eq!(error, &serde_json::json!(["error", "retryable"]));
+            let properties = output["properties"].as_object().expect("properties");
+            for field in ["sandbox_id", "error", "retryable", "retry_after_seconds"] {
+                assert!(properties.contains_key(field), "{}: {field}", name.as_str());
+            }
+        }
     }
 }

@@ -18,7 +18,7 @@
 use std::sync::OnceLock;
 
 use prometheus_client::metrics::counter::Counter;
-use sandgate_store::audit::{self, AuditEvent};
+use sandgate_store::audit;
 use sandgate_store::{PgPool, StoreError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,8 +26,8 @@ use tokio_util::task::TaskTracker;
 use crate::write_behind::{Bounds, Dropped, Sink, WriteBehind};
 
 pub use crate::write_behind::FLUSH_AT_SHUTDOWN;
-/// How a tool call ended (the audit trail's outcome; also a metric label).
-pub use sandgate_store::audit::Outcome;
+/// The audit trail's records, for the faces that fill them in (the store's types).
+pub use sandgate_store::audit::{AuditEvent, ErrorKind, Outcome};
 
 /// Most events waiting to be written; beyond, new events are dropped (counted and logged).
 pub const QUEUE_EVENTS: usize = 100_000;

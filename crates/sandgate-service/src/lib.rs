@@ -49,8 +49,20 @@ pub use sandboxes::lifecycle;
 
 pub use config::Config;
 pub use sandboxes::{
-    CallPermit, Caller, Limits, Quota, Resolved, SandboxService, ServiceError, Target,
+    CallPermit, Caller, CommandLine, ErrorKind, Limits, OutputSink, Quota, Resolved, RunLimits,
+    SandboxService, ServiceError, Target,
 };
+/// The Postgres pool the faces hold for the service (the store's).
+pub use sandgate_store::PgPool;
+
+/// The sandbox's domain values a face reads and renders: outcomes of cells and commands, their
+/// output events, files, listings and jobs (the sandbox crate's types, so that a face needs no
+/// crate below the service).
+pub mod domain {
+    pub use sandgate_sandbox::{
+        CommandOutcome, Display, EntryKind, ExecOutcome, FileInfo, Job, Listing, OutputEvent, Space,
+    };
+}
 pub use startup::Services;
 
 /// The Postgres pool: the faces hand it on (to readiness, to the service's parts), never query it.

@@ -12,6 +12,7 @@ mod cache;
 mod config;
 mod index;
 mod policy;
+pub mod requirements;
 mod upstream;
 
 pub use crate::config::PackagesConfig;

@@ -1,7 +1,11 @@
-//! Why a sandbox operation could not be done, and the texts that say so.
+//! Why a sandbox operation could not be done, the texts that say so, and the one catalogue of
+//! error kinds ([`ErrorKind`]) that every face maps (MCP tool answers and JSON-RPC errors, HTTP
+//! statuses) and that integrators branch on.
+
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sandgate_sandbox::{ContainerFate, SandboxError};
+use sandgate_sandbox::{AgentError, ChannelError, ContainerFate, SandboxError};
 use sandgate_store::StoreError;
 use sandgate_store::sandboxes::{CloseReason, SandboxRow, SandboxState};
 
@@ -69,6 +73,37 @@ pub enum ServiceError {
         /// When a retry may fit, seconds.
         retry_after_seconds: u32,
     },
+    /// No place among the starts the sandbox node runs at once came free in time: the node is
+    /// busy starting others; retrying in a minute may work.
+    #[error(
+        "limit reached: sandbox starts (no sandbox could be started within {} s: the sandbox \
+         node is busy starting others); retry in a minute; if it persists, tell the user",
+        waited.as_secs()
+    )]
+    StartQueue {
+        /// How long the start waited.
+        waited: Duration,
+    },
+    /// The sandbox has no background job by that id.
+    #[error(
+        "There is no background job \"{job_id}\" in this sandbox; list_jobs shows its jobs and \
+         their job_ids."
+    )]
+    NoSuchJob {
+        /// The job id the caller named.
+        job_id: String,
+    },
+    /// The agent in the sandbox refused the operation (a path outside /home/user, a missing
+    /// file, a file that exists, one too large, a full disk); its text says why.
+    #[error(transparent)]
+    Refused(AgentError),
+    /// The sandbox did not answer an operation in time.
+    #[error(transparent)]
+    Unresponsive(ChannelError),
+    /// The connection to a sandbox that still runs dropped while the call ran: its outcome is
+    /// unknown, the sandbox is intact and reconnected on the next call.
+    #[error(transparent)]
+    ConnectionLost(SandboxError),
     /// Postgres is unavailable: retrying shortly may work.
     #[error("sandgate's database is temporarily unavailable; retry in a few seconds")]
     Unavailable(#[source] StoreError),
@@ -88,15 +123,12 @@ impl From<SandboxError> for ServiceError {
         match err {
             // A start that waited too long for its place is a capacity refusal the caller
             // retries, not a failure of the sandbox.
-            SandboxError::StartQueue { waited } => ServiceError::Limit {
-                limit: "sandbox starts",
-                value: format!(
-                    "no sandbox could be started within {} s: the sandbox node is busy starting \
-                     others",
-                    waited.as_secs()
-                ),
-                hint: "retry in a minute; if it persists, tell the user",
-            },
+            SandboxError::StartQueue { waited } => ServiceError::StartQueue { waited },
+            SandboxError::Channel(ChannelError::Agent(refusal)) => ServiceError::Refused(refusal),
+            SandboxError::Channel(err @ ChannelError::Unresponsive { .. }) => {
+                ServiceError::Unresponsive(err)
+            }
+            err @ SandboxError::ConnectionLost { .. } => ServiceError::ConnectionLost(err),
             other => ServiceError::Sandbox(other),
         }
     }
@@ -236,7 +268,9 @@ mod tests {
         let err = ServiceError::from(SandboxError::StartQueue {
             waited: std::time::Duration::from_secs(120),
         });
-        assert!(matches!(err, ServiceError::Limit { .. }), "{err:?}");
+        assert!(matches!(err, ServiceError::StartQueue { .. }), "{err:?}");
+        assert_eq!(err.kind(), super::super::ErrorKind::Capacity);
+        assert!(err.retryable());
         let text = err.to_string();
         assert!(
             text.contains("limit reached: sandbox starts")

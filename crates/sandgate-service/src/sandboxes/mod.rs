@@ -17,22 +17,26 @@ use crate::config::LimitsConfig;
 mod busy;
 mod error;
 mod idle_clock;
+mod kind;
 mod lease;
 pub mod lifecycle;
 mod limits;
 pub mod nodes;
 mod ops;
 mod quota;
+mod run;
 mod warm;
 
 pub use busy::BusyGuard;
 use busy::BusyMap;
 pub(crate) use error::ended_error;
 pub use error::{Quota, ServiceError, describe_fate};
+pub use kind::ErrorKind;
 pub use limits::{Caller, Limits};
 pub use nodes::{NodeSet, OwnNode};
 pub use ops::Target;
 pub use quota::CallPermit;
+pub use run::{CommandLine, OutputSink, RunLimits};
 
 /// A sandbox resolved for a call: the live handle and its row.
 #[derive(Debug, Clone)]

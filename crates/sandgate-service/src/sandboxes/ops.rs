@@ -2,7 +2,7 @@
 //! encodes the call and the answer.
 
 use bytes::Bytes;
-use sandgate_sandbox::{EntryKind, FileChunks, FileInfo, Job, Listing, SandboxError};
+use sandgate_sandbox::{AgentError, EntryKind, FileChunks, FileInfo, Job, Listing, SandboxError};
 use sandgate_store::sandboxes::{self, SandboxState};
 use uuid::Uuid;
 
@@ -200,7 +200,14 @@ impl SandboxService {
         let resolved = self.resolve_target(caller, target).await?;
         tracing::Span::current().record("sandbox_id", &resolved.row.id);
         let killed = resolved.sandbox.kill_job(job).await;
-        let job = self.checked(&resolved, killed).await?;
-        Ok((resolved, job))
+        match self.checked(&resolved, killed).await {
+            Ok(ended) => Ok((resolved, ended)),
+            Err(ServiceError::Refused(AgentError::NotFound { .. })) => {
+                Err(ServiceError::NoSuchJob {
+                    job_id: job.to_owned(),
+                })
+            }
+            Err(err) => Err(err),
+        }
     }
 }

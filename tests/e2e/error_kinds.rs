@@ -1,0 +1,246 @@
+//! The error catalogue end to end (README, "Errors"): each kind a client can provoke through MCP
+//! comes back as `isError: true` with `structuredContent` naming the kind, whether a retry may
+//! help and when, beside the text the model reads; a malformed call is a JSON-RPC error whose
+//! data names `invalid_params`. The same answers pass the official TypeScript SDK's outputSchema
+//! check (`ts_sdk.rs`).
+//!
+//! Not provoked here, because a client cannot cause them on a healthy stack: `node_away` (a
+//! remote node that stops answering; `node.rs` covers the text), `capacity` (a node's start
+//! queue full for minutes), `unavailable` and `internal` (Postgres away or failing),
+//! `connection_lost` and `sandbox_failed` (the engine or agent failing underneath a call). Their
+//! mapping is checked by the unit tests of `sandgate_service::sandboxes::kind` and
+//! `sandgate_mcp::errors`.
+
+use serde_json::{Value, json};
+use sqlx::Connection;
+
+use crate::mcp_client::{Client, Era, ToolResult};
+use crate::support::{self, Gateway};
+
+/// Asserts `result` is a tool error of `kind` with `retryable`, whose text contains `text`.
+#[track_caller]
+fn assert_kind(result: &ToolResult, kind: &str, retryable: bool, text: &str) {
+    assert!(result.is_error, "{kind}: isError is true: {result:?}");
+    assert_eq!(
+        result.structured["error"], kind,
+        "the structured error names {kind}: {result:?}"
+    );
+    assert_eq!(
+        result.structured["retryable"], retryable,
+        "{kind}: retryable is {retryable}: {result:?}"
+    );
+    assert!(
+        result.text.contains(text),
+        "{kind}: the text says {text:?}: {}",
+        result.text
+    );
+}
+
+/// The id a tool answer names.
+fn sandbox_of(result: &ToolResult) -> String {
+    result.structured["sandbox_id"]
+        .as_str()
+        .expect("a sandbox id")
+        .to_owned()
+}
+
+/// Removes `sandbox_id`'s container behind sandgate's back.
+async fn remove_container(database_url: &str, sandbox_id: &str) {
+    let mut conn = sqlx::PgConnection::connect(database_url)
+        .await
+        .expect("Postgres");
+    let container: String = sqlx::query_scalar("SELECT container_id FROM sandboxes WHERE id = $1")
+        .bind(sandbox_id)
+        .fetch_one(&mut conn)
+        .await
+        .expect("the sandbox's row");
+    let removed = tokio::process::Command::new("docker")
+        .args(["rm", "-f", &container])
+        .output()
+        .await
+        .expect("docker rm runs");
+    assert!(removed.status.success(), "the container is removed");
+}
+
+/// A gateway on a fresh database, a tenant limited to one call per minute (for the quota) and
+/// one without that limit (for everything else), each with a stateless client.
+pub(crate) struct Catalogue {
+    pub(crate) database: String,
+    pub(crate) gateway: Gateway,
+    pub(crate) token: String,
+    pub(crate) quota_token: String,
+}
+
+impl Catalogue {
+    pub(crate) async fn start() -> Catalogue {
+        let database = support::fresh_database().await;
+        let gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "2")]).await;
+        let tenant = gateway.create_tenant().await;
+        let token = gateway.token(&tenant).await;
+        let limited = gateway.create_tenant().await;
+        gateway
+            .cli(&[
+                "admin",
+                "tenant",
+                "limits",
+                &limited,
+                "--max-calls-per-minute",
+                "1",
+            ])
+            .await;
+        let quota_token = gateway.token(&limited).await;
+        Catalogue {
+            database,
+            gateway,
+            token,
+            quota_token,
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_error_kind_a_client_can_provoke_names_itself_beside_its_text() {
+    let stack = Catalogue::start().await;
+    let client = Client::connect(&stack.gateway.mcp_url(), &stack.token, Era::Stateless)
+        .await
+        .expect("connects");
+    let call = |tool: &'static str, args: Value| {
+        let client = &client;
+        async move {
+            client
+                .call(tool, args)
+                .await
+                .expect("a tool result, not a protocol error")
+        }
+    };
+    let sid = sandbox_of(&client.ok("create_sandbox", json!({})).await);
+
+    let missing = format!("sbx_{}", uuid::Uuid::new_v4().simple());
+    let not_found = call("execute_code", json!({"sandbox_id": missing, "code": "1"})).await;
+    assert_kind(
+        &not_found,
+        "not_found",
+        false,
+        &format!("no sandbox {missing} exists; call create_sandbox to get one"),
+    );
+    assert!(not_found.structured.get("retry_after_seconds").is_none());
+
+    let outside = call(
+        "get_file",
+        json!({"sandbox_id": sid, "path": "/etc/passwd"}),
+    )
+    .await;
+    assert_kind(
+        &outside,
+        "bad_path",
+        false,
+        "files are confined to /home/user",
+    );
+    let absent = call("get_file", json!({"sandbox_id": sid, "path": "nope.csv"})).await;
+    assert_kind(&absent, "bad_path", false, "nope.csv");
+
+    client
+        .ok(
+            "run_terminal_command",
+            json!({"sandbox_id": sid, "command": "mkdir -p locked && chmod 500 locked"}),
+        )
+        .await;
+    let denied = call(
+        "upload_file",
+        json!({"sandbox_id": sid, "path": "locked/a.txt", "content_text": "x"}),
+    )
+    .await;
+    assert_kind(&denied, "sandbox_refused", false, "ermission denied");
+
+    let no_job = call("kill_job", json!({"sandbox_id": sid, "job_id": "job-999"})).await;
+    assert_kind(
+        &no_job,
+        "no_such_job",
+        false,
+        "There is no background job \"job-999\" in this sandbox; list_jobs shows its jobs",
+    );
+
+    let failed = call(
+        "run_terminal_command",
+        json!({"sandbox_id": sid, "command": "echo out; exit 3"}),
+    )
+    .await;
+    assert_kind(&failed, "command_failed", false, "[exit code 3]");
+    assert_eq!(
+        failed.structured["exit_code"], 3,
+        "the command's own output stays"
+    );
+    assert_eq!(failed.structured["stdout"], "out\n");
+
+    let slow = call(
+        "run_terminal_command",
+        json!({"sandbox_id": sid, "command": "sleep 30", "timeout_seconds": 1}),
+    )
+    .await;
+    assert_kind(&slow, "timeout", false, "[timed out after 1 s");
+    assert_eq!(slow.structured["timed_out"], true);
+
+    let limit = call(
+        "create_sandbox",
+        json!({"keep_alive_seconds": 4_000_000_000u32}),
+    )
+    .await;
+    assert_kind(&limit, "limit", false, "limit reached: max idle timeout");
+
+    let raised = call("execute_code", json!({"sandbox_id": sid, "code": "1/0"})).await;
+    assert!(raised.is_error, "a raising cell is an error");
+    assert_eq!(
+        raised.structured["error"]["name"], "ZeroDivisionError",
+        "a cell's error stays the exception it raised"
+    );
+
+    let malformed = client
+        .call("execute_code", json!({"sandbox_id": sid}))
+        .await
+        .expect_err("a missing argument is a protocol error");
+    let rmcp::ServiceError::McpError(data) = malformed else {
+        panic!("a JSON-RPC error: {malformed:?}");
+    };
+    assert_eq!(data.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+    let data = data.data.expect("error data");
+    assert_eq!(data["error"], "invalid_params");
+    assert_eq!(data["retryable"], false);
+
+    let lost_id = sandbox_of(&client.ok("create_sandbox", json!({})).await);
+    remove_container(&stack.database, &lost_id).await;
+    let lost = call("execute_code", json!({"sandbox_id": lost_id, "code": "1"})).await;
+    assert_kind(&lost, "lost", false, &format!("sandbox {lost_id} was lost"));
+
+    client.ok("close_sandbox", json!({"sandbox_id": sid})).await;
+    let ended = call("list_files", json!({"sandbox_id": sid})).await;
+    assert_kind(
+        &ended,
+        "ended",
+        false,
+        &format!("sandbox {sid} was closed at"),
+    );
+
+    let limited = Client::connect(&stack.gateway.mcp_url(), &stack.quota_token, Era::Stateless)
+        .await
+        .expect("connects");
+    limited.ok("create_sandbox", json!({})).await;
+    let refused = limited
+        .call("create_sandbox", json!({}))
+        .await
+        .expect("a tool result");
+    assert_kind(
+        &refused,
+        "quota_exceeded",
+        true,
+        "limit reached: max_calls_per_minute (1)",
+    );
+    assert_eq!(refused.structured["limit"], "max_calls_per_minute");
+    assert_eq!(refused.structured["value"], 1);
+    assert!(
+        refused.structured["retry_after_seconds"]
+            .as_u64()
+            .is_some_and(|s| s >= 1),
+        "says when to retry: {:?}",
+        refused.structured
+    );
+}

@@ -34,21 +34,6 @@ pub enum DownloadError {
 }
 
 impl DownloadError {
-    /// The audited outcome: `refused` when the link may not be opened (now), `failed` when
-    /// serving it went wrong.
-    pub fn outcome(&self) -> &'static str {
-        if self.answer().0.is_server_error() {
-            "failed"
-        } else {
-            "refused"
-        }
-    }
-
-    /// The audited reason, a short word.
-    pub fn reason(&self) -> &'static str {
-        self.answer().2
-    }
-
     /// The status, the text a person sees and the audited reason: the one exhaustive mapping.
     fn answer(&self) -> (StatusCode, &'static str, &'static str) {
         match self {

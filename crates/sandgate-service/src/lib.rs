@@ -64,6 +64,3 @@ pub mod domain {
     };
 }
 pub use startup::Services;
-
-/// The Postgres pool: the faces hand it on (to readiness, to the service's parts), never query it.
-pub use sandgate_store::PgPool;

@@ -14,14 +14,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use chrono::Utc;
 use futures::Stream;
-use sandgate_sandbox::{ChannelError, FileChunks, SandboxError};
+use sandgate_sandbox::{ChannelError, FileChunks};
 use sandgate_store::PgPool;
 use sandgate_store::downloads::{DownloadEvent, DownloadKind, DownloadOutcome, DownloadReason};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::{Claims, DownloadLinks, LinkKind, LinkLimit, LinkLimits, OpenedLink};
-use crate::sandboxes::{SandboxService, ServiceError};
+use crate::sandboxes::{ErrorKind, SandboxService, ServiceError};
 use crate::transcripts::{Format, Subject, TranscriptError, Transcripts};
 
 /// Why a download link gives nothing.
@@ -61,19 +61,25 @@ impl LinkError {
             LinkError::Revoked => DownloadReason::Revoked,
             LinkError::TranscriptGone => DownloadReason::TranscriptGone,
             LinkError::RateLimited { .. } => DownloadReason::RateLimited,
-            LinkError::Service(err) => match err {
-                ServiceError::NotFound(_)
-                | ServiceError::Ended { .. }
-                | ServiceError::Lost { .. } => DownloadReason::SandboxGone,
-                ServiceError::Unavailable(_)
-                | ServiceError::DatabaseAway
-                | ServiceError::NodeAway { .. } => DownloadReason::Unavailable,
-                ServiceError::Limit { .. } | ServiceError::Quota { .. } => DownloadReason::Limit,
-                // The agent refused: the file was moved, removed or grew past the limit.
-                ServiceError::Sandbox(SandboxError::Channel(ChannelError::Agent(_))) => {
+            // By the catalogue's kind, as the gateway answers it (its `error.rs`).
+            LinkError::Service(err) => match err.kind() {
+                // Another tenant's sandbox reads like a missing one: gone for the link.
+                ErrorKind::NotFound | ErrorKind::Ended | ErrorKind::Lost => {
+                    DownloadReason::SandboxGone
+                }
+                ErrorKind::Unavailable | ErrorKind::NodeAway => DownloadReason::Unavailable,
+                ErrorKind::QuotaExceeded | ErrorKind::Capacity => DownloadReason::Limit,
+                // The agent refused: the file was moved, removed or grew past the size limit.
+                ErrorKind::BadPath | ErrorKind::SandboxRefused | ErrorKind::Limit => {
                     DownloadReason::FileGone
                 }
-                ServiceError::Store(_) | ServiceError::Sandbox(_) => DownloadReason::Internal,
+                ErrorKind::Internal
+                | ErrorKind::SandboxFailed
+                | ErrorKind::Timeout
+                | ErrorKind::ConnectionLost
+                | ErrorKind::InvalidParams
+                | ErrorKind::NoSuchJob
+                | ErrorKind::CommandFailed => DownloadReason::Internal,
             },
         }
     }

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
-use sandgate_service::links::{Download, LinkError};
+use sandgate_service::links::Download;
 
 use crate::AppState;
 use crate::error::DownloadError;
@@ -26,7 +26,7 @@ pub async fn download(
     State(state): State<AppState>,
     Path(token): Path<String>,
 ) -> Result<Response, DownloadError> {
-    let body = match state.link_service.open(&token).await.map_err(answer)? {
+    let body = match state.link_service.open(&token).await? {
         Download::Transcript(transcript) => return Ok(crate::handoff::download(transcript)),
         Download::File(body) => body,
     };
@@ -42,20 +42,6 @@ pub async fn download(
     }
     untrusted(headers);
     Ok(response)
-}
-
-/// The answer to a link that gives nothing.
-fn answer(err: LinkError) -> DownloadError {
-    match err {
-        LinkError::InvalidLink => DownloadError::InvalidLink,
-        LinkError::Expired => DownloadError::Expired,
-        LinkError::Revoked => DownloadError::Revoked,
-        LinkError::TranscriptGone => DownloadError::TranscriptGone,
-        LinkError::RateLimited { limit, retry_after } => {
-            DownloadError::RateLimited { limit, retry_after }
-        }
-        LinkError::Service(err) => DownloadError::Service(err),
-    }
 }
 
 /// The file name offered to the browser: the path's last part, in safe characters.

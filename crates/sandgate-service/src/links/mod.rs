@@ -26,6 +26,8 @@ mod open;
 
 pub use limits::{LinkLimit, LinkLimits, retry_after_seconds};
 pub use open::{Download, DownloadBroke, FileBody, LinkError, LinkService, TranscriptDownload};
+/// Why an opening gave nothing (the audit trail's reasons; the gateway answers by them).
+pub use sandgate_store::downloads::DownloadReason;
 
 /// How long a download link works.
 pub const LINK_TTL: Duration = Duration::from_secs(15 * 60);

@@ -53,8 +53,9 @@ pub enum LinkError {
 }
 
 impl LinkError {
-    /// The audited reason.
-    fn reason(&self) -> DownloadReason {
+    /// Why the link gave nothing, as the audit trail records it and the gateway answers it
+    /// (the one classification of a service failure for links).
+    pub fn reason(&self) -> DownloadReason {
         match self {
             LinkError::InvalidLink => DownloadReason::Invalid,
             LinkError::Expired => DownloadReason::Expired,

@@ -11,6 +11,15 @@
 #   scripts/stack.sh docker2 start only the second engine if it is not running
 #                            (the two-node test restarts it after stopping it)
 #
+# The engines this script starts run in Docker's experimental mode (its checkpoint API, for
+# sandbox snapshots: docs/snapshots.md) with gVisor registered twice: "runsc" (Debian's package of
+# the machine's release) and "runsc2024" (runsc 0.0~20240729.0-4~bpo12+2 of bookworm-backports,
+# pinned, unpacked into $SANDGATE_CACHE/gvisor/ with an apt configuration of its own). Their
+# plaintext copies of checkpoint images stay on a tmpfs ($SANDGATE_CACHE/docker*/plain). An engine
+# of ours that runs without what its daemon.json now says is reloaded (runtimes only) or restarted
+# (its containers stop) by `up`; one this script did not start, or one configured by an existing
+# /etc/docker/daemon.json, is left as it is.
+#
 # Afterwards $SANDGATE_CACHE/stack.env holds `export` lines for DATABASE_URL,
 # SANDGATE_SANDBOX__IMAGE, SANDGATE_TEST_DOCKER2 (the second engine's socket),
 # SANDGATE_TEST_DOCKER2_PIDFILE (and DOCKER_HOST when set): `source` it. `up`
@@ -29,6 +38,8 @@
 #   SANDGATE_PG_PORT   port of the cluster on 127.0.0.1 (default 55432)
 #   DATABASE_URL       use this database instead of running a cluster
 #   DOCKER_HOST        use this engine; it is only checked, never started
+#   SANDGATE_PLAIN_TMPFS_SIZE  size of each engine's tmpfs for plaintext checkpoint
+#                      images (default 4g)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -101,32 +112,243 @@ our_dockerd() {
 	echo "$pid"
 }
 
+# ---- snapshots: the runtime and the engine's options they need ----------------
+#
+# Sandbox snapshots (docs/snapshots.md) use gVisor's checkpoint and restore through Docker's
+# checkpoint API: runsc of Debian bookworm-backports, pinned, installed into a private directory
+# (Debian's `runsc` of the machine's own release stays what the runtime "runsc" names) and
+# registered as runtime "runsc2024"; the engine in experimental mode (the checkpoint API needs it);
+# and the engine's plaintext copies of checkpoint images on a tmpfs.
+
+snap_runsc_version=0.0~20240729.0-4~bpo12+2
+snap_suite=bookworm-backports
+snap_runtime=runsc2024
+snap_runtime_args='"--network=none", "--platform=systrap"'
+snap_dir="$cache/gvisor/${snap_runsc_version//[~+]/_}"
+snap_runsc="$snap_dir/usr/bin/runsc"
+snap_apt="$cache/apt-$snap_suite"
+# Size of each engine's plaintext tmpfs (containerd's copies of images being checkpointed or
+# restored; containerd leaves each restore's copy behind, docs/snapshots.md).
+plain_size=${SANDGATE_PLAIN_TMPFS_SIZE:-4g}
+
+# The Debian mirror of this machine's own apt sources (the private configuration uses it too).
+debian_mirror() {
+	apt-get indextargets --format '$(ORIGIN) $(RELEASE) $(REPO_URI)' 2>/dev/null |
+		awk '$1 == "Debian" && $2 !~ /-security$/ { print $3; exit }'
+}
+
+snap_runsc_ok() {
+	[[ -x $snap_runsc ]] &&
+		[[ $("$snap_runsc" --version 2>/dev/null | head -n 1) == "runsc version ${snap_runsc_version%%-*}" ]]
+}
+
+# Downloads the pinned package with an apt configuration of its own (its own sources, lists, state
+# and cache: the machine's suites and lists are left alone; apt checks the package against the
+# suite's signed index) and unpacks it into $snap_dir. Fails softly: without it, no snapshots.
+snap_runsc_install() {
+	snap_runsc_ok && return 0
+	local mirror keyring signed="" deb
+	mirror=$(debian_mirror || true)
+	if [[ -z $mirror ]] || ! command -v dpkg-deb >/dev/null; then
+		log "snapshots: no Debian mirror in this machine's apt sources (or no dpkg-deb); $snap_runtime not installed"
+		return 1
+	fi
+	keyring=/usr/share/keyrings/debian-archive-keyring.gpg
+	[[ ! -f $keyring ]] || signed=" signed-by=$keyring"
+	"${as_root[@]}" mkdir -p "$snap_apt"/{lists/partial,archives/partial,sources.list.d,preferences.d}
+	printf 'deb [arch=%s%s] %s %s main\n' "$(dpkg --print-architecture)" "$signed" "$mirror" "$snap_suite" |
+		"${as_root[@]}" tee "$snap_apt/sources.list" >/dev/null
+	"${as_root[@]}" touch "$snap_apt/status"
+	local apt=("${as_root[@]}" apt-get -o "Dir::State=$snap_apt" -o "Dir::State::Lists=$snap_apt/lists"
+		-o "Dir::State::status=$snap_apt/status" -o "Dir::Cache=$snap_apt"
+		-o "Dir::Cache::archives=$snap_apt/archives" -o "Dir::Etc::sourcelist=$snap_apt/sources.list"
+		-o "Dir::Etc::sourceparts=$snap_apt/sources.list.d"
+		-o "Dir::Etc::preferencesparts=$snap_apt/preferences.d" -o "Acquire::Languages=none")
+	log "snapshots: installing runsc $snap_runsc_version ($snap_suite) into $snap_dir"
+	"${as_root[@]}" rm -f "$snap_apt"/archives/runsc_*.deb
+	if ! "${apt[@]}" update >>"$cache/apt.log" 2>&1 ||
+		! (cd "$snap_apt/archives" && "${apt[@]}" download "runsc=$snap_runsc_version") >>"$cache/apt.log" 2>&1; then
+		log "snapshots: runsc $snap_runsc_version could not be downloaded (see $cache/apt.log); $snap_runtime not installed"
+		return 1
+	fi
+	deb=$(printf '%s\n' "$snap_apt"/archives/runsc_*.deb | head -n 1)
+	"${as_root[@]}" rm -rf "$snap_dir.tmp"
+	"${as_root[@]}" mkdir -p "$snap_dir.tmp"
+	"${as_root[@]}" dpkg-deb -x "$deb" "$snap_dir.tmp"
+	"${as_root[@]}" rm -rf "$snap_dir"
+	"${as_root[@]}" mv "$snap_dir.tmp" "$snap_dir"
+	snap_runsc_ok || {
+		log "snapshots: $snap_runsc does not say version ${snap_runsc_version%%-*}; $snap_runtime not registered"
+		return 1
+	}
+}
+
+# One runtime of daemon.json: name, path, arguments (JSON strings, comma-separated).
+runtime_json() {
+	printf '    "%s": {"path": "%s", "runtimeArgs": [%s]}' "$1" "$2" "$3"
+}
+
+# The daemon.json this script writes for an engine it starts: experimental mode and the gVisor
+# runtimes that are installed: "runsc" (Debian's package, `command -v runsc`) and "runsc2024".
+# With an engine command as arguments, only the runtimes that engine has (the second engine
+# registers what the first has).
+daemon_json() {
+	local runsc e entries=() sep=""
+	if runsc=$(command -v runsc) && { (($# == 0)) || engine_lists_runtime runsc "$@"; }; then
+		entries+=("$(runtime_json runsc "$runsc" '"--network=none"')")
+	fi
+	if snap_runsc_ok && { (($# == 0)) || engine_lists_runtime "$snap_runtime" "$@"; }; then
+		entries+=("$(runtime_json "$snap_runtime" "$snap_runsc" "$snap_runtime_args")")
+	fi
+	printf '{\n  "experimental": true,\n  "runtimes": {'
+	for e in "${entries[@]}"; do
+		printf '%s\n%s' "$sep" "$e"
+		sep=,
+	done
+	printf '\n  }\n}\n'
+}
+
+# Whether the engine "$2..." (a docker command) lists runtime $1.
+engine_lists_runtime() {
+	local name=$1
+	shift
+	"$@" info --format '{{json .Runtimes}}' 2>/dev/null | grep -q "\"$name\":"
+}
+
+# What a running engine ("$@", a docker command) lacks of the daemon.json file $config says, given
+# the pid of its dockerd ($pid, for its environment) and its plaintext tmpfs ($plain): "" when
+# nothing, "reload" when only runtimes (dockerd rereads them on SIGHUP), else "restart".
+engine_lacks() {
+	local config=$1 pid=$2 plain=$3 info name path args
+	shift 3
+	info=$("$@" info --format '{{.ExperimentalBuild}} {{json .Runtimes}}' 2>/dev/null) || {
+		echo restart
+		return
+	}
+	if [[ $info != true\ * ]] || ! plain_in_use "$pid" "$plain"; then
+		echo restart
+		return
+	fi
+	# Each runtime of the file, as `docker info` prints it: "name":{"path":"…","runtimeArgs":[…]
+	while IFS='|' read -r name path args; do
+		[[ -n $name ]] || continue
+		if [[ $info != *"\"$name\":{\"path\":\"$path\",\"runtimeArgs\":[$args]"* ]]; then
+			echo reload
+			return
+		fi
+	done < <(sed -n 's/^ *"\([^"]*\)": {"path": "\([^"]*\)", "runtimeArgs": \[\(.*\)\]}.*$/\1|\2|\3/p' "$config" |
+		sed 's/, /,/g')
+}
+
+# Whether the running engine lacks nothing (engine_lacks' arguments).
+engine_has() {
+	[[ -z $(engine_lacks "$@") ]]
+}
+
+# Checkpoint images in plaintext only on a tmpfs (docs/snapshots.md, "Plaintext on disk"):
+# containerd's temporary copies go to its TMPDIR (inherited from dockerd: $plain/tmp), and its
+# content store ($data_root/containerd/daemon/io.containerd.content.v1.content) is bound to
+# $plain/content. Docker keeps images in its graph driver and uses that store only for
+# checkpoints, except with its containerd image store (the default of new installs from Docker
+# 29 on): there the store is left on disk. Run before the engine starts.
+plain_up() {
+	local data_root=$1 plain=$2 content="$1/containerd/daemon/io.containerd.content.v1.content" major
+	"${as_root[@]}" mkdir -p "$plain"
+	if ! mountpoint -q "$plain"; then
+		"${as_root[@]}" mount -t tmpfs -o "size=$plain_size,mode=0700" sandgate-plain "$plain"
+	fi
+	"${as_root[@]}" mkdir -p "$plain/tmp" "$plain/content"
+	major=$(dockerd --version 2>/dev/null | sed -n 's/^Docker version \([0-9]*\)\..*/\1/p')
+	if ((${major:-0} >= 29)); then
+		log "docker: dockerd ≥ 29 may keep images in containerd's content store: it stays on disk"
+		return
+	fi
+	"${as_root[@]}" mkdir -p "$content"
+	mountpoint -q "$content" || "${as_root[@]}" mount --bind "$plain/content" "$content"
+}
+
+# Whether dockerd $1 runs with its TMPDIR on the plaintext tmpfs $2.
+plain_in_use() {
+	mountpoint -q "$2" && "${as_root[@]}" cat "/proc/$1/environ" 2>/dev/null | tr '\0' '\n' |
+		grep -qx "TMPDIR=$2/tmp"
+}
+
+plain_down() {
+	local data_root=$1 plain=$2 content="$1/containerd/daemon/io.containerd.content.v1.content"
+	! mountpoint -q "$content" || "${as_root[@]}" umount "$content" || true
+	! mountpoint -q "$plain" || "${as_root[@]}" umount "$plain" || true
+}
+
+# ---- Docker ----------------------------------------------------------------
+
+docker_data_root=/var/lib/docker
+docker_plain="$docker_dir/plain"
+
 # The daemon configuration used when this script starts dockerd: an existing
-# /etc/docker/daemon.json as it is, else ours, which registers gVisor's runsc
-# (Debian's package) as runtime "runsc" when it is installed.
+# /etc/docker/daemon.json as it is, else ours (daemon_json: experimental mode, the gVisor runtimes;
+# Debian's runsc is installed first when the machine's suites have it).
 daemon_config() {
 	if [[ -f /etc/docker/daemon.json ]]; then
-		log "docker: using /etc/docker/daemon.json as it is (runsc not registered by this script)"
+		log "docker: using /etc/docker/daemon.json as it is (no runtimes or experimental mode set by this script)"
 		echo /etc/docker/daemon.json
 		return
 	fi
-	local runsc
-	if ! runsc=$(command -v runsc); then
-		if apt_has_candidate runsc; then
-			log "docker: installing gVisor (Debian package runsc)"
-			apt_install runsc || true
-		fi
-		runsc=$(command -v runsc || true)
+	if ! command -v runsc >/dev/null && apt_has_candidate runsc; then
+		log "docker: installing gVisor (Debian package runsc)"
+		apt_install runsc || true
 	fi
-	if [[ -n $runsc ]]; then
-		printf '{\n  "runtimes": {\n    "runsc": {"path": "%s", "runtimeArgs": ["--network=none"]}\n  }\n}\n' \
-			"$runsc" >"$docker_dir/daemon.json"
-		log "docker: registering runtime runsc ($runsc)"
-	else
-		echo '{}' >"$docker_dir/daemon.json"
-		log "docker: gVisor (runsc) is not available here; only runc"
-	fi
+	snap_runsc_install || true
+	daemon_json >"$docker_dir/daemon.json.tmp"
+	mv "$docker_dir/daemon.json.tmp" "$docker_dir/daemon.json"
+	log "docker: daemon.json: experimental, runtimes: $(grep -o '^    "[^"]*"' "$docker_dir/daemon.json" | tr -d ' "' | paste -sd ' ' -)"
 	echo "$docker_dir/daemon.json"
+}
+
+# Starts the first engine's dockerd with configuration $1 (its plaintext tmpfs first, when the
+# configuration is ours).
+docker_start() {
+	local config=$1 env_args=()
+	"${as_root[@]}" rm -f "$dockerd_pidfile"
+	if [[ $config == "$docker_dir/daemon.json" ]]; then
+		plain_up "$docker_data_root" "$docker_plain"
+		env_args=(env "TMPDIR=$docker_plain/tmp")
+	fi
+	log "docker: starting dockerd (log: $docker_dir/dockerd.log)"
+	local group_args=()
+	# Let the invoking user reach the socket without sudo.
+	((EUID == 0)) || group_args=(--group "$(id -gn)")
+	"${as_root[@]}" "${env_args[@]}" setsid nohup dockerd --config-file "$config" --pidfile "$dockerd_pidfile" \
+		"${group_args[@]}" >>"$docker_dir/dockerd.log" 2>&1 </dev/null 9>&- &
+}
+
+# A running first engine: when this script started it with its own daemon.json, brings it to what
+# that file says now (docs/snapshots.md): rewrites the file, then reloads dockerd (SIGHUP) when only
+# runtimes changed, or restarts it when its experimental mode or plaintext tmpfs is missing (its
+# containers stop). Any other engine is left as it is.
+docker_reconcile() {
+	local pid config="$docker_dir/daemon.json" lacks
+	if [[ -f /etc/docker/daemon.json ]] || ! pid=$(our_dockerd) ||
+		! tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "--config-file $config "; then
+		docker info --format '{{.ExperimentalBuild}}' 2>/dev/null | grep -qx true ||
+			log "docker: not in experimental mode (not started by this script with its daemon.json): no snapshots on it"
+		return 0
+	fi
+	config=$(daemon_config)
+	lacks=$(engine_lacks "$config" "$pid" "$docker_plain" docker)
+	case $lacks in
+	"") ;;
+	reload)
+		log "docker: reloading dockerd $pid (its runtimes changed)"
+		"${as_root[@]}" kill -HUP "$pid"
+		wait_for 30 engine_has "$config" "$pid" "$docker_plain" docker ||
+			log "docker: dockerd $pid did not take the new runtimes (see $docker_dir/dockerd.log)"
+		;;
+	restart)
+		log "docker: restarting dockerd $pid for $config (experimental mode, plaintext tmpfs); its containers stop"
+		docker_down
+		docker_start "$config"
+		;;
+	esac
 }
 
 docker_up() {
@@ -138,6 +360,12 @@ docker_up() {
 		return
 	fi
 	if docker info >/dev/null 2>&1; then
+		docker_reconcile
+		if ! wait_for 60 docker info; then
+			log "docker: dockerd did not answer within 60 s; last lines of $docker_dir/dockerd.log:"
+			tail -n 20 "$docker_dir/dockerd.log" | sed 's/^/[stack]   | /' >&2
+			exit 1
+		fi
 		log "docker: running ($(since "$t0"))"
 		return
 	fi
@@ -158,13 +386,7 @@ docker_up() {
 		# A pidfile left by a dockerd that was killed (a stopped session, a
 		# reboot) names a pid another process may have now, and dockerd refuses
 		# to start over a pidfile whose pid is alive.
-		"${as_root[@]}" rm -f "$dockerd_pidfile"
-		log "docker: starting dockerd (log: $docker_dir/dockerd.log)"
-		local group_args=()
-		# Let the invoking user reach the socket without sudo.
-		((EUID == 0)) || group_args=(--group "$(id -gn)")
-		"${as_root[@]}" setsid nohup dockerd --config-file "$config" --pidfile "$dockerd_pidfile" \
-			"${group_args[@]}" >>"$docker_dir/dockerd.log" 2>&1 </dev/null 9>&- &
+		docker_start "$config"
 	fi
 	if ! wait_for 60 docker info; then
 		log "docker: dockerd did not answer within 60 s; last lines of $docker_dir/dockerd.log:"
@@ -194,60 +416,85 @@ docker2_sock=/run/sandgate-docker2.sock
 docker2_exec=/run/sandgate-docker2
 docker2=(docker -H "unix://$docker2_sock")
 
+docker2_plain="$docker2_dir/plain"
+
 # Its daemon.json, in a directory of its own: older engines keep the key their
 # id derives from beside the configuration file, and two engines with one id
-# would be one node to sandgate's registry. Registers runsc as the first
-# engine has it.
+# would be one node to sandgate's registry. Experimental mode, and the gVisor
+# runtimes the first engine has (daemon_json).
 docker2_config() {
-	local runsc
-	if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"' &&
-		runsc=$(command -v runsc); then
-		printf '{\n  "runtimes": {\n    "runsc": {"path": "%s", "runtimeArgs": ["--network=none"]}\n  }\n}\n' \
-			"$runsc" >"$docker2_dir/daemon.json"
-		log "docker2: registering runtime runsc ($runsc), as the first engine has it"
-	else
-		echo '{}' >"$docker2_dir/daemon.json"
-	fi
+	mkdir -p "$docker2_dir"
+	daemon_json docker >"$docker2_dir/daemon.json.tmp"
+	mv "$docker2_dir/daemon.json.tmp" "$docker2_dir/daemon.json"
 	echo "$docker2_dir/daemon.json"
+}
+
+docker2_start() {
+	local config=$1 group_args=()
+	"${as_root[@]}" rm -f "$docker2_pidfile"
+	plain_up "$docker2_dir/data" "$docker2_plain"
+	log "docker2: starting a second dockerd on $docker2_sock (log: $docker2_dir/dockerd.log)"
+	((EUID == 0)) || group_args=(--group "$(id -gn)")
+	# unshare --net: its own network namespace (only a loopback), so that nothing it
+	# does to networks (without one it would delete the first engine's docker0) reaches
+	# the host's. --mount with /etc/docker bound to a directory of its own: Docker 20.10
+	# derives the engine's id from /etc/docker/key.json, and two engines with one id are
+	# one node to sandgate's registry. Propagation "slave": the host's unmounts (the
+	# first engine's container mounts) still reach this namespace, its own mounts never
+	# leave it (the plaintext tmpfs is mounted before, so it is there too). sh and
+	# unshare exec dockerd: the pidfile's pid is dockerd's.
+	mkdir -p "$docker2_dir/etc-docker"
+	"${as_root[@]}" env "TMPDIR=$docker2_plain/tmp" setsid nohup unshare --net --mount --propagation slave -- \
+		sh -c 'mkdir -p /etc/docker && mount --bind "$1" /etc/docker && shift && exec dockerd "$@"' \
+		sh "$docker2_dir/etc-docker" \
+		--config-file "$config" \
+		--data-root "$docker2_dir/data" \
+		--exec-root "$docker2_exec" \
+		--pidfile "$docker2_pidfile" \
+		-H "unix://$docker2_sock" \
+		--bridge=none --iptables=false --ip-masq=false \
+		--containerd-namespace sandgate-docker2 \
+		--containerd-plugins-namespace sandgate-docker2-plugins \
+		"${group_args[@]}" >>"$docker2_dir/dockerd.log" 2>&1 </dev/null 9>&- &
+}
+
+# A running second engine of ours that lacks what its daemon.json now says: reloaded (runtimes
+# only) or restarted, as the first (docker_reconcile).
+docker2_reconcile() {
+	local pid config lacks
+	pid=$(our_dockerd "$docker2_pidfile") || return 0
+	config=$(docker2_config)
+	lacks=$(engine_lacks "$config" "$pid" "$docker2_plain" "${docker2[@]}")
+	case $lacks in
+	"") ;;
+	reload)
+		log "docker2: reloading dockerd $pid (its runtimes changed)"
+		"${as_root[@]}" kill -HUP "$pid"
+		wait_for 30 engine_has "$config" "$pid" "$docker2_plain" "${docker2[@]}" ||
+			log "docker2: dockerd $pid did not take the new runtimes (see $docker2_dir/dockerd.log)"
+		;;
+	restart)
+		log "docker2: restarting dockerd $pid for $config (experimental mode, plaintext tmpfs); its containers stop"
+		docker2_down
+		docker2_start "$config"
+		;;
+	esac
 }
 
 docker2_up() {
 	local t0 pid config
 	t0=$(now_ms)
 	if "${docker2[@]}" info >/dev/null 2>&1; then
-		log "docker2: running ($(since "$t0"))"
-		return
-	fi
-	command -v unshare >/dev/null || die "docker2: unshare (util-linux) is missing"
-	mkdir -p "$docker2_dir/data"
-	config=$(docker2_config)
-	if pid=$(our_dockerd "$docker2_pidfile"); then
-		log "docker2: dockerd $pid (ours) is starting"
+		docker2_reconcile
 	else
-		"${as_root[@]}" rm -f "$docker2_pidfile"
-		log "docker2: starting a second dockerd on $docker2_sock (log: $docker2_dir/dockerd.log)"
-		local group_args=()
-		((EUID == 0)) || group_args=(--group "$(id -gn)")
-		# unshare --net: its own network namespace (only a loopback), so that nothing it
-		# does to networks (without one it would delete the first engine's docker0) reaches
-		# the host's. --mount with /etc/docker bound to a directory of its own: Docker 20.10
-		# derives the engine's id from /etc/docker/key.json, and two engines with one id are
-		# one node to sandgate's registry. Propagation "slave": the host's unmounts (the
-		# first engine's container mounts) still reach this namespace, its own mounts never
-		# leave it. sh and unshare exec dockerd: the pidfile's pid is dockerd's.
-		mkdir -p "$docker2_dir/etc-docker"
-		"${as_root[@]}" setsid nohup unshare --net --mount --propagation slave -- \
-			sh -c 'mkdir -p /etc/docker && mount --bind "$1" /etc/docker && shift && exec dockerd "$@"' \
-			sh "$docker2_dir/etc-docker" \
-			--config-file "$config" \
-			--data-root "$docker2_dir/data" \
-			--exec-root "$docker2_exec" \
-			--pidfile "$docker2_pidfile" \
-			-H "unix://$docker2_sock" \
-			--bridge=none --iptables=false --ip-masq=false \
-			--containerd-namespace sandgate-docker2 \
-			--containerd-plugins-namespace sandgate-docker2-plugins \
-			"${group_args[@]}" >>"$docker2_dir/dockerd.log" 2>&1 </dev/null 9>&- &
+		command -v unshare >/dev/null || die "docker2: unshare (util-linux) is missing"
+		mkdir -p "$docker2_dir/data"
+		config=$(docker2_config)
+		if pid=$(our_dockerd "$docker2_pidfile"); then
+			log "docker2: dockerd $pid (ours) is starting"
+		else
+			docker2_start "$config"
+		fi
 	fi
 	if ! wait_for 60 "${docker2[@]}" info; then
 		log "docker2: dockerd did not answer within 60 s; last lines of $docker2_dir/dockerd.log:"
@@ -470,6 +717,8 @@ if [[ $cmd == down ]]; then
 	pg_down
 	docker2_down
 	docker_down
+	plain_down "$docker2_dir/data" "$docker2_plain"
+	plain_down "$docker_data_root" "$docker_plain"
 	log "down ($(since "$t_all"))"
 	exit 0
 fi

@@ -196,6 +196,10 @@ class Cells:
         self.next_count = 1
         self.ready_sent = False
         self.stopping = False
+        # `reseed` requests sent to the kernel after a restore and not yet answered: their id
+        # (a string, never a gateway's request id) to [threading.Event, answer frame].
+        self.reseeds = {}
+        self.reseed_count = 0
 
     def ops(self):
         """The ops this part answers, by name."""
@@ -247,6 +251,14 @@ class Cells:
             return
         if frame.get("event") == "ready" and "id" not in frame:
             self.on_kernel_ready(kp, frame)
+            return
+        reply_id = frame.get("id")
+        if isinstance(reply_id, str):
+            with self.state_lock:
+                waiter = self.reseeds.get(reply_id) if kp is self.kernel else None
+            if waiter is not None:
+                waiter[1] = frame
+                waiter[0].set()
             return
         with self.state_lock:
             run = self.running
@@ -349,6 +361,26 @@ class Cells:
                 return  # a dead kernel's successor takes the cell when it is ready
             run = self.running = Run(self.exec_queue.popleft())
             kp.send({"id": run.id, "op": "exec", "code": run.code, "output_limit": run.limit})
+
+    def reseed_kernel(self, seed, timeout):
+        """Has the current kernel re-seed its generators (after a restore, PROTOCOL.md `restored`).
+        Returns (kernel pid, what it re-seeded), or (pid or None, None) when no kernel is ready or
+        it did not answer within `timeout` s: a kernel started later is a new process, seeded
+        afresh by Python itself."""
+        with self.state_lock:
+            kp = self.kernel
+            if kp is None or not kp.ready.is_set():
+                return (kp.pid if kp else None), None
+            self.reseed_count += 1
+            reply_id = f"reseed-{self.reseed_count}"
+            waiter = self.reseeds[reply_id] = [threading.Event(), None]
+        kp.send({"id": reply_id, "op": "reseed", "seed": seed.hex()})
+        answered = waiter[0].wait(timeout)
+        with self.state_lock:
+            self.reseeds.pop(reply_id, None)
+        result = waiter[1].get("result") if answered and waiter[1].get("ok") is True else None
+        reseeded = result.get("reseeded") if isinstance(result, dict) else None
+        return kp.pid, reseeded if isinstance(reseeded, list) else None
 
     def on_kernel_ready(self, kp, frame):
         """A kernel said ready: the first one makes the agent say ready too."""

@@ -192,7 +192,13 @@ impl DockerBackend {
             Some(kind) if kind == "tmpfs" => Ok(settings),
             other => Err(SnapshotUnavailable::PlainDirNotTmpfs {
                 path: settings.plain.clone(),
-                fs_type: other.unwrap_or_else(|| "an unknown file system".into()),
+                fs_type: other.unwrap_or_else(|| {
+                    if settings.plain.exists() {
+                        "an unknown file system".into()
+                    } else {
+                        "nothing (it does not exist)".into()
+                    }
+                }),
             }),
         }
     }

@@ -15,10 +15,10 @@
 # the agent never does.) The package's own start (sandgate_agent.main) then hands the freed pages
 # back with malloc_trim.
 #
-# The kernel is started with this file too, as `python3 -u -c <this file> kernel`, and inherits the
-# memfd (named by SANDGATE_AGENT_ARCHIVE_FD) instead of a second copy of the archive on its command
-# line: each character of an argument costs a process ~20 bytes for its whole life (the copies
-# CPython keeps), ~1 MB for this one.
+# The kernel is started with this file too, as `python3 -u -c <this file> kernel`, and inherits a
+# sealed copy of the memfd that it can read (named by SANDGATE_AGENT_ARCHIVE_FD; kernels.py) instead
+# of a second copy of the archive on its command line: each character of an argument costs a
+# process ~20 bytes for its whole life (the copies CPython keeps), ~1 MB for this one.
 import os
 import sys
 
@@ -38,8 +38,9 @@ def _archive_fd():
     view = memoryview(archive)
     while view:
         view = view[os.write(fd, view) :]
-    # Nobody (the kernel, which gets this file, or its user code) can change the agent's code now.
-    os.fchmod(fd, 0o444)
+    # Nobody can change the agent's code now, and no other uid can open it (gVisor lets any uid
+    # re-open another process's descriptors that the file's mode allows).
+    os.fchmod(fd, 0o400)
     seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     return fd

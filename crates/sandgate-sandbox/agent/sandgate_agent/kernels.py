@@ -3,6 +3,7 @@ not the agent"): starting the uid-1000 kernel process, queueing cells for it, re
 of the cell it runs (and nothing else), and replacing it when it dies or is restarted."""
 
 import collections
+import fcntl
 import json
 import os
 import platform
@@ -28,6 +29,29 @@ from .processes import describe_exit, leader_exited, oom_kills, pids_refusals, s
 from .protocol import OpError, int_arg
 
 
+def archive_for_kernel(archive_fd):
+    """A copy of the agent's archive (bootstrap.py's memfd, which only root can open) for one
+    kernel to import the package from: readable by the sandbox user, sealed against writes. The
+    agent closes its descriptor once the kernel has started, so the copy is the kernel's alone."""
+    size = os.fstat(archive_fd).st_size
+    fd = os.memfd_create("sandgate-agent-kernel", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        # In the kernel (sendfile): no copy passes through this process's heap, which would keep it.
+        offset = 0
+        while offset < size:
+            sent = os.sendfile(fd, archive_fd, offset, size - offset)
+            if sent == 0:
+                raise OSError(f"the agent's archive ended after {offset} of {size} bytes")
+            offset += sent
+        os.fchmod(fd, 0o444)
+        seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class KernelProcess:
     """One incarnation of the kernel: the uid-1000 process and its two pipes to the agent.
 
@@ -39,8 +63,15 @@ class KernelProcess:
         env = {ENV_KERNEL_FDS: f"{to_kernel_r},{from_kernel_w}"}
         archive = ()
         if rt.archive_fd is not None:
-            archive = (rt.archive_fd,)
-            env[ENV_ARCHIVE_FD] = str(rt.archive_fd)
+            try:
+                archive = (archive_for_kernel(rt.archive_fd),)
+            except OSError:
+                os.close(to_kernel_r)
+                os.close(to_kernel_w)
+                os.close(from_kernel_r)
+                os.close(from_kernel_w)
+                raise
+            env[ENV_ARCHIVE_FD] = str(archive[0])
         self.oom_before = oom_kills()
         self.pids_before = pids_refusals()
         try:
@@ -56,8 +87,8 @@ class KernelProcess:
                 **rt.creds.popen_args(),
             )
         finally:
-            os.close(to_kernel_r)
-            os.close(from_kernel_w)
+            for fd in (to_kernel_r, from_kernel_w) + archive:
+                os.close(fd)
         self.pid = self.proc.pid
         self.ready = threading.Event()
         # Set once every frame the kernel wrote has been read (its end of the pipe closed).

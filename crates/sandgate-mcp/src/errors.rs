@@ -185,6 +185,12 @@ pub(super) fn public_message(err: &ServiceError) -> String {
             | SandboxError::InvalidProfile { .. }
             | SandboxError::NotOurs { .. }
             | SandboxError::Backend(_)
+            // Snapshots (issue 26) are not offered to the model yet; their words are the node's.
+            | SandboxError::SnapshotsUnavailable { .. }
+            | SandboxError::Checkpoint { .. }
+            | SandboxError::Restore { .. }
+            | SandboxError::RestoredAgent { .. }
+            | SandboxError::Checkpointed { .. }
             | SandboxError::NodeFailed {
                 starting: false, ..
             } => "the sandbox could not do that; retry, or call create_sandbox for a fresh one"

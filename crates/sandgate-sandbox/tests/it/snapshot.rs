@@ -12,12 +12,17 @@ use std::time::Duration;
 
 use sandgate_sandbox::{
     DockerBackend, ExecOptions, ExecOutcome, ManagerConfig, OciRuntime, PoolConfig, Sandbox,
-    SandboxBackend as _, SandboxError, SandboxManager, SandboxProfile, SnapshotUnavailable,
+    SandboxBackend as _, SandboxError, SandboxManager, SandboxProfile, SnapshotError,
+    SnapshotUnavailable,
 };
 
 use crate::support;
 
 const LIMIT: Duration = Duration::from_secs(180);
+
+/// One snapshot test at a time: each checks that no image is left in the engine's TMPDIR, where
+/// another test's checkpoint in progress would have one.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A manager on the snapshot engine with two profiles: `snap` (runsc2024) and `runc`.
 struct SnapEnv {
@@ -184,6 +189,7 @@ fn value(outcome: &ExecOutcome) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_checkpointed_mid_life_and_restored_keeps_its_state() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let Some(env) = SnapEnv::new("snap-keep").await else {
         return;
     };
@@ -206,6 +212,30 @@ async fn a_sandbox_checkpointed_mid_life_and_restored_keeps_its_state() {
         .snapshots_available("snap")
         .await
         .expect("runsc2024 can");
+    let plain = support::within(LIMIT, "a lease", env.manager.lease("runc"))
+        .await
+        .expect("a runc sandbox");
+    let refused = env
+        .manager
+        .checkpoint(&plain, false)
+        .await
+        .expect_err("runc cannot");
+    assert!(
+        matches!(
+            &refused,
+            SandboxError::Checkpoint {
+                source: SnapshotError::Unavailable(
+                    SnapshotUnavailable::RuntimeCannotCheckpoint { .. }
+                ),
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    plain
+        .ping()
+        .await
+        .expect("a refused checkpoint leaves the sandbox serving");
     let sandbox = env.lease().await;
     run(
         &sandbox,
@@ -274,6 +304,7 @@ const DRAWS: &str = "import random, numpy, ssl, tempfile, multiprocessing, os\n\
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clones_of_one_checkpoint_draw_different_randomness() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let Some(env) = SnapEnv::new("snap-clones").await else {
         return;
     };

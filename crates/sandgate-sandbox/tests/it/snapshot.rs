@@ -28,6 +28,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 struct SnapEnv {
     manager: SandboxManager,
     backend: Arc<DockerBackend>,
+    host: String,
     instance: String,
     plain: PathBuf,
     data_root: PathBuf,
@@ -98,6 +99,7 @@ impl SnapEnv {
         Some(Self {
             manager,
             backend,
+            host,
             instance,
             plain,
             data_root,
@@ -112,11 +114,7 @@ impl SnapEnv {
 
     async fn cleanup(self) {
         self.manager.shutdown().await;
-        if let Ok(found) = self.backend.list(&self.instance).await {
-            for c in found {
-                let _ = self.backend.remove(&c.container_id).await;
-            }
-        }
+        remove_instance(&self.backend, &self.instance).await;
     }
 
     /// Files of checkpoint images anywhere but under the manager's images directory: in the
@@ -149,6 +147,33 @@ impl SnapEnv {
             }
         }
         found
+    }
+}
+
+async fn remove_instance(backend: &DockerBackend, instance: &str) {
+    if let Ok(found) = backend.list(instance).await {
+        for c in found {
+            let _ = backend.remove(&c.container_id).await;
+        }
+    }
+}
+
+impl Drop for SnapEnv {
+    fn drop(&mut self) {
+        // After `cleanup` there is nothing left; after a panic this is the cleanup.
+        // A fresh connection: the test's runtime (and its client's connections) may be gone.
+        let (host, instance) = (self.host.clone(), self.instance.clone());
+        let _ = std::thread::spawn(move || {
+            if let (Ok(rt), Ok(backend)) = (
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build(),
+                DockerBackend::connect(&host),
+            ) {
+                rt.block_on(remove_instance(&backend, &instance));
+            }
+        })
+        .join();
     }
 }
 

@@ -15,6 +15,7 @@ use futures::stream::BoxStream;
 use tokio::io::AsyncWrite;
 
 use crate::config::SandboxProfile;
+use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotUnavailable};
 
 /// Any engine error, kept as the cause of a [`BackendError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -220,4 +221,37 @@ pub trait SandboxBackend: Send + Sync + fmt::Debug + 'static {
     /// Every container carrying `sandgate.managed=true` and `sandgate.instance=instance`,
     /// running or not.
     async fn list(&self, instance: &str) -> Result<Vec<ManagedContainer>, BackendError>;
+
+    /// Whether containers of `runtime` can be checkpointed and restored here, and if not why.
+    /// The default: never.
+    async fn snapshot_support(&self, runtime: &str) -> Result<(), SnapshotUnavailable> {
+        let _ = runtime;
+        Err(SnapshotUnavailable::NotSupported)
+    }
+
+    /// Checkpoints a running container into an image called `name` on a tmpfs, leaving the
+    /// container running or stopping it (then it shows exited with code 0, its attach stream
+    /// ended). The default: [`SnapshotUnavailable::NotSupported`].
+    async fn checkpoint(
+        &self,
+        container_id: &str,
+        name: &str,
+        leave_running: bool,
+    ) -> Result<SnapshotImage, SnapshotError> {
+        let _ = (container_id, name, leave_running);
+        Err(SnapshotUnavailable::NotSupported.into())
+    }
+
+    /// Creates a container for `spec` (the image's own profile), attaches to it and starts it from
+    /// `image`: its agent resumes where the checkpoint left it and sends no ready frame. No copy of
+    /// the image is left behind; `image` itself stays. A container that could not be restored is
+    /// removed. The default: [`SnapshotUnavailable::NotSupported`].
+    async fn restore(
+        &self,
+        spec: &LaunchSpec,
+        image: &SnapshotImage,
+    ) -> Result<Launched, SnapshotError> {
+        let _ = (spec, image);
+        Err(SnapshotUnavailable::NotSupported.into())
+    }
 }

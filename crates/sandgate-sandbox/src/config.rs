@@ -147,7 +147,7 @@ impl ProfileError {
     }
 }
 
-/// The OCI runtime a profile's containers run under (`runtime`: `"runc"` or `"runsc"`). Any
+/// The OCI runtime a profile's containers run under (`runtime`: `"runc"`, `"runsc"` or `"runsc2024"`). Any
 /// other name is refused when the configuration is read, naming the accepted ones.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -158,6 +158,9 @@ pub enum OciRuntime {
     /// runsc (gVisor): a user-space kernel between the sandbox and the host's; stronger
     /// isolation, slower start. Must be registered with the Docker engine.
     Runsc,
+    /// runsc of 2024 (bookworm-backports, systrap), registered as `runsc2024`: gVisor that can
+    /// checkpoint and restore sandboxes (docs/snapshots.md).
+    Runsc2024,
 }
 
 impl OciRuntime {
@@ -166,7 +169,13 @@ impl OciRuntime {
         match self {
             OciRuntime::Runc => "runc",
             OciRuntime::Runsc => "runsc",
+            OciRuntime::Runsc2024 => "runsc2024",
         }
+    }
+
+    /// Whether it is gVisor (either release).
+    pub fn is_gvisor(self) -> bool {
+        matches!(self, OciRuntime::Runsc | OciRuntime::Runsc2024)
     }
 }
 
@@ -178,7 +187,7 @@ impl std::fmt::Display for OciRuntime {
 
 /// A runtime name that is not one of [`OciRuntime`]'s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown OCI runtime {0:?}: expected \"runc\" or \"runsc\"")]
+#[error("unknown OCI runtime {0:?}: expected \"runc\", \"runsc\" or \"runsc2024\"")]
 pub struct UnknownRuntime(pub String);
 
 impl std::str::FromStr for OciRuntime {
@@ -188,6 +197,7 @@ impl std::str::FromStr for OciRuntime {
         match name {
             "runc" => Ok(OciRuntime::Runc),
             "runsc" => Ok(OciRuntime::Runsc),
+            "runsc2024" => Ok(OciRuntime::Runsc2024),
             other => Err(UnknownRuntime(other.to_owned())),
         }
     }

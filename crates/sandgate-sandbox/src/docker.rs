@@ -19,6 +19,11 @@ use crate::backend::{
     SandboxBackend, StreamChunk, labels,
 };
 use crate::config::SandboxProfile;
+use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotUnavailable};
+
+mod snapshot;
+
+pub use snapshot::CHECKPOINT_RUNTIMES;
 
 /// One file of the agent package: its path in the archive and its text, embedded in the binary.
 macro_rules! agent_file {
@@ -45,6 +50,7 @@ pub const AGENT_FILES: &[(&str, &str)] = &[
     agent_file!("sandgate_agent/packages.py"),
     agent_file!("sandgate_agent/processes.py"),
     agent_file!("sandgate_agent/protocol.py"),
+    agent_file!("sandgate_agent/reseed.py"),
     agent_file!("sandgate_agent/runtime.py"),
     agent_file!("sandgate_agent/shells.py"),
     agent_file!("sandgate_agent/supervisor.py"),
@@ -98,6 +104,13 @@ pub fn agent_argument() -> &'static str {
     &ARGUMENT
 }
 
+/// A fingerprint of the embedded agent (SHA-256 of [`agent_archive`], hex): a snapshot records
+/// the agent it was taken with.
+pub fn agent_fingerprint() -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(agent_archive()))
+}
+
 /// The sandbox user's home; the only writable place besides /tmp.
 const HOME: &str = "/home/user";
 /// Where the sandbox user's pip installs packages (PYTHONUSERBASE in the image and the agent).
@@ -149,6 +162,10 @@ pub struct EngineInfo {
 #[derive(Debug, Clone)]
 pub struct DockerBackend {
     docker: Docker,
+    /// The address it was connected with (empty: the local default).
+    host: String,
+    /// Where checkpoint images go, when snapshots are wanted ([`Self::with_snapshots`]).
+    snapshots: Option<snapshot::SnapshotSettings>,
 }
 
 impl DockerBackend {
@@ -164,7 +181,22 @@ impl DockerBackend {
             Docker::connect_with_http(host, 120, bollard::API_DEFAULT_VERSION)
         }
         .map_err(DockerError::Connect)?;
-        Ok(Self { docker })
+        Ok(Self {
+            docker,
+            host: host.to_owned(),
+            snapshots: None,
+        })
+    }
+
+    /// Enables snapshots (checkpoint and restore, docs/snapshots.md) with `plain` as the engine's
+    /// plaintext tmpfs (scripts/stack.sh: `<cache>/docker/plain`, whose `tmp/` is the engine's
+    /// `TMPDIR`). The manager keeps its images under `plain/sandgate/`. Whether the engine can
+    /// then take them is [`SandboxBackend::snapshot_support`]'s answer.
+    pub fn with_snapshots(mut self, plain: impl Into<std::path::PathBuf>) -> Self {
+        self.snapshots = Some(snapshot::SnapshotSettings {
+            plain: plain.into(),
+        });
+        self
     }
 
     /// The underlying client, for the rest of this crate and its tests.
@@ -344,6 +376,35 @@ fn managed_container(
 }
 
 impl DockerBackend {
+    /// Creates `spec`'s container and attaches to it, not started yet; removes it again when the
+    /// attach fails.
+    async fn create_and_attach(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
+        let name = format!("sandgate-{}", spec.sandbox_id);
+        let created = self
+            .docker
+            .create_container(
+                Some(CreateContainerOptionsBuilder::new().name(&name).build()),
+                container_config(spec),
+            )
+            .await
+            .map_err(|e| BackendError::Create {
+                sandbox_id: spec.sandbox_id.clone(),
+                source: boxed(e),
+            })?;
+        match self.attach_streams(&created.id).await {
+            Ok(streams) => Ok(Launched {
+                container_id: created.id,
+                streams,
+            }),
+            Err(err) => {
+                if let Err(cleanup) = self.remove(&created.id).await {
+                    tracing::warn!(error = %cleanup, "removing a container that failed to attach failed");
+                }
+                Err(err)
+            }
+        }
+    }
+
     async fn attach_streams(&self, container_id: &str) -> Result<AgentStreams, BackendError> {
         let options = AttachContainerOptionsBuilder::new()
             .stdin(true)
@@ -383,42 +444,23 @@ impl DockerBackend {
 impl SandboxBackend for DockerBackend {
     #[tracing::instrument(skip_all, fields(sandbox_id = %spec.sandbox_id, container_id))]
     async fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
-        let name = format!("sandgate-{}", spec.sandbox_id);
-        let created = self
+        // Attached before start, so that the agent's ready frame cannot be missed.
+        let launched = self.create_and_attach(spec).await?;
+        tracing::Span::current().record("container_id", &launched.container_id);
+        match self
             .docker
-            .create_container(
-                Some(CreateContainerOptionsBuilder::new().name(&name).build()),
-                container_config(spec),
-            )
+            .start_container(&launched.container_id, None::<StartContainerOptions>)
             .await
-            .map_err(|e| BackendError::Create {
-                sandbox_id: spec.sandbox_id.clone(),
-                source: boxed(e),
-            })?;
-        let container_id = created.id;
-        tracing::Span::current().record("container_id", &container_id);
-        // Attach before start, so that the agent's ready frame cannot be missed.
-        let started = async {
-            let streams = self.attach_streams(&container_id).await?;
-            self.docker
-                .start_container(&container_id, None::<StartContainerOptions>)
-                .await
-                .map_err(|e| BackendError::Start {
-                    container_id: container_id.clone(),
-                    source: boxed(e),
-                })?;
-            Ok::<_, BackendError>(streams)
-        };
-        match started.await {
-            Ok(streams) => Ok(Launched {
-                container_id,
-                streams,
-            }),
-            Err(err) => {
-                if let Err(cleanup) = self.remove(&container_id).await {
+        {
+            Ok(()) => Ok(launched),
+            Err(e) => {
+                if let Err(cleanup) = self.remove(&launched.container_id).await {
                     tracing::warn!(error = %cleanup, "removing a container that failed to start failed");
                 }
-                Err(err)
+                Err(BackendError::Start {
+                    container_id: launched.container_id,
+                    source: boxed(e),
+                })
             }
         }
     }
@@ -548,6 +590,30 @@ impl SandboxBackend for DockerBackend {
                 Some(found)
             })
             .collect())
+    }
+
+    async fn snapshot_support(&self, runtime: &str) -> Result<(), SnapshotUnavailable> {
+        self.snapshot_data_root(runtime).await.map(|_| ())
+    }
+
+    #[tracing::instrument(skip_all, fields(container_id = %container_id, name = %name))]
+    async fn checkpoint(
+        &self,
+        container_id: &str,
+        name: &str,
+        leave_running: bool,
+    ) -> Result<SnapshotImage, SnapshotError> {
+        self.checkpoint_container(container_id, name, leave_running)
+            .await
+    }
+
+    #[tracing::instrument(skip_all, fields(sandbox_id = %spec.sandbox_id, snapshot = %image.name))]
+    async fn restore(
+        &self,
+        spec: &LaunchSpec,
+        image: &SnapshotImage,
+    ) -> Result<Launched, SnapshotError> {
+        self.restore_container(spec, image).await
     }
 }
 

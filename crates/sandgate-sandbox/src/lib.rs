@@ -11,6 +11,7 @@
 //!   exec, command, background jobs, file transfer, listing, ping; timeouts, interrupts,
 //!   restarts, output budgets.
 //! - [`manager`]: [`SandboxManager`] (warm pools, lease, adopt, close) and [`Sandbox`].
+//! - [`snapshot`]: memory snapshots of sandboxes (checkpoint and restore), their errors.
 //! - [`telemetry`]: counters of what sandboxes sent beyond their budgets, for `/metrics`.
 
 pub mod backend;
@@ -20,6 +21,7 @@ pub mod demand;
 pub mod docker;
 pub mod manager;
 pub mod protocol;
+pub mod snapshot;
 pub mod telemetry;
 
 #[cfg(test)]
@@ -29,10 +31,11 @@ pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
 pub use channel::{
     AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
     Display, EntryKind, ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexAnswer, IndexBody,
-    IndexHandler, IndexStream, Job, Listing, OutputEvent, PingInfo, Space,
+    IndexHandler, IndexStream, Job, Listing, OutputEvent, PingInfo, RestoredInfo, Space,
 };
 pub use config::{
     ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,
 };
 pub use docker::{DockerBackend, DockerError, EngineInfo};
 pub use manager::{PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit};
+pub use snapshot::{Snapshot, SnapshotError, SnapshotImage, SnapshotUnavailable};

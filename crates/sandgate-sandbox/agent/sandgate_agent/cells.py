@@ -14,6 +14,7 @@ from .config import DEFAULT_OUTPUT_LIMIT, ENV_KERNEL_FDS, HOME
 from .display import PRELOAD, Figures, ThreadMuted, module_present
 from .output import FdCapture, OutputSink
 from .protocol import FrameServer, OpError, int_arg
+from .reseed import reseed
 from .runtime import Runtime
 from .shells import IPythonKernel, PlainKernel
 
@@ -219,6 +220,17 @@ class CellRunner(FrameServer):
                 threading.Thread(
                     target=self.keep_interrupting, args=(target,), name="interrupt", daemon=True
                 ).start()
+
+    def op_reseed(self, req_id, frame):
+        """After a restore (the agent's `restored`): fresh generators for this process, on the
+        reader thread, so a running cell does not hold it up."""
+        try:
+            seed = bytes.fromhex(frame.get("seed") or "")
+        except (TypeError, ValueError):
+            raise OpError("bad_request", "reseed needs a hex 'seed'") from None
+        if len(seed) < 32:
+            raise OpError("bad_request", "reseed needs a seed of at least 32 bytes")
+        self.writer.ok(req_id, {"reseeded": reseed(seed)})
 
 
 def main(rt_ready=None, archive_fd=None):

@@ -36,15 +36,13 @@ def archive_for_kernel(archive_fd):
     size = os.fstat(archive_fd).st_size
     fd = os.memfd_create("sandgate-agent-kernel", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
+        # In the kernel (sendfile): no copy passes through this process's heap, which would keep it.
         offset = 0
         while offset < size:
-            data = os.pread(archive_fd, size - offset, offset)
-            if not data:
-                break
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            offset += len(data)
+            sent = os.sendfile(fd, archive_fd, offset, size - offset)
+            if sent == 0:
+                raise OSError(f"the agent's archive ended after {offset} of {size} bytes")
+            offset += sent
         os.fchmod(fd, 0o444)
         seals = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
@@ -229,6 +227,10 @@ class Cells:
         self.next_count = 1
         self.ready_sent = False
         self.stopping = False
+        # `reseed` requests sent to the kernel after a restore and not yet answered: their id
+        # (a string, never a gateway's request id) to [threading.Event, answer frame].
+        self.reseeds = {}
+        self.reseed_count = 0
 
     def ops(self):
         """The ops this part answers, by name."""
@@ -280,6 +282,14 @@ class Cells:
             return
         if frame.get("event") == "ready" and "id" not in frame:
             self.on_kernel_ready(kp, frame)
+            return
+        reply_id = frame.get("id")
+        if isinstance(reply_id, str):
+            with self.state_lock:
+                waiter = self.reseeds.get(reply_id) if kp is self.kernel else None
+            if waiter is not None:
+                waiter[1] = frame
+                waiter[0].set()
             return
         with self.state_lock:
             run = self.running
@@ -382,6 +392,26 @@ class Cells:
                 return  # a dead kernel's successor takes the cell when it is ready
             run = self.running = Run(self.exec_queue.popleft())
             kp.send({"id": run.id, "op": "exec", "code": run.code, "output_limit": run.limit})
+
+    def reseed_kernel(self, seed, timeout):
+        """Has the current kernel re-seed its generators (after a restore, PROTOCOL.md `restored`).
+        Returns (kernel pid, what it re-seeded), or (pid or None, None) when no kernel is ready or
+        it did not answer within `timeout` s: a kernel started later is a new process, seeded
+        afresh by Python itself."""
+        with self.state_lock:
+            kp = self.kernel
+            if kp is None or not kp.ready.is_set():
+                return (kp.pid if kp else None), None
+            self.reseed_count += 1
+            reply_id = f"reseed-{self.reseed_count}"
+            waiter = self.reseeds[reply_id] = [threading.Event(), None]
+        kp.send({"id": reply_id, "op": "reseed", "seed": seed.hex()})
+        answered = waiter[0].wait(timeout)
+        with self.state_lock:
+            self.reseeds.pop(reply_id, None)
+        result = waiter[1].get("result") if answered and waiter[1].get("ok") is True else None
+        reseeded = result.get("reseeded") if isinstance(result, dict) else None
+        return kp.pid, reseeded if isinstance(reseeded, list) else None
 
     def on_kernel_ready(self, kp, frame):
         """A kernel said ready: the first one makes the agent say ready too."""

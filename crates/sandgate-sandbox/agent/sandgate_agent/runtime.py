@@ -20,6 +20,9 @@ class Runtime:
     def __init__(self, role, proto_out, log_fd=None, creds=None, kernel_argv=None, archive_fd=None):
         self.role = role  # "agent" or "kernel"
         self.pid = os.getpid()  # what the ready frame and ping report
+        # The sandbox id the gateway gave it after a restore from a snapshot (`restored`); None in
+        # a sandbox that was started, not restored (the gateway knows it by its container).
+        self.sandbox_id = None
         # The agent: a duplicate of the original stderr (the container log); the kernel: None.
         self.log_fd = log_fd
         # The agent: processes.Credentials; the kernel never switches users and has None.

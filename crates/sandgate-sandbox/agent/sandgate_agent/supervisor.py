@@ -16,7 +16,12 @@ from .kernels import Cells
 from .packages import IndexRelay, prepare_user_site
 from .processes import Credentials, kill_group, read_processes, sweep
 from .protocol import FrameServer, OpError
+from .reseed import fresh_seed, reseed
 from .runtime import Runtime
+
+# How long `restored` waits for the kernel's answer to its `reseed` (it answers on its reader
+# thread, even while a cell runs).
+RESEED_TIMEOUT_S = 10.0
 
 
 class Agent(FrameServer):
@@ -39,6 +44,7 @@ class Agent(FrameServer):
             "ping": self.op_ping,
             "interrupt": self.op_interrupt,
             "index_serve": self.op_index_serve,
+            "restored": self.op_restored,
         }
         for part in (self.cells, self.jobs, self.commands, self.files):
             self.ops.update(part.ops())
@@ -86,6 +92,36 @@ class Agent(FrameServer):
             kernel_pid = self.cells.kernel.pid if self.cells.kernel else None
         self.writer.ok(
             req_id, {"pong": True, "pid": self.rt.pid, "busy": busy, "kernel_pid": kernel_pid}
+        )
+
+    def op_restored(self, req_id, frame):
+        """After a restore from a snapshot (PROTOCOL.md, `restored`): the sandbox's new identity,
+        and fresh generators in this process and the kernel's."""
+        sandbox_id = frame.get("sandbox_id")
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            raise OpError("bad_request", "restored needs a string 'sandbox_id'")
+        try:
+            seed = bytes.fromhex(frame.get("seed") or "")
+        except (TypeError, ValueError):
+            raise OpError("bad_request", "restored needs a hex 'seed'") from None
+        if len(seed) < 32:
+            raise OpError("bad_request", "restored needs a seed of at least 32 bytes")
+        self.spawn("restored", self.run_restored, req_id, sandbox_id, seed)
+
+    def run_restored(self, req_id, sandbox_id, seed):
+        self.rt.sandbox_id = sandbox_id
+        reseeded = reseed(fresh_seed(seed))
+        kernel_pid, kernel_reseeded = self.cells.reseed_kernel(fresh_seed(seed), RESEED_TIMEOUT_S)
+        self.rt.log(f"restored as {sandbox_id}: re-seeded {reseeded}, kernel {kernel_reseeded}")
+        self.writer.ok(
+            req_id,
+            {
+                "sandbox_id": sandbox_id,
+                "pid": self.rt.pid,
+                "reseeded": reseeded,
+                "kernel_pid": kernel_pid,
+                "kernel_reseeded": kernel_reseeded,
+            },
         )
 
     def op_interrupt(self, req_id, frame):

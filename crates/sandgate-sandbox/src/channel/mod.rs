@@ -249,6 +249,23 @@ impl AgentChannel {
         let result = call.finish("ping", self.inner.config.call_timeout).await?;
         decode("ping", result)
     }
+
+    /// Tells an agent restored from a snapshot its new identity and has it re-seed every
+    /// generator a clone must not share, from `seed` mixed with its own entropy (PROTOCOL.md,
+    /// `restored`). The first call on a restored sandbox's channel: no ready frame comes.
+    #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.shared.label))]
+    pub async fn restored(
+        &self,
+        sandbox_id: &str,
+        seed: &[u8],
+    ) -> Result<RestoredInfo, ChannelError> {
+        let fields = json!({"sandbox_id": sandbox_id, "seed": hex::encode(seed)});
+        let mut call = self.start("restored", fields).await?;
+        let result = call
+            .finish("restored", self.inner.config.ready_timeout)
+            .await?;
+        decode("restored", result)
+    }
 }
 
 /// The first request id of a new channel: the clock in microseconds. A channel re-attached after

@@ -219,6 +219,23 @@ pub struct PingInfo {
     pub kernel_pid: Option<u64>,
 }
 
+/// The agent's answer to `restored` (PROTOCOL.md): who it is now and what it re-seeded.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RestoredInfo {
+    /// The sandbox id it took.
+    pub sandbox_id: String,
+    /// The agent's pid (a restore keeps it).
+    pub pid: u64,
+    /// The agent's generators re-seeded (`random`, `openssl`, …).
+    pub reseeded: Vec<String>,
+    /// The kernel's pid, when it has one.
+    #[serde(default)]
+    pub kernel_pid: Option<u64>,
+    /// The kernel's generators re-seeded; `None` when no kernel was ready to answer.
+    #[serde(default)]
+    pub kernel_reseeded: Option<Vec<String>>,
+}
+
 /// A directory listing with the space used and left in /home/user.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Listing {

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::backend::{BackendError, ContainerFate};
 use crate::channel::ChannelError;
 use crate::config::ProfileError;
+use crate::snapshot::{SnapshotError, SnapshotUnavailable};
 
 /// What went wrong managing sandboxes.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +76,52 @@ pub enum SandboxError {
     NotOurs {
         /// The container.
         container_id: String,
+    },
+    /// Snapshots of the profile's sandboxes cannot be taken here; the reason says what is missing.
+    #[error("sandboxes of profile {profile:?} cannot be snapshotted here")]
+    SnapshotsUnavailable {
+        /// The profile.
+        profile: String,
+        /// What is missing.
+        #[source]
+        reason: SnapshotUnavailable,
+    },
+    /// Checkpointing a sandbox failed.
+    #[error("checkpointing sandbox {sandbox_id} failed")]
+    Checkpoint {
+        /// The sandbox.
+        sandbox_id: String,
+        /// What failed.
+        #[source]
+        source: SnapshotError,
+    },
+    /// Restoring a snapshot into a new container failed (no container is left).
+    #[error("restoring snapshot {snapshot_id} failed")]
+    Restore {
+        /// The snapshot.
+        snapshot_id: String,
+        /// What failed.
+        #[source]
+        source: SnapshotError,
+    },
+    /// A restored sandbox's agent did not answer `restored` (it was removed).
+    #[error("sandbox {sandbox_id} restored from snapshot {snapshot_id} did not answer ({fate})")]
+    RestoredAgent {
+        /// The restored sandbox.
+        sandbox_id: String,
+        /// The snapshot.
+        snapshot_id: String,
+        /// What became of its container.
+        fate: ContainerFate,
+        /// What the channel saw.
+        #[source]
+        source: ChannelError,
+    },
+    /// A checkpoint stopped the sandbox: it serves no more calls (its snapshot has its state).
+    #[error("sandbox {sandbox_id} was checkpointed and stopped; restore its snapshot to go on")]
+    Checkpointed {
+        /// The sandbox.
+        sandbox_id: String,
     },
     /// An engine call (inspect, attach, remove, list) failed.
     #[error(transparent)]

@@ -47,13 +47,13 @@ fn note(memory: &Memory, sandbox_id: &str) {
 /// will record its container, so a container it left behind (its engine went away before it could
 /// be removed, say) is reconciliation's to remove at its next pass, without the grace an unknown
 /// container gets.
-struct LaunchMark<'a> {
+pub(super) struct LaunchMark<'a> {
     launcher: &'a Launcher,
     sandbox_id: Option<String>,
 }
 
 impl<'a> LaunchMark<'a> {
-    fn new(launcher: &'a Launcher, sandbox_id: &str) -> Self {
+    pub(super) fn new(launcher: &'a Launcher, sandbox_id: &str) -> Self {
         note(&launcher.launched, sandbox_id);
         Self {
             launcher,
@@ -62,7 +62,7 @@ impl<'a> LaunchMark<'a> {
     }
 
     /// The launch succeeded: its entry stays.
-    fn keep(mut self) {
+    pub(super) fn keep(mut self) {
         self.sandbox_id = None;
     }
 }
@@ -123,6 +123,7 @@ impl Launcher {
             sandbox_id,
             launched.container_id,
             profile.name.clone(),
+            Some(profile.clone()),
             channel,
             self.backend.clone(),
         ))
@@ -155,6 +156,7 @@ impl Launcher {
             found.sandbox_id,
             found.container_id,
             found.profile,
+            None,
             channel,
             self.backend.clone(),
         );

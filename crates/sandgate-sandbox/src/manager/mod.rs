@@ -31,6 +31,7 @@ mod error;
 mod launcher;
 mod pool;
 mod sandbox;
+mod snapshots;
 
 pub use error::SandboxError;
 use launcher::Launcher;

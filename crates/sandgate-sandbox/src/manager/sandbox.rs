@@ -1,5 +1,6 @@
 //! A live sandbox: one container, its agent channel and the operations on it.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::mpsc;
@@ -11,15 +12,22 @@ use crate::channel::{
     AgentChannel, ChannelError, CommandOptions, CommandOutcome, DirEntry, ExecOptions, ExecOutcome,
     FileChunks, FileInfo, Job, Listing, OutputEvent, PingInfo,
 };
+use crate::config::SandboxProfile;
 
 struct SandboxInner {
     id: String,
     container_id: String,
     profile: String,
+    /// The whole profile it was started from, when this process started it (an adopted sandbox
+    /// knows only its profile's name).
+    started_from: Option<SandboxProfile>,
     channel: AgentChannel,
     backend: Arc<dyn SandboxBackend>,
     /// Set once the container is known to be gone, so later calls say why at once.
     death: OnceLock<ContainerFate>,
+    /// Set before a checkpoint that stops the container: the end of its stream and its exit
+    /// (code 0) are then the checkpoint's doing, not a dead agent.
+    checkpointed: AtomicBool,
 }
 
 /// A live sandbox: one container, its agent channel and the operations on it. Cheap to clone;
@@ -45,6 +53,7 @@ impl Sandbox {
         id: String,
         container_id: String,
         profile: String,
+        started_from: Option<SandboxProfile>,
         channel: AgentChannel,
         backend: Arc<dyn SandboxBackend>,
     ) -> Self {
@@ -53,11 +62,30 @@ impl Sandbox {
                 id,
                 container_id,
                 profile,
+                started_from,
                 channel,
                 backend,
                 death: OnceLock::new(),
+                checkpointed: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// The profile it was started (or restored) from by this process; `None` when adopted.
+    pub(super) fn started_from(&self) -> Option<&SandboxProfile> {
+        self.inner.started_from.as_ref()
+    }
+
+    /// Marks (or unmarks) it as stopped by a checkpoint (see `explain`).
+    pub(super) fn set_checkpointed(&self, checkpointed: bool) {
+        self.inner
+            .checkpointed
+            .store(checkpointed, Ordering::SeqCst);
+    }
+
+    /// Whether a checkpoint stopped it: it serves no calls, its snapshot holds its state.
+    pub fn is_checkpointed(&self) -> bool {
+        self.inner.checkpointed.load(Ordering::SeqCst)
     }
 
     /// The sandbox id (`sbx_…`), also on the container's `sandgate.sandbox_id` label.
@@ -107,6 +135,11 @@ impl Sandbox {
         let ChannelError::AttachLost { reason } = err else {
             return SandboxError::Channel(err);
         };
+        if self.is_checkpointed() {
+            return SandboxError::Checkpointed {
+                sandbox_id: self.inner.id.clone(),
+            };
+        }
         let fate = match self.inner.death.get() {
             Some(fate) => fate.clone(),
             None => match settled_fate(self.inner.backend.as_ref(), &self.inner.container_id).await

@@ -364,3 +364,38 @@ async fn an_unknown_profile_is_an_error() {
     let err = manager.lease("gpu").await.expect_err("no such profile");
     assert!(matches!(err, SandboxError::UnknownProfile(_)));
 }
+
+/// A backend without checkpoint support says so, typed, and a failed checkpoint leaves the
+/// sandbox serving (not taken for one a checkpoint stopped).
+#[tokio::test]
+async fn a_backend_without_snapshots_says_so_and_the_sandbox_serves_on() {
+    use crate::snapshot::{SnapshotError, SnapshotUnavailable};
+    let backend = Arc::new(FakeBackend::default());
+    let manager = start(&backend, 0, 1);
+    let unavailable = manager.snapshots_available("default").await;
+    assert!(
+        matches!(
+            unavailable,
+            Err(SandboxError::SnapshotsUnavailable {
+                reason: SnapshotUnavailable::NotSupported,
+                ..
+            })
+        ),
+        "{unavailable:?}"
+    );
+    let sandbox = manager.lease("default").await.expect("lease");
+    let failed = manager.checkpoint(&sandbox, false).await;
+    assert!(
+        matches!(
+            failed,
+            Err(SandboxError::Checkpoint {
+                source: SnapshotError::Unavailable(SnapshotUnavailable::NotSupported),
+                ..
+            })
+        ),
+        "{failed:?}"
+    );
+    assert!(!sandbox.is_checkpointed());
+    sandbox.ping().await.expect("the sandbox still serves");
+    manager.shutdown().await;
+}

@@ -9,4 +9,5 @@ mod image;
 mod kernel;
 mod limits;
 mod pool;
+mod snapshot;
 mod support;

@@ -1,0 +1,149 @@
+//! Checkpoint and restore as manager operations (issue 26, docs/snapshots.md): a [`Snapshot`]
+//! of a live sandbox, and new sandboxes restored from one, each told its identity and re-seeded.
+
+use super::launcher::{LaunchMark, Launcher, settled_fate};
+use super::{Sandbox, SandboxError, SandboxManager};
+use crate::backend::{BackendError, ContainerFate, LaunchSpec};
+use crate::channel::AgentChannel;
+use crate::snapshot::{Snapshot, SnapshotError};
+
+/// 32 bytes of fresh randomness for a restored agent's re-seed (two v4 UUIDs: the OS generator).
+fn seed() -> Vec<u8> {
+    let mut seed = uuid::Uuid::new_v4().as_bytes().to_vec();
+    seed.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+    seed
+}
+
+impl SandboxManager {
+    /// Whether sandboxes of `profile` can be checkpointed and restored on this engine; the error
+    /// says what is missing (for `/readyz` and the log).
+    pub async fn snapshots_available(&self, profile: &str) -> Result<(), SandboxError> {
+        let runtime = self.profile(profile)?.runtime;
+        self.inner
+            .launcher
+            .backend
+            .snapshot_support(runtime.as_str())
+            .await
+            .map_err(|reason| SandboxError::SnapshotsUnavailable {
+                profile: profile.to_owned(),
+                reason,
+            })
+    }
+
+    /// Checkpoints `sandbox` into a [`Snapshot`] (its image on a tmpfs, deleted with the handle).
+    /// With `leave_running` it serves on; without, its container stops and later calls on it fail
+    /// with [`SandboxError::Checkpointed`] (remove it with [`Sandbox::close`]). A checkpoint that
+    /// fails leaves the sandbox as it was when its container still runs.
+    #[tracing::instrument(skip_all, fields(sandbox_id = %sandbox.id(), leave_running))]
+    pub async fn checkpoint(
+        &self,
+        sandbox: &Sandbox,
+        leave_running: bool,
+    ) -> Result<Snapshot, SandboxError> {
+        let profile = match sandbox.started_from() {
+            Some(profile) => profile.clone(),
+            None => self.profile(sandbox.profile())?.clone(),
+        };
+        let id = format!("snap_{}", uuid::Uuid::now_v7().simple());
+        let backend = &self.inner.launcher.backend;
+        // Before the call: the attach stream ends and the container exits (0) during it.
+        sandbox.set_checkpointed(!leave_running);
+        match backend
+            .checkpoint(sandbox.container_id(), &id, leave_running)
+            .await
+        {
+            Ok(image) => Ok(Snapshot {
+                id,
+                source_sandbox: sandbox.id().to_owned(),
+                profile,
+                image,
+                taken: std::time::SystemTime::now(),
+            }),
+            Err(source) => {
+                let running = matches!(sandbox.fate().await, Ok(ContainerFate::Running));
+                if running {
+                    sandbox.set_checkpointed(false);
+                }
+                Err(SandboxError::Checkpoint {
+                    sandbox_id: sandbox.id().to_owned(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Restores `snapshot` into a new container with a sandbox id of its own, told its identity
+    /// and re-seeded (PROTOCOL.md, `restored`). A clone that does not answer is removed and the
+    /// restore tried once more (docs/snapshots.md: one restored gVisor sandbox in ~55 died at
+    /// once).
+    #[tracing::instrument(skip_all, fields(snapshot = %snapshot.id, sandbox_id))]
+    pub async fn restore(&self, snapshot: &Snapshot) -> Result<Sandbox, SandboxError> {
+        match self.inner.launcher.restore(snapshot).await {
+            Err(first @ SandboxError::RestoredAgent { .. }) => {
+                tracing::warn!(error = %first, "a restored sandbox did not answer; restoring again");
+                self.inner.launcher.restore(snapshot).await
+            }
+            other => other,
+        }
+    }
+}
+
+impl Launcher {
+    async fn restore(&self, snapshot: &Snapshot) -> Result<Sandbox, SandboxError> {
+        let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
+        tracing::Span::current().record("sandbox_id", &sandbox_id);
+        let mark = LaunchMark::new(self, &sandbox_id);
+        let spec = LaunchSpec {
+            profile: snapshot.profile.clone(),
+            instance: self.instance.clone(),
+            sandbox_id: sandbox_id.clone(),
+        };
+        let failed = |source| SandboxError::Restore {
+            snapshot_id: snapshot.id.clone(),
+            source,
+        };
+        let after = self.channel.ready_timeout;
+        let launched = tokio::time::timeout(after, self.backend.restore(&spec, &snapshot.image))
+            .await
+            .map_err(|_| {
+                failed(SnapshotError::Prepare(BackendError::TimedOut {
+                    sandbox_id: sandbox_id.clone(),
+                    after,
+                }))
+            })?
+            .map_err(failed)?;
+        let channel = AgentChannel::open(&sandbox_id, launched.streams, self.channel.clone());
+        // No ready frame comes (the agent was never restarted): `restored` is the first call.
+        match channel.restored(&sandbox_id, &seed()).await {
+            Ok(info) => {
+                if info.kernel_reseeded.is_none() {
+                    tracing::warn!("the restored sandbox's kernel was not ready to re-seed");
+                }
+                tracing::debug!(reseeded = ?info.reseeded, kernel = ?info.kernel_reseeded, "restored");
+            }
+            Err(source) => {
+                let fate = settled_fate(self.backend.as_ref(), &launched.container_id)
+                    .await
+                    .unwrap_or(ContainerFate::Missing);
+                if let Err(err) = self.backend.remove(&launched.container_id).await {
+                    tracing::warn!(error = %err, "removing a restored sandbox that failed failed");
+                }
+                return Err(SandboxError::RestoredAgent {
+                    sandbox_id,
+                    snapshot_id: snapshot.id.clone(),
+                    fate,
+                    source,
+                });
+            }
+        }
+        mark.keep();
+        Ok(Sandbox::new(
+            sandbox_id,
+            launched.container_id,
+            snapshot.profile.name.clone(),
+            Some(snapshot.profile.clone()),
+            channel,
+            self.backend.clone(),
+        ))
+    }
+}

@@ -1,0 +1,186 @@
+//! Memory snapshots of sandboxes (issue 26, docs/snapshots.md): what a checkpoint gives
+//! ([`SnapshotImage`], wrapped by the manager in a [`Snapshot`]), why an engine cannot take one
+//! ([`SnapshotUnavailable`]) and what goes wrong taking or restoring one ([`SnapshotError`]).
+//!
+//! A snapshot's image is plaintext (the sandbox's memory and tmpfs contents): it lives only on a
+//! tmpfs, and is deleted when its [`Snapshot`] is dropped.
+
+use std::path::PathBuf;
+
+use crate::backend::{BackendError, BoxError};
+use crate::config::SandboxProfile;
+
+/// A checkpoint image as the backend left it: a directory on a tmpfs, owned by whoever holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotImage {
+    /// The image's directory (on a tmpfs).
+    pub dir: PathBuf,
+    /// Its size in bytes (the files' lengths).
+    pub size_bytes: u64,
+    /// The name the engine knows the checkpoint by, which a restore must give it again.
+    pub name: String,
+    /// A fingerprint of the agent the checkpointed container ran (its embedded package).
+    pub agent: String,
+}
+
+/// A sandbox's memory snapshot: where its image is and what it came from. A restore needs a
+/// container of exactly this profile (the checkpointed tmpfs mounts and limits), so the profile
+/// travels with it. Dropping it deletes the image.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// The snapshot's id (`snap_…`).
+    pub id: String,
+    /// The sandbox it was taken of.
+    pub source_sandbox: String,
+    /// The profile that sandbox ran (image, runtime, limits): every restore uses it.
+    pub profile: SandboxProfile,
+    /// The image on the tmpfs.
+    pub image: SnapshotImage,
+    /// When it was taken.
+    pub taken: std::time::SystemTime,
+}
+
+impl Snapshot {
+    /// The image's size in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.image.size_bytes
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        // The plaintext lives no longer than its handle (a tmpfs: this takes microseconds).
+        if let Err(err) = std::fs::remove_dir_all(&self.image.dir)
+            && err.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(error = %err, dir = %self.image.dir.display(), "deleting a snapshot image failed");
+        }
+    }
+}
+
+/// Why an engine cannot checkpoint or restore sandboxes of a runtime (for `/readyz` and the log).
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotUnavailable {
+    /// The backend has no checkpoint support at all.
+    #[error("this sandbox backend cannot checkpoint containers")]
+    NotSupported,
+    /// No tmpfs directory was configured for the plaintext images.
+    #[error("no plaintext tmpfs directory is configured for snapshot images")]
+    NoPlainDir,
+    /// The configured directory is not on a tmpfs (plaintext must never reach a disk).
+    #[error("the snapshot directory {} is on {fs_type}, not on a tmpfs", path.display())]
+    PlainDirNotTmpfs {
+        /// The directory.
+        path: PathBuf,
+        /// The file system it is on.
+        fs_type: String,
+    },
+    /// The engine is reached over TCP: the restore request and the data root need its host.
+    #[error("the Docker engine at {host} is not on a local Unix socket")]
+    NotLocal {
+        /// The configured address.
+        host: String,
+    },
+    /// `docker info` failed.
+    #[error("the Docker engine does not answer `info`")]
+    Info(#[source] BoxError),
+    /// The engine is not in experimental mode (its checkpoint API needs it).
+    #[error(
+        "the Docker engine is not in experimental mode (\"experimental\": true in daemon.json)"
+    )]
+    NotExperimental,
+    /// The engine does not know the runtime.
+    #[error("the Docker engine has no runtime {runtime:?} (scripts/stack.sh registers runsc2024)")]
+    RuntimeMissing {
+        /// The profile's runtime.
+        runtime: String,
+    },
+    /// The runtime cannot checkpoint here (runc needs a CRIU this host lacks, docs/snapshots.md).
+    #[error(
+        "runtime {runtime:?} cannot checkpoint sandboxes on this host (runtimes that can: {can})"
+    )]
+    RuntimeCannotCheckpoint {
+        /// The profile's runtime.
+        runtime: String,
+        /// The runtimes that can, comma-separated.
+        can: String,
+    },
+    /// The engine's data root (from `docker info`) is not reachable from this process.
+    #[error("the Docker engine's data root {} is not reachable here", path.display())]
+    DataRootUnreachable {
+        /// `DockerRootDir`.
+        path: PathBuf,
+    },
+}
+
+/// What went wrong taking or restoring a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The engine or runtime cannot take snapshots.
+    #[error("snapshots are not available")]
+    Unavailable(#[from] SnapshotUnavailable),
+    /// Inspecting the container to checkpoint failed, or it is not running.
+    #[error("container {container_id} cannot be checkpointed: {reason}")]
+    NotCheckpointable {
+        /// The container.
+        container_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The engine's checkpoint call failed.
+    #[error("checkpointing container {container_id} failed")]
+    Checkpoint {
+        /// The container.
+        container_id: String,
+        /// The engine's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A checkpoint that stops the container returned, but the container did not stop.
+    #[error("container {container_id} did not stop after its checkpoint")]
+    StopAfterCheckpoint {
+        /// The container.
+        container_id: String,
+    },
+    /// Preparing, moving, linking or removing the image's files failed.
+    #[error("{what} {} failed", path.display())]
+    Files {
+        /// What was done.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The file system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The checkpoint left no image where the engine writes it.
+    #[error("the checkpoint of container {container_id} left no image in {}", path.display())]
+    NoImage {
+        /// The container.
+        container_id: String,
+        /// Where it was expected.
+        path: PathBuf,
+    },
+    /// Creating or attaching to the container to restore into failed.
+    #[error("preparing the container to restore into failed")]
+    Prepare(#[source] BackendError),
+    /// The engine's socket could not be spoken to for the restore's start.
+    #[error("sending the restore request to the engine at {socket} failed")]
+    RestoreRequest {
+        /// The socket.
+        socket: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The engine refused or failed to start the container from the checkpoint.
+    #[error("the engine could not restore container {container_id} (HTTP {status}): {message}")]
+    Restore {
+        /// The container.
+        container_id: String,
+        /// The HTTP status of `start?checkpoint=`.
+        status: u16,
+        /// The engine's message.
+        message: String,
+    },
+}

@@ -4,18 +4,24 @@
 //! data names `invalid_params`. The same answers pass the official TypeScript SDK's outputSchema
 //! check (`ts_sdk.rs`).
 //!
-//! Not provoked here, because a client cannot cause them on a healthy stack: `node_away` (a
-//! remote node that stops answering; `node.rs` covers the text), `capacity` (a node's start
-//! queue full for minutes), `unavailable` and `internal` (Postgres away or failing),
-//! `connection_lost` and `sandbox_failed` (the engine or agent failing underneath a call). Their
-//! mapping is checked by the unit tests of `sandgate_service::sandboxes::kind` and
-//! `sandgate_mcp::errors`.
+//! Provoked here beyond what a client causes on a healthy stack: `unavailable` (the gateway's
+//! Postgres connection cut by stopping a TCP proxy in front of it, as `lifecycle.rs`'s outage
+//! test does) and `node_away` (the `sandgate node` holding the sandbox killed well before
+//! `node.lost_after_seconds`; once that passes the sandbox is `lost`, `placement.rs`).
+//!
+//! Not provoked end to end: `capacity` (a node's start queue full for minutes), `internal` (a
+//! database failure other than being unreachable: there is no honest way to cause one without
+//! a test hook in production code), `connection_lost` and `sandbox_failed` (the engine or agent
+//! failing underneath a call). Their mapping is checked by the unit tests of
+//! `sandgate_service::sandboxes::kind` and `sandgate_mcp::errors`.
 
 use serde_json::{Value, json};
 use sqlx::Connection;
 
+use crate::lifecycle::FAST;
 use crate::mcp_client::{Client, Era, ToolResult};
-use crate::support::{self, Gateway};
+use crate::support::node::NodeStart;
+use crate::support::{self, Gateway, TcpProxy};
 
 /// Asserts `result` is a tool error of `kind` with `retryable`, whose text contains `text`.
 #[track_caller]
@@ -243,4 +249,82 @@ async fn every_error_kind_a_client_can_provoke_names_itself_beside_its_text() {
         "says when to retry: {:?}",
         refused.structured
     );
+}
+
+#[tokio::test]
+async fn a_call_while_the_database_is_away_is_unavailable_and_retryable() {
+    let database = support::fresh_database().await;
+    let proxy = TcpProxy::start(support::addr_of(&database)).await;
+    let proxy_addr = proxy.addr;
+    let gateway = Gateway::start(&support::with_addr(&database, proxy_addr), &FAST).await;
+    let tenant = gateway.create_tenant().await;
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("connects");
+    let sid = sandbox_of(&client.ok("create_sandbox", json!({})).await);
+
+    proxy.stop().await;
+    let away = client
+        .call("execute_code", json!({"sandbox_id": sid, "code": "1"}))
+        .await
+        .expect("a tool result, not a protocol error");
+    assert_kind(
+        &away,
+        "unavailable",
+        true,
+        "sandgate's database is temporarily unavailable; retry in a few seconds",
+    );
+    assert!(away.structured.get("retry_after_seconds").is_none());
+
+    let back = TcpProxy::start_on(proxy_addr, support::addr_of(&database)).await;
+    drop(gateway);
+    back.stop().await;
+}
+
+#[tokio::test]
+async fn a_call_to_a_sandbox_on_a_silent_node_is_node_away_and_retryable() {
+    // The node is silent far shorter than `node.lost_after_seconds`: its sandbox is not lost.
+    const SLOW_LOSS: [(&str, &str); 2] = [
+        ("SANDGATE_NODE__HEARTBEAT_SECONDS", "1"),
+        ("SANDGATE_NODE__LOST_AFTER_SECONDS", "600"),
+    ];
+    let database = support::fresh_database().await;
+    let instance = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let mut node = NodeStart::new(&database, &instance)
+        .env(SLOW_LOSS)
+        .start()
+        .await;
+    let gateway = Gateway::start_gateway_only(&database, &instance, &SLOW_LOSS).await;
+    let tenant = gateway.create_tenant().await;
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("connects");
+    let sid = sandbox_of(&client.ok("create_sandbox", json!({})).await);
+
+    node.kill().await;
+    let away = client
+        .call("execute_code", json!({"sandbox_id": sid, "code": "1"}))
+        .await
+        .expect("a tool result, not a protocol error");
+    assert_kind(
+        &away,
+        "node_away",
+        true,
+        &format!("the sandbox node {} did not answer (", node.id()),
+    );
+    assert!(
+        away.text
+            .contains("retry in a few seconds; if it stays silent its sandboxes are marked lost"),
+        "says what to do: {}",
+        away.text
+    );
+    assert!(away.structured.get("retry_after_seconds").is_none());
 }

@@ -6,10 +6,12 @@
 //!
 //! Provoked here beyond what a client causes on a healthy stack: `unavailable` (the gateway's
 //! Postgres connection cut by stopping a TCP proxy in front of it, as `lifecycle.rs`'s outage
-//! test does) and `node_away` (the `sandgate node` holding the sandbox killed well before
-//! `node.lost_after_seconds`; once that passes the sandbox is `lost`, `placement.rs`).
+//! test does), `node_away` (the `sandgate node` holding the sandbox killed well before
+//! `node.lost_after_seconds`; once that passes the sandbox is `lost`, `placement.rs`) and
+//! `capacity` (no warm pool, one start at a time and `pool.start_wait_seconds = 1`, with four
+//! creates at once).
 //!
-//! Not provoked end to end: `capacity` (a node's start queue full for minutes), `internal` (a
+//! Not provoked end to end: `internal` (a
 //! database failure other than being unreachable: there is no honest way to cause one without
 //! a test hook in production code), `connection_lost` and `sandbox_failed` (the engine or agent
 //! failing underneath a call). Their mapping is checked by the unit tests of
@@ -327,4 +329,55 @@ async fn a_call_to_a_sandbox_on_a_silent_node_is_node_away_and_retryable() {
         away.text
     );
     assert!(away.structured.get("retry_after_seconds").is_none());
+}
+
+#[tokio::test]
+async fn creates_waiting_past_the_start_queue_are_capacity_with_a_retry_time() {
+    // No warm pool, one start at a time, and a second's wait for a place: of several cold
+    // starts at once, those behind the first wait past it.
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(
+        &database,
+        &[
+            ("SANDGATE_POOL__MIN_READY", "0"),
+            ("SANDGATE_POOL__MAX_READY", "0"),
+            ("SANDGATE_POOL__MAX_CONCURRENT_STARTS", "1"),
+            ("SANDGATE_POOL__START_WAIT_SECONDS", "1"),
+        ],
+    )
+    .await;
+    let tenant = gateway.create_tenant().await;
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("connects");
+    let creates = (0..4).map(|_| client.call("create_sandbox", json!({})));
+    let answers: Vec<ToolResult> = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .map(|r| r.expect("a tool result, not a protocol error"))
+        .collect();
+    let refused = answers
+        .iter()
+        .find(|a| a.is_error)
+        .unwrap_or_else(|| panic!("a create waited past the start queue: {answers:?}"));
+    assert_kind(
+        refused,
+        "capacity",
+        true,
+        "limit reached: sandbox starts (no sandbox could be started within 1 s: the sandbox \
+         node is busy starting others); retry in a minute",
+    );
+    assert_eq!(
+        refused.structured["retry_after_seconds"], 60,
+        "says when to retry: {:?}",
+        refused.structured
+    );
+    assert!(
+        answers.iter().any(|a| !a.is_error),
+        "the first start in the queue went through"
+    );
 }

@@ -7,15 +7,17 @@
 //! Provoked here beyond what a client causes on a healthy stack: `unavailable` (the gateway's
 //! Postgres connection cut by stopping a TCP proxy in front of it, as `lifecycle.rs`'s outage
 //! test does), `node_away` (the `sandgate node` holding the sandbox killed well before
-//! `node.lost_after_seconds`; once that passes the sandbox is `lost`, `placement.rs`) and
+//! `node.lost_after_seconds`; once that passes the sandbox is `lost`, `placement.rs`),
 //! `capacity` (no warm pool, one start at a time and `pool.start_wait_seconds = 1`, with four
-//! creates at once).
+//! creates at once) and `sandbox_failed` (a cold start of an image the engine does not have).
+//! `connection_lost` is provoked in `replicas.rs`
+//! (`a_dropped_attach_connection_is_reattached_and_the_kernel_kept`: the engine's connection cut
+//! by a proxy while a cell runs), which checks its kind, `retryable` and text.
 //!
-//! Not provoked end to end: `internal` (a
-//! database failure other than being unreachable: there is no honest way to cause one without
-//! a test hook in production code), `connection_lost` and `sandbox_failed` (the engine or agent
-//! failing underneath a call). Their mapping is checked by the unit tests of
-//! `sandgate_service::sandboxes::kind` and `sandgate_mcp::errors`.
+//! Not provoked end to end: `internal` (a database failure other than being unreachable, a
+//! store error that is not a lost connection): nothing a test can do from outside causes one
+//! on a working schema, and a production hook for it is not worth having. Its mapping is
+//! checked by the unit tests of `sandgate_service::sandboxes::kind` and `sandgate_mcp::errors`.
 
 use serde_json::{Value, json};
 use sqlx::Connection;
@@ -380,4 +382,42 @@ async fn creates_waiting_past_the_start_queue_are_capacity_with_a_retry_time() {
         answers.iter().any(|a| !a.is_error),
         "the first start in the queue went through"
     );
+}
+
+#[tokio::test]
+async fn a_create_whose_sandbox_cannot_start_is_sandbox_failed_and_retryable() {
+    // The engine cannot start the configured image (it does not exist), and no warm pool hides
+    // that: the cold start fails underneath the call.
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(
+        &database,
+        &[
+            ("SANDGATE_POOL__MIN_READY", "0"),
+            ("SANDGATE_POOL__MAX_READY", "0"),
+            (
+                "SANDGATE_SANDBOX__IMAGE",
+                "sandgate-e2e-no-such-image:absent",
+            ),
+        ],
+    )
+    .await;
+    let tenant = gateway.create_tenant().await;
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("connects");
+    let failed = client
+        .call("create_sandbox", json!({}))
+        .await
+        .expect("a tool result, not a protocol error");
+    assert_kind(
+        &failed,
+        "sandbox_failed",
+        true,
+        "starting a sandbox failed; retry in a few seconds",
+    );
+    assert!(failed.structured.get("retry_after_seconds").is_none());
 }

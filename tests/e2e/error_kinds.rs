@@ -9,15 +9,14 @@
 //! test does), `node_away` (the `sandgate node` holding the sandbox killed well before
 //! `node.lost_after_seconds`; once that passes the sandbox is `lost`, `placement.rs`),
 //! `capacity` (no warm pool, one start at a time and `pool.start_wait_seconds = 1`, with four
-//! creates at once) and `sandbox_failed` (a cold start of an image the engine does not have).
-//! `connection_lost` is provoked in `replicas.rs`
+//! creates at once), `sandbox_failed` (a cold start of an image the engine does not have) and
+//! `internal` (Postgres answering but the sandboxes' table renamed away by hand: a failing
+//! query, not an outage). `connection_lost` is provoked in `replicas.rs`
 //! (`a_dropped_attach_connection_is_reattached_and_the_kernel_kept`: the engine's connection cut
-//! by a proxy while a cell runs), which checks its kind, `retryable` and text.
-//!
-//! Not provoked end to end: `internal` (a database failure other than being unreachable, a
-//! store error that is not a lost connection): nothing a test can do from outside causes one
-//! on a working schema, and a production hook for it is not worth having. Its mapping is
-//! checked by the unit tests of `sandgate_service::sandboxes::kind` and `sandgate_mcp::errors`.
+//! by a proxy while a cell runs), which checks its kind, `retryable` and text. Every kind of the
+//! catalogue is thus provoked through MCP somewhere; the unit tests of
+//! `sandgate_service::sandboxes::kind` and `sandgate_mcp::errors` check the mapping of the
+//! variants no test reaches (a remote node's start queue, an agent's internal error).
 
 use serde_json::{Value, json};
 use sqlx::Connection;
@@ -70,6 +69,18 @@ async fn remove_container(database_url: &str, sandbox_id: &str) {
         .await
         .expect("docker rm runs");
     assert!(removed.status.success(), "the container is removed");
+}
+
+/// A stateless client of a new tenant of `gateway`.
+async fn new_tenant_client(gateway: &Gateway) -> Client {
+    let tenant = gateway.create_tenant().await;
+    Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("connects")
 }
 
 /// A gateway on a fresh database, a tenant limited to one call per minute (for the quota) and
@@ -261,14 +272,7 @@ async fn a_call_while_the_database_is_away_is_unavailable_and_retryable() {
     let proxy = TcpProxy::start(support::addr_of(&database)).await;
     let proxy_addr = proxy.addr;
     let gateway = Gateway::start(&support::with_addr(&database, proxy_addr), &FAST).await;
-    let tenant = gateway.create_tenant().await;
-    let client = Client::connect(
-        &gateway.mcp_url(),
-        &gateway.token(&tenant).await,
-        Era::Stateless,
-    )
-    .await
-    .expect("connects");
+    let client = new_tenant_client(&gateway).await;
     let sid = sandbox_of(&client.ok("create_sandbox", json!({})).await);
 
     proxy.stop().await;
@@ -303,14 +307,7 @@ async fn a_call_to_a_sandbox_on_a_silent_node_is_node_away_and_retryable() {
         .start()
         .await;
     let gateway = Gateway::start_gateway_only(&database, &instance, &SLOW_LOSS).await;
-    let tenant = gateway.create_tenant().await;
-    let client = Client::connect(
-        &gateway.mcp_url(),
-        &gateway.token(&tenant).await,
-        Era::Stateless,
-    )
-    .await
-    .expect("connects");
+    let client = new_tenant_client(&gateway).await;
     let sid = sandbox_of(&client.ok("create_sandbox", json!({})).await);
 
     node.kill().await;
@@ -348,14 +345,7 @@ async fn creates_waiting_past_the_start_queue_are_capacity_with_a_retry_time() {
         ],
     )
     .await;
-    let tenant = gateway.create_tenant().await;
-    let client = Client::connect(
-        &gateway.mcp_url(),
-        &gateway.token(&tenant).await,
-        Era::Stateless,
-    )
-    .await
-    .expect("connects");
+    let client = new_tenant_client(&gateway).await;
     let creates = (0..4).map(|_| client.call("create_sandbox", json!({})));
     let answers: Vec<ToolResult> = futures::future::join_all(creates)
         .await
@@ -401,14 +391,7 @@ async fn a_create_whose_sandbox_cannot_start_is_sandbox_failed_and_retryable() {
         ],
     )
     .await;
-    let tenant = gateway.create_tenant().await;
-    let client = Client::connect(
-        &gateway.mcp_url(),
-        &gateway.token(&tenant).await,
-        Era::Stateless,
-    )
-    .await
-    .expect("connects");
+    let client = new_tenant_client(&gateway).await;
     let failed = client
         .call("create_sandbox", json!({}))
         .await
@@ -420,4 +403,41 @@ async fn a_create_whose_sandbox_cannot_start_is_sandbox_failed_and_retryable() {
         "starting a sandbox failed; retry in a few seconds",
     );
     assert!(failed.structured.get("retry_after_seconds").is_none());
+}
+
+#[tokio::test]
+async fn a_call_whose_query_fails_is_internal_and_names_nothing_inside() {
+    // Postgres answers, but the sandboxes' table is gone from under the gateway (renamed by
+    // hand): the call's query fails, which is not an outage.
+    let stack = Catalogue::start().await;
+    let client = Client::connect(&stack.gateway.mcp_url(), &stack.token, Era::Stateless)
+        .await
+        .expect("connects");
+    let sid = sandbox_of(&client.ok("create_sandbox", json!({})).await);
+    let mut conn = sqlx::PgConnection::connect(&stack.database)
+        .await
+        .expect("Postgres");
+    sqlx::query("ALTER TABLE sandboxes RENAME TO sandboxes_hidden")
+        .execute(&mut conn)
+        .await
+        .expect("the table is renamed");
+    let failed = client
+        .call("execute_code", json!({"sandbox_id": sid, "code": "1"}))
+        .await
+        .expect("a tool result, not a protocol error");
+    assert_kind(
+        &failed,
+        "internal",
+        true,
+        "sandgate hit an internal error; retry the call, and if it persists, tell the user",
+    );
+    assert!(
+        !failed.text.contains("sandboxes"),
+        "no internals: {}",
+        failed.text
+    );
+    sqlx::query("ALTER TABLE sandboxes_hidden RENAME TO sandboxes")
+        .execute(&mut conn)
+        .await
+        .expect("the table is back");
 }

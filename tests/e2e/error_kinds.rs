@@ -4,18 +4,27 @@
 //! data names `invalid_params`. The same answers pass the official TypeScript SDK's outputSchema
 //! check (`ts_sdk.rs`).
 //!
-//! Not provoked here, because a client cannot cause them on a healthy stack: `node_away` (a
-//! remote node that stops answering; `node.rs` covers the text), `capacity` (a node's start
-//! queue full for minutes), `unavailable` and `internal` (Postgres away or failing),
-//! `connection_lost` and `sandbox_failed` (the engine or agent failing underneath a call). Their
-//! mapping is checked by the unit tests of `sandgate_service::sandboxes::kind` and
-//! `sandgate_mcp::errors`.
+//! Provoked here beyond what a client causes on a healthy stack: `unavailable` (the gateway's
+//! Postgres connection cut by stopping a TCP proxy in front of it, as `lifecycle.rs`'s outage
+//! test does), `node_away` (the `sandgate node` holding the sandbox killed well before
+//! `node.lost_after_seconds`; once that passes the sandbox is `lost`, `placement.rs`),
+//! `capacity` (no warm pool, one start at a time and `pool.start_wait_seconds = 1`, with four
+//! creates at once), `sandbox_failed` (a cold start of an image the engine does not have) and
+//! `internal` (Postgres answering but the sandboxes' table renamed away by hand: a failing
+//! query, not an outage). `connection_lost` is provoked in `replicas.rs`
+//! (`a_dropped_attach_connection_is_reattached_and_the_kernel_kept`: the engine's connection cut
+//! by a proxy while a cell runs), which checks its kind, `retryable` and text. Every kind of the
+//! catalogue is thus provoked through MCP somewhere; the unit tests of
+//! `sandgate_service::sandboxes::kind` and `sandgate_mcp::errors` check the mapping of the
+//! variants no test reaches (a remote node's start queue, an agent's internal error).
 
 use serde_json::{Value, json};
 use sqlx::Connection;
 
+use crate::lifecycle::FAST;
 use crate::mcp_client::{Client, Era, ToolResult};
-use crate::support::{self, Gateway};
+use crate::support::node::NodeStart;
+use crate::support::{self, Gateway, TcpProxy};
 
 /// Asserts `result` is a tool error of `kind` with `retryable`, whose text contains `text`.
 #[track_caller]
@@ -60,6 +69,18 @@ async fn remove_container(database_url: &str, sandbox_id: &str) {
         .await
         .expect("docker rm runs");
     assert!(removed.status.success(), "the container is removed");
+}
+
+/// A stateless client of a new tenant of `gateway`.
+async fn new_tenant_client(gateway: &Gateway) -> Client {
+    let tenant = gateway.create_tenant().await;
+    Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("connects")
 }
 
 /// A gateway on a fresh database, a tenant limited to one call per minute (for the quota) and
@@ -243,4 +264,180 @@ async fn every_error_kind_a_client_can_provoke_names_itself_beside_its_text() {
         "says when to retry: {:?}",
         refused.structured
     );
+}
+
+#[tokio::test]
+async fn a_call_while_the_database_is_away_is_unavailable_and_retryable() {
+    let database = support::fresh_database().await;
+    let proxy = TcpProxy::start(support::addr_of(&database)).await;
+    let proxy_addr = proxy.addr;
+    let gateway = Gateway::start(&support::with_addr(&database, proxy_addr), &FAST).await;
+    let client = new_tenant_client(&gateway).await;
+    let sid = sandbox_of(&client.ok("create_sandbox", json!({})).await);
+
+    proxy.stop().await;
+    let away = client
+        .call("execute_code", json!({"sandbox_id": sid, "code": "1"}))
+        .await
+        .expect("a tool result, not a protocol error");
+    assert_kind(
+        &away,
+        "unavailable",
+        true,
+        "sandgate's database is temporarily unavailable; retry in a few seconds",
+    );
+    assert!(away.structured.get("retry_after_seconds").is_none());
+
+    let back = TcpProxy::start_on(proxy_addr, support::addr_of(&database)).await;
+    drop(gateway);
+    back.stop().await;
+}
+
+#[tokio::test]
+async fn a_call_to_a_sandbox_on_a_silent_node_is_node_away_and_retryable() {
+    // The node is silent far shorter than `node.lost_after_seconds`: its sandbox is not lost.
+    const SLOW_LOSS: [(&str, &str); 2] = [
+        ("SANDGATE_NODE__HEARTBEAT_SECONDS", "1"),
+        ("SANDGATE_NODE__LOST_AFTER_SECONDS", "600"),
+    ];
+    let database = support::fresh_database().await;
+    let instance = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let mut node = NodeStart::new(&database, &instance)
+        .env(SLOW_LOSS)
+        .start()
+        .await;
+    let gateway = Gateway::start_gateway_only(&database, &instance, &SLOW_LOSS).await;
+    let client = new_tenant_client(&gateway).await;
+    let sid = sandbox_of(&client.ok("create_sandbox", json!({})).await);
+
+    node.kill().await;
+    let away = client
+        .call("execute_code", json!({"sandbox_id": sid, "code": "1"}))
+        .await
+        .expect("a tool result, not a protocol error");
+    assert_kind(
+        &away,
+        "node_away",
+        true,
+        &format!("the sandbox node {} did not answer (", node.id()),
+    );
+    assert!(
+        away.text
+            .contains("retry in a few seconds; if it stays silent its sandboxes are marked lost"),
+        "says what to do: {}",
+        away.text
+    );
+    assert!(away.structured.get("retry_after_seconds").is_none());
+}
+
+#[tokio::test]
+async fn creates_waiting_past_the_start_queue_are_capacity_with_a_retry_time() {
+    // No warm pool, one start at a time, and a second's wait for a place: of several cold
+    // starts at once, those behind the first wait past it.
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(
+        &database,
+        &[
+            ("SANDGATE_POOL__MIN_READY", "0"),
+            ("SANDGATE_POOL__MAX_READY", "0"),
+            ("SANDGATE_POOL__MAX_CONCURRENT_STARTS", "1"),
+            ("SANDGATE_POOL__START_WAIT_SECONDS", "1"),
+        ],
+    )
+    .await;
+    let client = new_tenant_client(&gateway).await;
+    let creates = (0..4).map(|_| client.call("create_sandbox", json!({})));
+    let answers: Vec<ToolResult> = futures::future::join_all(creates)
+        .await
+        .into_iter()
+        .map(|r| r.expect("a tool result, not a protocol error"))
+        .collect();
+    let refused = answers
+        .iter()
+        .find(|a| a.is_error)
+        .unwrap_or_else(|| panic!("a create waited past the start queue: {answers:?}"));
+    assert_kind(
+        refused,
+        "capacity",
+        true,
+        "limit reached: sandbox starts (no sandbox could be started within 1 s: the sandbox \
+         node is busy starting others); retry in a minute",
+    );
+    assert_eq!(
+        refused.structured["retry_after_seconds"], 60,
+        "says when to retry: {:?}",
+        refused.structured
+    );
+    assert!(
+        answers.iter().any(|a| !a.is_error),
+        "the first start in the queue went through"
+    );
+}
+
+#[tokio::test]
+async fn a_create_whose_sandbox_cannot_start_is_sandbox_failed_and_retryable() {
+    // The engine cannot start the configured image (it does not exist), and no warm pool hides
+    // that: the cold start fails underneath the call.
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(
+        &database,
+        &[
+            ("SANDGATE_POOL__MIN_READY", "0"),
+            ("SANDGATE_POOL__MAX_READY", "0"),
+            (
+                "SANDGATE_SANDBOX__IMAGE",
+                "sandgate-e2e-no-such-image:absent",
+            ),
+        ],
+    )
+    .await;
+    let client = new_tenant_client(&gateway).await;
+    let failed = client
+        .call("create_sandbox", json!({}))
+        .await
+        .expect("a tool result, not a protocol error");
+    assert_kind(
+        &failed,
+        "sandbox_failed",
+        true,
+        "starting a sandbox failed; retry in a few seconds",
+    );
+    assert!(failed.structured.get("retry_after_seconds").is_none());
+}
+
+#[tokio::test]
+async fn a_call_whose_query_fails_is_internal_and_names_nothing_inside() {
+    // Postgres answers, but the sandboxes' table is gone from under the gateway (renamed by
+    // hand): the call's query fails, which is not an outage.
+    let stack = Catalogue::start().await;
+    let client = Client::connect(&stack.gateway.mcp_url(), &stack.token, Era::Stateless)
+        .await
+        .expect("connects");
+    let sid = sandbox_of(&client.ok("create_sandbox", json!({})).await);
+    let mut conn = sqlx::PgConnection::connect(&stack.database)
+        .await
+        .expect("Postgres");
+    sqlx::query("ALTER TABLE sandboxes RENAME TO sandboxes_hidden")
+        .execute(&mut conn)
+        .await
+        .expect("the table is renamed");
+    let failed = client
+        .call("execute_code", json!({"sandbox_id": sid, "code": "1"}))
+        .await
+        .expect("a tool result, not a protocol error");
+    assert_kind(
+        &failed,
+        "internal",
+        true,
+        "sandgate hit an internal error; retry the call, and if it persists, tell the user",
+    );
+    assert!(
+        !failed.text.contains("sandboxes"),
+        "no internals: {}",
+        failed.text
+    );
+    sqlx::query("ALTER TABLE sandboxes_hidden RENAME TO sandboxes")
+        .execute(&mut conn)
+        .await
+        .expect("the table is back");
 }

@@ -232,6 +232,20 @@ async fn a_dropped_attach_connection_is_reattached_and_the_kernel_kept() {
         "the call in flight gets a clear, retryable error: {}",
         interrupted.text
     );
+    // The catalogue's kind (README, "Errors"), beside that text.
+    assert_eq!(
+        interrupted.structured["error"], "connection_lost",
+        "{:?}",
+        interrupted.structured
+    );
+    assert_eq!(interrupted.structured["retryable"], true);
+    assert!(
+        interrupted.text.contains(&format!(
+            "the connection to sandbox {id} was lost while this call ran"
+        )),
+        "{}",
+        interrupted.text
+    );
     let next = client
         .ok("execute_code", json!({"sandbox_id": id, "code": "x"}))
         .await;

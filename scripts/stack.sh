@@ -12,8 +12,10 @@
 #                            (the two-node test restarts it after stopping it)
 #
 # The engines this script starts run in Docker's experimental mode (its checkpoint API, for
-# sandbox snapshots: docs/snapshots.md) with gVisor registered twice: "runsc" (Debian's package of
-# the machine's release) and "runsc2024" (runsc 0.0~20240729.0-4~bpo12+2 of bookworm-backports,
+# sandbox snapshots: docs/snapshots.md) with gVisor registered twice, as "runsc" (the gVisor
+# profile's runtime) and "runsc2024" (the snapshot route), both runsc 0.0~20240729.0-4~bpo12+2 of
+# bookworm-backports on the systrap platform ("runsc" falls back to Debian's package of the
+# machine's release where that cannot be installed),
 # pinned, unpacked into $SANDGATE_CACHE/gvisor/ with an apt configuration of its own). Their
 # plaintext copies of checkpoint images stay on a tmpfs ($SANDGATE_CACHE/docker*/plain). An engine
 # of ours that runs without what its daemon.json now says is reloaded (runtimes only) or restarted
@@ -189,12 +191,18 @@ runtime_json() {
 }
 
 # The daemon.json this script writes for an engine it starts: experimental mode and the gVisor
-# runtimes that are installed: "runsc" (Debian's package, `command -v runsc`) and "runsc2024".
+# runtimes that are installed: "runsc" (runsc2024's binary where it is installed, else Debian's
+# package, `command -v runsc`) and "runsc2024".
 # With an engine command as arguments, only the runtimes that engine has (the second engine
 # registers what the first has).
 daemon_json() {
 	local runsc e entries=() sep=""
-	if runsc=$(command -v runsc) && { (($# == 0)) || engine_lists_runtime runsc "$@"; }; then
+	# "runsc" (the gVisor profile's runtime) is the 2024 release where it is installed: Debian
+	# bookworm's 2022 release no longer starts containers on an engine with this configuration
+	# ("cannot read client sync file"), and the 2024 one needs no statx shim (docs/snapshots.md).
+	if snap_runsc_ok && { (($# == 0)) || engine_lists_runtime runsc "$@"; }; then
+		entries+=("$(runtime_json runsc "$snap_runsc" "$snap_runtime_args")")
+	elif runsc=$(command -v runsc) && { (($# == 0)) || engine_lists_runtime runsc "$@"; }; then
 		entries+=("$(runtime_json runsc "$runsc" '"--network=none"')")
 	fi
 	if snap_runsc_ok && { (($# == 0)) || engine_lists_runtime "$snap_runtime" "$@"; }; then

@@ -228,6 +228,12 @@ fn sandbox_kind(err: &SandboxError) -> ErrorKind {
         | SandboxError::InvalidProfile { .. }
         | SandboxError::NotOurs { .. }
         | SandboxError::Backend(_)
+        // Snapshots (issue 26) are not offered to the model yet; their words are the node's.
+        | SandboxError::SnapshotsUnavailable { .. }
+        | SandboxError::Checkpoint { .. }
+        | SandboxError::Restore { .. }
+        | SandboxError::RestoredAgent { .. }
+        | SandboxError::Checkpointed { .. }
         | SandboxError::NodeFailed { .. } => ErrorKind::SandboxFailed,
     }
 }
@@ -250,6 +256,12 @@ fn sandbox_message(inner: &SandboxError) -> String {
         | SandboxError::InvalidProfile { .. }
         | SandboxError::NotOurs { .. }
         | SandboxError::Backend(_)
+        // Snapshots (issue 26) are not offered to the model yet; their words are the node's.
+        | SandboxError::SnapshotsUnavailable { .. }
+        | SandboxError::Checkpoint { .. }
+        | SandboxError::Restore { .. }
+        | SandboxError::RestoredAgent { .. }
+        | SandboxError::Checkpointed { .. }
         | SandboxError::NodeFailed {
             starting: false, ..
         } => "the sandbox could not do that; retry, or call create_sandbox for a fresh one".into(),

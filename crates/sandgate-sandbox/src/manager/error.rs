@@ -93,7 +93,7 @@ pub enum SandboxError {
         sandbox_id: String,
         /// What failed.
         #[source]
-        source: SnapshotError,
+        source: Box<SnapshotError>,
     },
     /// Restoring a snapshot into a new container failed (no container is left).
     #[error("restoring snapshot {snapshot_id} failed")]
@@ -102,7 +102,7 @@ pub enum SandboxError {
         snapshot_id: String,
         /// What failed.
         #[source]
-        source: SnapshotError,
+        source: Box<SnapshotError>,
     },
     /// A restored sandbox's agent did not answer `restored` (it was removed).
     #[error("sandbox {sandbox_id} restored from snapshot {snapshot_id} did not answer ({fate})")]
@@ -112,10 +112,10 @@ pub enum SandboxError {
         /// The snapshot.
         snapshot_id: String,
         /// What became of its container.
-        fate: ContainerFate,
+        fate: Box<ContainerFate>,
         /// What the channel saw.
         #[source]
-        source: ChannelError,
+        source: Box<ChannelError>,
     },
     /// A checkpoint stopped the sandbox: it serves no more calls (its snapshot has its state).
     #[error("sandbox {sandbox_id} was checkpointed and stopped; restore its snapshot to go on")]

@@ -66,7 +66,7 @@ impl SandboxManager {
                 }
                 Err(SandboxError::Checkpoint {
                     sandbox_id: sandbox.id().to_owned(),
-                    source,
+                    source: Box::new(source),
                 })
             }
         }
@@ -100,7 +100,7 @@ impl Launcher {
         };
         let failed = |source| SandboxError::Restore {
             snapshot_id: snapshot.id.clone(),
-            source,
+            source: Box::new(source),
         };
         let after = self.channel.ready_timeout;
         let launched = tokio::time::timeout(after, self.backend.restore(&spec, &snapshot.image))
@@ -131,8 +131,8 @@ impl Launcher {
                 return Err(SandboxError::RestoredAgent {
                     sandbox_id,
                     snapshot_id: snapshot.id.clone(),
-                    fate,
-                    source,
+                    fate: Box::new(fate),
+                    source: Box::new(source),
                 });
             }
         }

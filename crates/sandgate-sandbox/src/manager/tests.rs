@@ -387,11 +387,9 @@ async fn a_backend_without_snapshots_says_so_and_the_sandbox_serves_on() {
     let failed = manager.checkpoint(&sandbox, false).await;
     assert!(
         matches!(
-            failed,
-            Err(SandboxError::Checkpoint {
-                source: SnapshotError::Unavailable(SnapshotUnavailable::NotSupported),
-                ..
-            })
+            &failed,
+            Err(SandboxError::Checkpoint { source, .. })
+                if matches!(**source, SnapshotError::Unavailable(SnapshotUnavailable::NotSupported))
         ),
         "{failed:?}"
     );

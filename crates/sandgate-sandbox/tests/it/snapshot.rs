@@ -248,12 +248,11 @@ async fn a_sandbox_checkpointed_mid_life_and_restored_keeps_its_state() {
     assert!(
         matches!(
             &refused,
-            SandboxError::Checkpoint {
-                source: SnapshotError::Unavailable(
-                    SnapshotUnavailable::RuntimeCannotCheckpoint { .. }
-                ),
-                ..
-            }
+            SandboxError::Checkpoint { source, .. }
+                if matches!(
+                    **source,
+                    SnapshotError::Unavailable(SnapshotUnavailable::RuntimeCannotCheckpoint { .. })
+                )
         ),
         "{refused:?}"
     );

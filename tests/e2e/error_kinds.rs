@@ -55,14 +55,7 @@ fn sandbox_of(result: &ToolResult) -> String {
 
 /// Removes `sandbox_id`'s container behind sandgate's back.
 async fn remove_container(database_url: &str, sandbox_id: &str) {
-    let mut conn = sqlx::PgConnection::connect(database_url)
-        .await
-        .expect("Postgres");
-    let container: String = sqlx::query_scalar("SELECT container_id FROM sandboxes WHERE id = $1")
-        .bind(sandbox_id)
-        .fetch_one(&mut conn)
-        .await
-        .expect("the sandbox's row");
+    let container = crate::placement::container_of(database_url, sandbox_id).await;
     let removed = tokio::process::Command::new("docker")
         .args(["rm", "-f", &container])
         .output()

@@ -30,7 +30,7 @@ async fn warm_rows(database: &str) -> i64 {
 }
 
 /// A sandbox's container id.
-async fn container_of(database: &str, sandbox_id: &str) -> String {
+pub(crate) async fn container_of(database: &str, sandbox_id: &str) -> String {
     sqlx::query_scalar("SELECT container_id FROM sandboxes WHERE id = $1")
         .bind(sandbox_id)
         .fetch_one(&mut db(database).await)

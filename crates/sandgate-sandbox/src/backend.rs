@@ -254,4 +254,11 @@ pub trait SandboxBackend: Send + Sync + fmt::Debug + 'static {
         let _ = (spec, image);
         Err(SnapshotUnavailable::NotSupported.into())
     }
+
+    /// Fails when a test armed a fault at `step` of a snapshot operation the manager runs
+    /// ([`crate::faults`]). The default: never.
+    fn snapshot_fault(&self, step: crate::faults::SnapshotStep) -> Result<(), SnapshotError> {
+        let _ = step;
+        Ok(())
+    }
 }

@@ -166,6 +166,8 @@ pub struct DockerBackend {
     host: String,
     /// Where checkpoint images go, when snapshots are wanted ([`Self::with_snapshots`]).
     snapshots: Option<snapshot::SnapshotSettings>,
+    /// Faults a test armed at the steps of checkpoints and restores (never set in production).
+    faults: Option<std::sync::Arc<crate::faults::SnapshotFaults>>,
 }
 
 impl DockerBackend {
@@ -185,6 +187,7 @@ impl DockerBackend {
             docker,
             host: host.to_owned(),
             snapshots: None,
+            faults: None,
         })
     }
 
@@ -197,6 +200,23 @@ impl DockerBackend {
             plain: plain.into(),
         });
         self
+    }
+
+    /// Arms `faults` at the steps of this engine's checkpoints and restores: a test hook
+    /// ([`crate::faults`]), which no configuration reaches.
+    pub fn with_snapshot_faults(
+        mut self,
+        faults: std::sync::Arc<crate::faults::SnapshotFaults>,
+    ) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+
+    /// Fails when a test armed a fault at `step`.
+    pub(crate) fn fault_at(&self, step: crate::faults::SnapshotStep) -> Result<(), SnapshotError> {
+        self.faults
+            .as_ref()
+            .map_or(Ok(()), |faults| faults.at(step))
     }
 
     /// The underlying client, for the rest of this crate and its tests.
@@ -614,6 +634,10 @@ impl SandboxBackend for DockerBackend {
         image: &SnapshotImage,
     ) -> Result<Launched, SnapshotError> {
         self.restore_container(spec, image).await
+    }
+
+    fn snapshot_fault(&self, step: crate::faults::SnapshotStep) -> Result<(), SnapshotError> {
+        self.fault_at(step)
     }
 }
 

@@ -11,6 +11,7 @@
 //!   exec, command, background jobs, file transfer, listing, ping; timeouts, interrupts,
 //!   restarts, output budgets.
 //! - [`manager`]: [`SandboxManager`] (warm pools, lease, adopt, close) and [`Sandbox`].
+//! - [`faults`]: faults a test injects at the steps of a checkpoint or restore.
 //! - [`snapshot`]: memory snapshots of sandboxes (checkpoint and restore), their errors.
 //! - [`telemetry`]: counters of what sandboxes sent beyond their budgets, for `/metrics`.
 
@@ -19,6 +20,7 @@ pub mod channel;
 pub mod config;
 pub mod demand;
 pub mod docker;
+pub mod faults;
 pub mod manager;
 pub mod protocol;
 pub mod snapshot;
@@ -37,5 +39,6 @@ pub use config::{
     ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,
 };
 pub use docker::{DockerBackend, DockerError, EngineInfo};
+pub use faults::{SnapshotFaults, SnapshotStep};
 pub use manager::{PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotImage, SnapshotUnavailable};

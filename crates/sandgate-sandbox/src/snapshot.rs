@@ -183,4 +183,10 @@ pub enum SnapshotError {
         /// The engine's message.
         message: String,
     },
+    /// A test armed a fault at this step ([`crate::faults::SnapshotFaults`]).
+    #[error("a fault was injected at {step}")]
+    Injected {
+        /// Where.
+        step: crate::faults::SnapshotStep,
+    },
 }

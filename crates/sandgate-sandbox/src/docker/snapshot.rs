@@ -18,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::DockerBackend;
 use crate::backend::{LaunchSpec, Launched, SandboxBackend};
+use crate::faults::SnapshotStep;
 use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotUnavailable};
 
 /// The runtimes that can checkpoint sandboxes on these hosts (runc needs a CRIU they lack).
@@ -349,7 +350,9 @@ impl DockerBackend {
             checkpoint_dir: None,
             exit: !leave_running,
         };
+        let images = settings.images().join(name);
         let taken = async {
+            self.fault_at(SnapshotStep::CheckpointLinked)?;
             self.docker
                 .create_checkpoint(container_id, options)
                 .await
@@ -357,6 +360,7 @@ impl DockerBackend {
                     container_id: container_id.to_owned(),
                     source: Box::new(e),
                 })?;
+            self.fault_at(SnapshotStep::CheckpointTaken)?;
             if !leave_running {
                 self.wait_stopped(container_id).await?;
             }
@@ -366,10 +370,11 @@ impl DockerBackend {
                     path: written.clone(),
                 });
             }
-            let images = settings.images();
-            std::fs::create_dir_all(&images).map_err(files("creating", &images))?;
-            let dir = images.join(name);
+            let parent = settings.images();
+            std::fs::create_dir_all(&parent).map_err(files("creating", &parent))?;
+            let dir = images.clone();
             std::fs::rename(&written, &dir).map_err(files("moving", &written))?;
+            self.fault_at(SnapshotStep::CheckpointMoved)?;
             let size_bytes = tree_size(&dir).map_err(files("measuring", &dir))?;
             Ok(SnapshotImage {
                 dir,
@@ -380,7 +385,9 @@ impl DockerBackend {
         };
         let result = taken.await;
         if result.is_err() {
+            // No part of a failed checkpoint's image outlives it, wherever it got to.
             let _ = remove_tree(&written);
+            let _ = remove_tree(&images);
         }
         // Empty now; made again by the next checkpoint (the link into it stays).
         let _ = std::fs::remove_dir(&links);
@@ -402,12 +409,16 @@ impl DockerBackend {
             .map_err(SnapshotError::Prepare)?;
         let container_id = created.container_id.clone();
         let placed = async {
+            self.fault_at(SnapshotStep::RestoreCreated)?;
             let links = settings.link_checkpoints(&data_root, &container_id)?;
             let copy = links.join(&image.name);
             link_tree(&image.dir, &copy).map_err(files("placing", &copy))?;
             let mark = copy.join(CLONE_MARK);
             std::fs::write(&mark, &container_id).map_err(files("marking", &mark))?;
-            self.start_from_checkpoint(&container_id, &image.name).await
+            self.fault_at(SnapshotStep::RestorePlaced)?;
+            self.start_from_checkpoint(&container_id, &image.name)
+                .await?;
+            self.fault_at(SnapshotStep::RestoreStarted)
         };
         let result = placed.await;
         // The copy goes whatever happened: the image stays with its snapshot.

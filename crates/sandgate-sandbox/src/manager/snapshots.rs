@@ -5,6 +5,7 @@ use super::launcher::{LaunchMark, Launcher, settled_fate};
 use super::{Sandbox, SandboxError, SandboxManager};
 use crate::backend::{BackendError, ContainerFate, LaunchSpec};
 use crate::channel::AgentChannel;
+use crate::faults::SnapshotStep;
 use crate::snapshot::{Snapshot, SnapshotError};
 
 /// 32 bytes of fresh randomness for a restored agent's re-seed (two v4 UUIDs: the OS generator).
@@ -33,7 +34,8 @@ impl SandboxManager {
     /// Checkpoints `sandbox` into a [`Snapshot`] (its image on a tmpfs, deleted with the handle).
     /// With `leave_running` it serves on; without, its container stops and later calls on it fail
     /// with [`SandboxError::Checkpointed`] (remove it with [`Sandbox::close`]). A checkpoint that
-    /// fails leaves the sandbox as it was when its container still runs.
+    /// fails leaves the sandbox as it was when its container still runs, and removes the
+    /// container when the failure came after it stopped: running or cleanly gone, never half.
     #[tracing::instrument(skip_all, fields(sandbox_id = %sandbox.id(), leave_running))]
     pub async fn checkpoint(
         &self,
@@ -60,10 +62,14 @@ impl SandboxManager {
                 taken: std::time::SystemTime::now(),
             }),
             Err(source) => {
+                // Running or cleanly gone, never half: a container the failed checkpoint stopped
+                // (its image is gone with the failure) is removed, and calls on the sandbox then
+                // say its container is gone rather than that a snapshot holds its state.
                 let running = matches!(sandbox.fate().await, Ok(ContainerFate::Running));
-                if running {
-                    sandbox.set_checkpointed(false);
+                if !running && let Err(err) = backend.remove(sandbox.container_id()).await {
+                    tracing::warn!(error = %err, "removing a sandbox whose checkpoint failed failed");
                 }
+                sandbox.set_checkpointed(false);
                 Err(SandboxError::Checkpoint {
                     sandbox_id: sandbox.id().to_owned(),
                     source: Box::new(source),
@@ -112,6 +118,12 @@ impl Launcher {
                 }))
             })?
             .map_err(failed)?;
+        if let Err(fault) = self.backend.snapshot_fault(SnapshotStep::RestoreAgent) {
+            if let Err(err) = self.backend.remove(&launched.container_id).await {
+                tracing::warn!(error = %err, "removing a restored sandbox that failed failed");
+            }
+            return Err(failed(fault));
+        }
         let channel = AgentChannel::open(&sandbox_id, launched.streams, self.channel.clone());
         // No ready frame comes (the agent was never restarted): `restored` is the first call.
         match channel.restored(&sandbox_id, &seed()).await {

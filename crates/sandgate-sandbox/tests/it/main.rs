@@ -10,4 +10,5 @@ mod kernel;
 mod limits;
 mod pool;
 mod snapshot;
+mod snapshot_faults;
 mod support;

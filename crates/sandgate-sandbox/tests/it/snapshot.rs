@@ -13,31 +13,33 @@ use std::time::Duration;
 use sandgate_sandbox::{
     DockerBackend, ExecOptions, ExecOutcome, ManagerConfig, OciRuntime, PoolConfig, Sandbox,
     SandboxBackend as _, SandboxError, SandboxManager, SandboxProfile, SnapshotError,
-    SnapshotUnavailable,
+    SnapshotFaults, SnapshotUnavailable,
 };
 
 use crate::support;
 
-const LIMIT: Duration = Duration::from_secs(180);
+pub(crate) const LIMIT: Duration = Duration::from_secs(180);
 
 /// One snapshot test at a time: each checks that no image is left in the engine's TMPDIR, where
 /// another test's checkpoint in progress would have one.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A manager on the snapshot engine with two profiles: `snap` (runsc2024) and `runc`.
-struct SnapEnv {
-    manager: SandboxManager,
-    backend: Arc<DockerBackend>,
+pub(crate) struct SnapEnv {
+    pub(crate) manager: SandboxManager,
+    pub(crate) backend: Arc<DockerBackend>,
     host: String,
-    instance: String,
-    plain: PathBuf,
+    pub(crate) instance: String,
+    pub(crate) plain: PathBuf,
     data_root: PathBuf,
+    /// Faults a test arms at the steps of this engine's checkpoints and restores.
+    pub(crate) faults: Arc<SnapshotFaults>,
 }
 
 impl SnapEnv {
     /// `None` when snapshots are declared unavailable on purpose; panics when the engine lacks
     /// what they need, saying what.
-    async fn new(name: &str) -> Option<Self> {
+    pub(crate) async fn new(name: &str) -> Option<Self> {
         support::init_tracing();
         let unavailable =
             std::env::var("SANDGATE_TEST_SNAPSHOTS").is_ok_and(|v| v == "unavailable");
@@ -46,9 +48,11 @@ impl SnapEnv {
             std::env::var("SANDGATE_TEST_SNAPSHOT_PLAIN")
                 .unwrap_or_else(|_| "/var/cache/sandgate/docker/plain".into()),
         );
+        let faults = Arc::new(SnapshotFaults::default());
         let backend = DockerBackend::connect(&host)
             .expect("a Docker client")
-            .with_snapshots(&plain);
+            .with_snapshots(&plain)
+            .with_snapshot_faults(faults.clone());
         if let Err(reason) = backend.snapshot_support("runsc2024").await {
             if unavailable {
                 eprintln!(
@@ -103,16 +107,17 @@ impl SnapEnv {
             instance,
             plain,
             data_root,
+            faults,
         })
     }
 
-    async fn lease(&self) -> Sandbox {
+    pub(crate) async fn lease(&self) -> Sandbox {
         support::within(LIMIT, "a lease", self.manager.lease("snap"))
             .await
             .expect("a lease")
     }
 
-    async fn cleanup(self) {
+    pub(crate) async fn cleanup(self) {
         self.manager.shutdown().await;
         remove_instance(&self.backend, &self.instance).await;
     }
@@ -120,7 +125,7 @@ impl SnapEnv {
     /// Files of checkpoint images anywhere but under the manager's images directory: in the
     /// engine's data root (a real directory, not the link into the tmpfs), the links' tmpfs
     /// side, or containerd's copies in the engine's TMPDIR.
-    fn stray_images(&self, container_ids: &[&str]) -> Vec<PathBuf> {
+    pub(crate) fn stray_images(&self, container_ids: &[&str]) -> Vec<PathBuf> {
         let mut found = Vec::new();
         for id in container_ids {
             let dir = self
@@ -177,7 +182,7 @@ impl Drop for SnapEnv {
     }
 }
 
-fn files_under(dir: &Path) -> usize {
+pub(crate) fn files_under(dir: &Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |entries| {
         entries
             .flatten()
@@ -192,7 +197,7 @@ fn files_under(dir: &Path) -> usize {
     })
 }
 
-async fn run(sandbox: &Sandbox, code: &str) -> ExecOutcome {
+pub(crate) async fn run(sandbox: &Sandbox, code: &str) -> ExecOutcome {
     let outcome = support::within(
         LIMIT,
         "a cell",
@@ -204,7 +209,7 @@ async fn run(sandbox: &Sandbox, code: &str) -> ExecOutcome {
     outcome
 }
 
-fn value(outcome: &ExecOutcome) -> String {
+pub(crate) fn value(outcome: &ExecOutcome) -> String {
     outcome
         .result
         .as_ref()

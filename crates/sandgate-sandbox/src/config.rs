@@ -270,6 +270,10 @@ pub struct ManagerConfig {
     /// How long a cold start waits for its place among the starts run at once before it is
     /// refused ([`crate::SandboxError::StartQueue`]); the caller is told to retry.
     pub start_wait: Duration,
+    /// Restores from snapshots run at once on this engine; more wait (up to `start_wait`) for a
+    /// place. Each restore is a burst of the engine's and the runtime's CPU and of memory while
+    /// the image is read: unbounded, 50 at once on two cores ran past the agent's timeout.
+    pub max_concurrent_restores: usize,
 }
 
 impl ManagerConfig {
@@ -282,6 +286,7 @@ impl ManagerConfig {
             refill_backoff: Duration::from_secs(2),
             demand_window: crate::demand::LONG_WINDOW,
             start_wait: Duration::from_secs(120),
+            max_concurrent_restores: 4,
         }
     }
 }

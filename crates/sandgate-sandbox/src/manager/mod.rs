@@ -53,6 +53,8 @@ struct ManagerInner {
     ready_hook: Mutex<Option<mpsc::UnboundedSender<Sandbox>>>,
     /// While set (a draining node), no pool starts a sandbox ([`SandboxManager::pause_refills`]).
     paused: std::sync::atomic::AtomicBool,
+    /// Places for restores running at once ([`ManagerConfig::max_concurrent_restores`]).
+    restores: tokio::sync::Semaphore,
 }
 
 impl Drop for ManagerInner {
@@ -122,6 +124,7 @@ impl SandboxManager {
                 },
             );
         }
+        let config_restores = config.max_concurrent_restores.max(1);
         let manager = Self {
             inner: Arc::new(ManagerInner {
                 launcher: Launcher {
@@ -137,6 +140,7 @@ impl SandboxManager {
                 stop: CancellationToken::new(),
                 ready_hook: Mutex::new(None),
                 paused: std::sync::atomic::AtomicBool::new(false),
+                restores: tokio::sync::Semaphore::new(config_restores),
             }),
         };
         let names: Vec<String> = manager.inner.pools.keys().cloned().collect();

@@ -81,9 +81,15 @@ impl SandboxManager {
     /// Restores `snapshot` into a new container with a sandbox id of its own, told its identity
     /// and re-seeded (PROTOCOL.md, `restored`). A clone that does not answer is removed and the
     /// restore tried once more (docs/snapshots.md: one restored gVisor sandbox in ~55 died at
-    /// once).
+    /// once). At most [`crate::ManagerConfig::max_concurrent_restores`] run at once; the others
+    /// wait for a place up to `start_wait`, then fail with [`SandboxError::StartQueue`].
     #[tracing::instrument(skip_all, fields(snapshot = %snapshot.id, sandbox_id))]
     pub async fn restore(&self, snapshot: &Snapshot) -> Result<Sandbox, SandboxError> {
+        let waited = self.inner.config.start_wait;
+        let _place = tokio::time::timeout(waited, self.inner.restores.acquire())
+            .await
+            .map_err(|_| SandboxError::StartQueue { waited })?
+            .expect("the restore places are never closed");
         match self.inner.launcher.restore(snapshot).await {
             Err(first @ SandboxError::RestoredAgent { .. }) => {
                 tracing::warn!(error = %first, "a restored sandbox did not answer; restoring again");

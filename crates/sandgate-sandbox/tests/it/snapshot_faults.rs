@@ -343,6 +343,18 @@ async fn a_restored_clone_keeps_installed_packages_and_the_hardening_of_a_fresh_
     env.cleanup().await;
 }
 
+/// An error with its causes, on one line.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Restores asked for at once in the many-restores test (the number).
 const AT_ONCE: usize = 50;
 
@@ -396,7 +408,7 @@ async fn fifty_restores_at_once_all_succeed_while_another_sandbox_runs_cells() {
     for result in restored {
         match result {
             Ok(clone) => clones.push(clone),
-            Err(err) => failures.push(err.to_string()),
+            Err(err) => failures.push(chain(&err)),
         }
     }
     assert!(

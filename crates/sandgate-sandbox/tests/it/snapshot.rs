@@ -487,3 +487,76 @@ async fn the_restoring_runtime_refuses_images_outside_its_directory() {
     let _ = std::fs::remove_dir(images.join("not-an-image"));
     env.cleanup().await;
 }
+
+/// What user code sees of its confinement, as one line.
+const PROBES: &str = "import os, socket\n\
+    def probes():\n    status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n\
+    \x20   try:\n        open('/etc/probe', 'w')\n        root = 'writable'\n    except OSError as e:\n        root = e.__class__.__name__\n\
+    \x20   try:\n        socket.create_connection(('10.255.255.1', 80), timeout=2)\n        net = 'connected'\n    except OSError as e:\n        net = e.__class__.__name__\n\
+    \x20   nics = sorted(os.listdir('/sys/class/net')) if os.path.isdir('/sys/class/net') else []\n\
+    \x20   return '|'.join([str(os.getuid()), status['CapEff'].strip(), status['CapBnd'].strip(), status.get('NoNewPrivs', '?').strip(), root, net, ','.join(nics)])\n";
+
+/// The engine's view of a container's confinement.
+async fn host_confinement(env: &SnapEnv, container_id: &str) -> String {
+    use bollard::query_parameters::InspectContainerOptions;
+    let host = env
+        .backend
+        .client()
+        .inspect_container(container_id, None::<InspectContainerOptions>)
+        .await
+        .expect("inspect")
+        .host_config
+        .expect("host config");
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        host.network_mode,
+        host.cap_drop,
+        host.cap_add,
+        host.security_opt,
+        host.readonly_rootfs,
+        host.memory,
+        host.pids_limit,
+        host.nano_cpus,
+        host.tmpfs
+            .map(|t| t.into_iter().collect::<std::collections::BTreeMap<_, _>>()),
+        host.runtime
+    )
+}
+
+/// A clone restored from a template is confined exactly as a fresh sandbox of its profile: same
+/// engine configuration, and from inside the same uid, capabilities, no-new-privileges,
+/// read-only root and no network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_clone_is_as_confined_as_a_fresh_sandbox() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = SnapEnv::new("snap-confined").await else {
+        return;
+    };
+    let fresh = env.lease().await;
+    run(&fresh, PROBES).await;
+    let snapshot = support::within(LIMIT, "a checkpoint", env.manager.checkpoint(&fresh, true))
+        .await
+        .expect("the checkpoint is taken");
+    let clone = support::within(LIMIT, "a restore", env.manager.restore(&snapshot))
+        .await
+        .expect("the snapshot is restored");
+    let inside = [
+        value(&run(&fresh, "probes()").await),
+        value(&run(&clone, "probes()").await),
+    ];
+    assert!(
+        inside[0].starts_with("'1000|0000000000000000|"),
+        "user code runs as uid 1000 with no capabilities: {}",
+        inside[0]
+    );
+    assert_eq!(
+        inside[0], inside[1],
+        "fresh (left) and restored (right), from inside"
+    );
+    assert_eq!(
+        host_confinement(&env, fresh.container_id()).await,
+        host_confinement(&env, clone.container_id()).await,
+        "fresh (left) and restored (right), as the engine has them"
+    );
+    env.cleanup().await;
+}

@@ -16,7 +16,9 @@
 # profile's runtime) and "runsc2024" (the snapshot route), both runsc 0.0~20240729.0-4~bpo12+2 of
 # bookworm-backports on the systrap platform ("runsc" falls back to Debian's package of the
 # machine's release where that cannot be installed),
-# pinned, unpacked into $SANDGATE_CACHE/gvisor/ with an apt configuration of its own). Their
+# pinned, unpacked into $SANDGATE_CACHE/gvisor/ with an apt configuration of its own);
+# "runsc2024" through scripts/sandgate-runsc (installed as $SANDGATE_CACHE/gvisor/sandgate-runsc),
+# which restores images from the engine's plaintext tmpfs without Docker's copies. Their
 # plaintext copies of checkpoint images stay on a tmpfs ($SANDGATE_CACHE/docker*/plain). An engine
 # of ours that runs without what its daemon.json now says is reloaded (runtimes only) or restarted
 # (its containers stop) by `up`; one this script did not start, or one configured by an existing
@@ -129,6 +131,9 @@ snap_runtime_args='"--network=none", "--platform=systrap"'
 snap_dir="$cache/gvisor/${snap_runsc_version//[~+]/_}"
 snap_runsc="$snap_dir/usr/bin/runsc"
 snap_apt="$cache/apt-$snap_suite"
+# runsc2024's path: scripts/sandgate-runsc, which restores a container from an image directory
+# of the engine's plaintext tmpfs without Docker's copies (docs/snapshots.md).
+snap_wrapper="$cache/gvisor/sandgate-runsc"
 # Size of each engine's plaintext tmpfs (containerd's copies of images being checkpointed or
 # restored; containerd leaves each restore's copy behind, docs/snapshots.md).
 plain_size=${SANDGATE_PLAIN_TMPFS_SIZE:-4g}
@@ -185,18 +190,33 @@ snap_runsc_install() {
 	}
 }
 
+# Installs scripts/sandgate-runsc as $snap_wrapper when it is missing or differs (atomically: a
+# running engine may call it at any moment).
+snap_wrapper_install() {
+	cmp -s "$repo/scripts/sandgate-runsc" "$snap_wrapper" && return 0
+	"${as_root[@]}" mkdir -p "$(dirname "$snap_wrapper")" &&
+		"${as_root[@]}" install -m 0755 "$repo/scripts/sandgate-runsc" "$snap_wrapper.tmp" &&
+		"${as_root[@]}" mv "$snap_wrapper.tmp" "$snap_wrapper" || {
+		log "snapshots: $snap_wrapper could not be installed; $snap_runtime is runsc itself"
+		return 1
+	}
+	log "snapshots: installed $snap_wrapper"
+}
+
 # One runtime of daemon.json: name, path, arguments (JSON strings, comma-separated).
 runtime_json() {
 	printf '    "%s": {"path": "%s", "runtimeArgs": [%s]}' "$1" "$2" "$3"
 }
 
-# The daemon.json this script writes for an engine it starts: experimental mode and the gVisor
-# runtimes that are installed: "runsc" (runsc2024's binary where it is installed, else Debian's
-# package, `command -v runsc`) and "runsc2024".
-# With an engine command as arguments, only the runtimes that engine has (the second engine
-# registers what the first has).
+# The daemon.json this script writes for an engine it starts, whose plaintext tmpfs is $1:
+# experimental mode and the gVisor runtimes that are installed: "runsc" (runsc2024's binary where
+# it is installed, else Debian's package, `command -v runsc`) and "runsc2024" (sandgate-runsc
+# around that binary, restoring from $1/sandgate/images, where the sandbox manager keeps images).
+# With an engine command as further arguments, only the runtimes that engine has (the second
+# engine registers what the first has).
 daemon_json() {
-	local runsc e entries=() sep=""
+	local runsc e entries=() sep="" plain=$1
+	shift
 	# "runsc" (the gVisor profile's runtime) is the 2024 release where it is installed: Debian
 	# bookworm's 2022 release no longer starts containers on an engine with this configuration
 	# ("cannot read client sync file"), and the 2024 one needs no statx shim (docs/snapshots.md).
@@ -206,7 +226,11 @@ daemon_json() {
 		entries+=("$(runtime_json runsc "$runsc" '"--network=none"')")
 	fi
 	if snap_runsc_ok && { (($# == 0)) || engine_lists_runtime "$snap_runtime" "$@"; }; then
-		entries+=("$(runtime_json "$snap_runtime" "$snap_runsc" "$snap_runtime_args")")
+		if snap_wrapper_install; then
+			entries+=("$(runtime_json "$snap_runtime" "$snap_wrapper" "\"--sandgate-runsc=$snap_runsc\", \"--sandgate-images=$plain/sandgate/images\", $snap_runtime_args")")
+		else
+			entries+=("$(runtime_json "$snap_runtime" "$snap_runsc" "$snap_runtime_args")")
+		fi
 	fi
 	printf '{\n  "experimental": true,\n  "runtimes": {'
 	for e in "${entries[@]}"; do
@@ -306,7 +330,7 @@ daemon_config() {
 		apt_install runsc || true
 	fi
 	snap_runsc_install || true
-	daemon_json >"$docker_dir/daemon.json.tmp"
+	daemon_json "$docker_plain" >"$docker_dir/daemon.json.tmp"
 	mv "$docker_dir/daemon.json.tmp" "$docker_dir/daemon.json"
 	log "docker: daemon.json: experimental, runtimes: $(grep -o '^    "[^"]*"' "$docker_dir/daemon.json" | tr -d ' "' | paste -sd ' ' -)"
 	echo "$docker_dir/daemon.json"
@@ -432,7 +456,7 @@ docker2_plain="$docker2_dir/plain"
 # runtimes the first engine has (daemon_json).
 docker2_config() {
 	mkdir -p "$docker2_dir"
-	daemon_json docker >"$docker2_dir/daemon.json.tmp"
+	daemon_json "$docker2_plain" docker >"$docker2_dir/daemon.json.tmp"
 	mv "$docker2_dir/daemon.json.tmp" "$docker2_dir/daemon.json"
 	echo "$docker2_dir/daemon.json"
 }

@@ -19,10 +19,12 @@ use crate::backend::{
     SandboxBackend, StreamChunk, labels,
 };
 use crate::config::SandboxProfile;
-use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotUnavailable};
+use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotRoute, SnapshotUnavailable};
 
+mod runsc;
 mod snapshot;
 
+pub use runsc::RESTORE_ENV;
 pub use snapshot::CHECKPOINT_RUNTIMES;
 
 /// One file of the agent package: its path in the archive and its text, embedded in the binary.
@@ -219,6 +221,17 @@ impl DockerBackend {
             .map_or(Ok(()), |faults| faults.at(step))
     }
 
+    /// The route snapshots of `runtime` take on this engine, or why they cannot be taken.
+    pub async fn snapshot_route_of(
+        &self,
+        runtime: &str,
+    ) -> Result<SnapshotRoute, SnapshotUnavailable> {
+        Ok(match self.snapshot_route(runtime).await? {
+            snapshot::Route::Direct(_) => SnapshotRoute::Runsc,
+            snapshot::Route::Engine { .. } => SnapshotRoute::DockerApi,
+        })
+    }
+
     /// The underlying client, for the rest of this crate and its tests.
     pub fn client(&self) -> &Docker {
         &self.docker
@@ -398,13 +411,23 @@ fn managed_container(
 impl DockerBackend {
     /// Creates `spec`'s container and attaches to it, not started yet; removes it again when the
     /// attach fails.
-    async fn create_and_attach(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
+    /// Creates the sandbox's container (with `extra_env` added to its environment) and attaches
+    /// to it.
+    async fn create_and_attach(
+        &self,
+        spec: &LaunchSpec,
+        extra_env: &[String],
+    ) -> Result<Launched, BackendError> {
         let name = format!("sandgate-{}", spec.sandbox_id);
+        let mut config = container_config(spec);
+        if let Some(env) = config.env.as_mut() {
+            env.extend(extra_env.iter().cloned());
+        }
         let created = self
             .docker
             .create_container(
                 Some(CreateContainerOptionsBuilder::new().name(&name).build()),
-                container_config(spec),
+                config,
             )
             .await
             .map_err(|e| BackendError::Create {
@@ -465,7 +488,7 @@ impl SandboxBackend for DockerBackend {
     #[tracing::instrument(skip_all, fields(sandbox_id = %spec.sandbox_id, container_id))]
     async fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
         // Attached before start, so that the agent's ready frame cannot be missed.
-        let launched = self.create_and_attach(spec).await?;
+        let launched = self.create_and_attach(spec, &[]).await?;
         tracing::Span::current().record("container_id", &launched.container_id);
         match self
             .docker
@@ -613,7 +636,7 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn snapshot_support(&self, runtime: &str) -> Result<(), SnapshotUnavailable> {
-        self.snapshot_data_root(runtime).await.map(|_| ())
+        self.snapshot_route(runtime).await.map(|_| ())
     }
 
     #[tracing::instrument(skip_all, fields(container_id = %container_id, name = %name))]

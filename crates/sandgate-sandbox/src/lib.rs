@@ -41,4 +41,4 @@ pub use config::{
 pub use docker::{DockerBackend, DockerError, EngineInfo};
 pub use faults::{SnapshotFaults, SnapshotStep};
 pub use manager::{PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit};
-pub use snapshot::{Snapshot, SnapshotError, SnapshotImage, SnapshotUnavailable};
+pub use snapshot::{Snapshot, SnapshotError, SnapshotImage, SnapshotRoute, SnapshotUnavailable};

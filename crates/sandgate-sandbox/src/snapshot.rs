@@ -58,6 +58,25 @@ impl Drop for Snapshot {
     }
 }
 
+/// How an engine takes and restores snapshots (docs/snapshots.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotRoute {
+    /// runsc driven directly through `scripts/sandgate-runsc`: images written and read in place
+    /// on the plaintext tmpfs, uncompressed.
+    Runsc,
+    /// Docker's experimental checkpoint API (containerd copies each image twice).
+    DockerApi,
+}
+
+impl std::fmt::Display for SnapshotRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Runsc => "runsc",
+            Self::DockerApi => "docker-api",
+        })
+    }
+}
+
 /// Why an engine cannot checkpoint or restore sandboxes of a runtime (for `/readyz` and the log).
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotUnavailable {
@@ -172,6 +191,14 @@ pub enum SnapshotError {
         /// The I/O error.
         #[source]
         source: std::io::Error,
+    },
+    /// runsc's own checkpoint (through `sandgate-runsc`) failed.
+    #[error("runsc could not checkpoint container {container_id}: {message}")]
+    Runsc {
+        /// The container.
+        container_id: String,
+        /// What runsc said, or why it could not be run.
+        message: String,
     },
     /// The engine refused or failed to start the container from the checkpoint.
     #[error("the engine could not restore container {container_id} (HTTP {status}): {message}")]

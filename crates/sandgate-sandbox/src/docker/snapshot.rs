@@ -1,4 +1,6 @@
-//! Checkpoint and restore through Docker's experimental checkpoint API (docs/snapshots.md, "What
+//! Checkpoint and restore: the route is chosen per engine ([`Route`]): runsc driven directly where
+//! the engine's runtime is `sandgate-runsc` (super::runsc), else Docker's experimental
+//! checkpoint API (docs/snapshots.md, "What
 //! the sandbox manager needs to do"): gVisor's runsc of 2024 as the runtime, images only on a
 //! tmpfs, the restore's start sent as one raw request (bollard cannot say `start?checkpoint=`).
 //!
@@ -17,6 +19,7 @@ use futures::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::DockerBackend;
+use super::runsc::Wrapper;
 use crate::backend::{LaunchSpec, Launched, SandboxBackend};
 use crate::faults::SnapshotStep;
 use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotUnavailable};
@@ -35,6 +38,18 @@ const RESTORE_WAIT: Duration = Duration::from_secs(120);
 /// containerd's restore copies older than this are swept even without our mark.
 const STALE_COPY: Duration = Duration::from_secs(600);
 
+/// How an engine takes and restores snapshots of a runtime.
+#[derive(Debug)]
+pub(super) enum Route {
+    /// runsc driven directly through `sandgate-runsc` (super::runsc).
+    Direct(Wrapper),
+    /// Docker's checkpoint API, with images placed in the engine's data root.
+    Engine {
+        /// `DockerRootDir`.
+        data_root: PathBuf,
+    },
+}
+
 /// Where a Docker engine's snapshots go (see [`DockerBackend::with_snapshots`]).
 #[derive(Debug, Clone)]
 pub(super) struct SnapshotSettings {
@@ -42,7 +57,7 @@ pub(super) struct SnapshotSettings {
     pub(super) plain: PathBuf,
 }
 
-fn files(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SnapshotError {
+pub(super) fn files(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> SnapshotError {
     let path = path.to_owned();
     move |source| SnapshotError::Files { what, path, source }
 }
@@ -65,7 +80,7 @@ fn fs_type(path: &Path) -> Option<String> {
 }
 
 /// Copies directory `from` to `to` by hard links (same tmpfs: no data is copied).
-fn link_tree(from: &Path, to: &Path) -> io::Result<()> {
+pub(super) fn link_tree(from: &Path, to: &Path) -> io::Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
@@ -83,7 +98,7 @@ fn link_tree(from: &Path, to: &Path) -> io::Result<()> {
 }
 
 /// The bytes of the files under `dir`.
-fn tree_size(dir: &Path) -> io::Result<u64> {
+pub(super) fn tree_size(dir: &Path) -> io::Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -112,7 +127,7 @@ fn holds_mark(dir: &Path, mark: &str, depth: u32) -> bool {
 }
 
 /// Removes a directory tree, succeeding when it is absent.
-fn remove_tree(path: &Path) -> Result<(), SnapshotError> {
+pub(super) fn remove_tree(path: &Path) -> Result<(), SnapshotError> {
     match std::fs::remove_dir_all(path) {
         Err(err) if err.kind() != io::ErrorKind::NotFound => Err(files("removing", path)(err)),
         _ => Ok(()),
@@ -124,7 +139,7 @@ impl SnapshotSettings {
         self.plain.join("sandgate/links").join(container_id)
     }
 
-    fn images(&self) -> PathBuf {
+    pub(super) fn images(&self) -> PathBuf {
         self.plain.join("sandgate/images")
     }
 
@@ -218,41 +233,42 @@ impl DockerBackend {
         }
     }
 
-    /// Checks what a snapshot of `runtime` needs; returns the engine's data root.
-    pub(super) async fn snapshot_data_root(
-        &self,
-        runtime: &str,
-    ) -> Result<PathBuf, SnapshotUnavailable> {
-        self.settings()?;
+    /// Checks what a snapshot of `runtime` needs; returns the route it takes on this engine.
+    pub(super) async fn snapshot_route(&self, runtime: &str) -> Result<Route, SnapshotUnavailable> {
+        let settings = self.settings()?;
         self.socket()?;
         let info = self
             .docker
             .info()
             .await
             .map_err(|e| SnapshotUnavailable::Info(Box::new(e)))?;
-        if info.experimental_build != Some(true) {
-            return Err(SnapshotUnavailable::NotExperimental);
-        }
-        if !info
-            .runtimes
-            .as_ref()
-            .is_some_and(|r| r.contains_key(runtime))
-        {
+        let Some(registered) = info.runtimes.as_ref().and_then(|r| r.get(runtime)) else {
             return Err(SnapshotUnavailable::RuntimeMissing {
                 runtime: runtime.to_owned(),
             });
-        }
+        };
         if !CHECKPOINT_RUNTIMES.contains(&runtime) {
             return Err(SnapshotUnavailable::RuntimeCannotCheckpoint {
                 runtime: runtime.to_owned(),
                 can: CHECKPOINT_RUNTIMES.join(", "),
             });
         }
+        // runsc driven directly needs neither the checkpoint API nor the data root.
+        if let Some(wrapper) = Wrapper::recognise(
+            registered.path.as_deref().unwrap_or_default(),
+            registered.runtime_args.as_deref().unwrap_or_default(),
+            &settings.images(),
+        ) {
+            return Ok(Route::Direct(wrapper));
+        }
+        if info.experimental_build != Some(true) {
+            return Err(SnapshotUnavailable::NotExperimental);
+        }
         let root = PathBuf::from(info.docker_root_dir.unwrap_or_default());
         if !root.join("containers").is_dir() {
             return Err(SnapshotUnavailable::DataRootUnreachable { path: root });
         }
-        Ok(root)
+        Ok(Route::Engine { data_root: root })
     }
 
     /// The runtime a container runs under, refusing one that does not run.
@@ -277,7 +293,7 @@ impl DockerBackend {
 
     /// Waits until a container that a checkpoint stopped shows as stopped (the checkpoint call
     /// returns before Docker records the exit).
-    async fn wait_stopped(&self, container_id: &str) -> Result<(), SnapshotError> {
+    pub(super) async fn wait_stopped(&self, container_id: &str) -> Result<(), SnapshotError> {
         let options = WaitContainerOptionsBuilder::new()
             .condition("not-running")
             .build();
@@ -341,8 +357,15 @@ impl DockerBackend {
         leave_running: bool,
     ) -> Result<SnapshotImage, SnapshotError> {
         let runtime = self.checkpointable(container_id).await?;
-        let data_root = self.snapshot_data_root(&runtime).await?;
         let settings = self.settings()?;
+        let data_root = match self.snapshot_route(&runtime).await? {
+            Route::Direct(wrapper) => {
+                return self
+                    .checkpoint_direct(&wrapper, settings, container_id, name, leave_running)
+                    .await;
+            }
+            Route::Engine { data_root } => data_root,
+        };
         let links = settings.link_checkpoints(&data_root, container_id)?;
         let written = links.join(name);
         let options = CreateCheckpointOptions {
@@ -399,12 +422,13 @@ impl DockerBackend {
         spec: &LaunchSpec,
         image: &SnapshotImage,
     ) -> Result<Launched, SnapshotError> {
-        let data_root = self
-            .snapshot_data_root(spec.profile.runtime.as_str())
-            .await?;
         let settings = self.settings()?;
+        let data_root = match self.snapshot_route(spec.profile.runtime.as_str()).await? {
+            Route::Direct(_) => return self.restore_direct(settings, spec, image).await,
+            Route::Engine { data_root } => data_root,
+        };
         let created = self
-            .create_and_attach(spec)
+            .create_and_attach(spec, &[])
             .await
             .map_err(SnapshotError::Prepare)?;
         let container_id = created.container_id.clone();

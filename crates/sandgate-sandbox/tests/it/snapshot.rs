@@ -5,6 +5,9 @@
 //! the engine the other tests use), its plaintext tmpfs `SANDGATE_TEST_SNAPSHOT_PLAIN` (default:
 //! stack.sh's `/var/cache/sandgate/docker/plain`). An engine that cannot take snapshots fails these
 //! tests, saying what it lacks, unless `SANDGATE_TEST_SNAPSHOTS=unavailable` says so on purpose.
+//! The route the engine offers (runsc driven directly through `scripts/sandgate-runsc`, or
+//! Docker's checkpoint API) is printed; `SANDGATE_TEST_SNAPSHOT_ROUTE` (`runsc`, `docker-api`)
+//! makes the tests fail when it is another.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +16,7 @@ use std::time::Duration;
 use sandgate_sandbox::{
     DockerBackend, ExecOptions, ExecOutcome, ManagerConfig, OciRuntime, PoolConfig, Sandbox,
     SandboxBackend as _, SandboxError, SandboxManager, SandboxProfile, SnapshotError,
-    SnapshotFaults, SnapshotUnavailable,
+    SnapshotFaults, SnapshotRoute, SnapshotUnavailable,
 };
 
 use crate::support;
@@ -34,6 +37,7 @@ pub(crate) struct SnapEnv {
     data_root: PathBuf,
     /// Faults a test arms at the steps of this engine's checkpoints and restores.
     pub(crate) faults: Arc<SnapshotFaults>,
+    route: SnapshotRoute,
 }
 
 impl SnapEnv {
@@ -66,6 +70,18 @@ impl SnapEnv {
                  SANDGATE_TEST_SNAPSHOT_PLAIN name another engine; SANDGATE_TEST_SNAPSHOTS=unavailable \
                  skips these tests on purpose)",
                 plain.display()
+            );
+        }
+        let route = backend
+            .snapshot_route_of("runsc2024")
+            .await
+            .expect("snapshots are available");
+        eprintln!("snapshot test {name}: route {route}");
+        if let Ok(want) = std::env::var("SANDGATE_TEST_SNAPSHOT_ROUTE") {
+            assert_eq!(
+                route.to_string(),
+                want,
+                "the snapshot engine's route (SANDGATE_TEST_SNAPSHOT_ROUTE)"
             );
         }
         let data_root = PathBuf::from(
@@ -111,6 +127,7 @@ impl SnapEnv {
             plain,
             data_root,
             faults,
+            route,
         })
     }
 
@@ -390,6 +407,164 @@ async fn clones_of_one_checkpoint_draw_different_randomness() {
     assert_eq!(
         env.stray_images(&[template.container_id(), a.container_id(), b.container_id()]),
         Vec::<PathBuf>::new()
+    );
+    env.cleanup().await;
+}
+
+/// Asks the engine's runtime to restore a new container from `from`; returns the engine's answer
+/// to its start (the container is removed).
+async fn start_restoring_from(env: &SnapEnv, from: &str) -> Result<(), String> {
+    use bollard::models::{ContainerCreateBody, HostConfig};
+    use bollard::query_parameters::{CreateContainerOptionsBuilder, StartContainerOptions};
+    let docker = env.backend.client();
+    let name = format!(
+        "{}-{}",
+        env.instance,
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    use sandgate_sandbox::backend::labels;
+    let labels = [
+        (labels::MANAGED, "true"),
+        (labels::INSTANCE, env.instance.as_str()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let config = ContainerCreateBody {
+        image: Some(support::profile().image),
+        cmd: Some(vec!["python3".into(), "-c".into(), "print('fresh')".into()]),
+        env: Some(vec![format!("SANDGATE_RESTORE_FROM={from}")]),
+        labels: Some(labels),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            cap_drop: Some(vec!["ALL".into()]),
+            runtime: Some("runsc2024".into()),
+            ..HostConfig::default()
+        }),
+        ..ContainerCreateBody::default()
+    };
+    let created = docker
+        .create_container(
+            Some(CreateContainerOptionsBuilder::new().name(&name).build()),
+            config,
+        )
+        .await
+        .expect("the container is created");
+    let started = docker
+        .start_container(&created.id, None::<StartContainerOptions>)
+        .await
+        .map_err(|e| e.to_string());
+    let _ = env.backend.remove(&created.id).await;
+    started
+}
+
+/// The runtime restores only from a directory directly under the manager's images directory on
+/// the plaintext tmpfs: a container whose environment names anything else (another place on the
+/// host, a way out of the directory, a directory without an image) never starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_restoring_runtime_refuses_images_outside_its_directory() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = SnapEnv::new("snap-refuse").await else {
+        return;
+    };
+    if env.route != SnapshotRoute::Runsc {
+        eprintln!("not run: the engine restores through Docker's API, not sandgate-runsc");
+        env.cleanup().await;
+        return;
+    }
+    let images = env.plain.join("sandgate/images");
+    std::fs::create_dir_all(images.join("not-an-image")).expect("a directory");
+    let outside = images.join("../../../../../../etc");
+    for from in [
+        "/etc".to_owned(),
+        "/var/cache/sandgate".to_owned(),
+        outside.display().to_string(),
+        format!("{}/../links", images.display()),
+        images.join("not-an-image").display().to_string(),
+        images.join("no-such-image").display().to_string(),
+        format!("{}/", images.display()),
+        String::new(),
+    ] {
+        let answer = start_restoring_from(&env, &from).await;
+        let refused = answer.expect_err(&format!("a restore from {from:?} is refused"));
+        assert!(
+            refused.contains("refusing to restore"),
+            "refused by the wrapper's check, not by chance: {refused}"
+        );
+    }
+    let _ = std::fs::remove_dir(images.join("not-an-image"));
+    env.cleanup().await;
+}
+
+/// What user code sees of its confinement, as one line.
+const PROBES: &str = "import os, socket\n\
+    def probes():\n    status = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n\
+    \x20   try:\n        open('/etc/probe', 'w')\n        root = 'writable'\n    except OSError as e:\n        root = e.__class__.__name__\n\
+    \x20   try:\n        socket.create_connection(('10.255.255.1', 80), timeout=2)\n        net = 'connected'\n    except OSError as e:\n        net = e.__class__.__name__\n\
+    \x20   nics = sorted(os.listdir('/sys/class/net')) if os.path.isdir('/sys/class/net') else []\n\
+    \x20   return '|'.join([str(os.getuid()), status['CapEff'].strip(), status['CapBnd'].strip(), status.get('NoNewPrivs', '?').strip(), root, net, ','.join(nics)])\n";
+
+/// The engine's view of a container's confinement.
+async fn host_confinement(env: &SnapEnv, container_id: &str) -> String {
+    use bollard::query_parameters::InspectContainerOptions;
+    let host = env
+        .backend
+        .client()
+        .inspect_container(container_id, None::<InspectContainerOptions>)
+        .await
+        .expect("inspect")
+        .host_config
+        .expect("host config");
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        host.network_mode,
+        host.cap_drop,
+        host.cap_add,
+        host.security_opt,
+        host.readonly_rootfs,
+        host.memory,
+        host.pids_limit,
+        host.nano_cpus,
+        host.tmpfs
+            .map(|t| t.into_iter().collect::<std::collections::BTreeMap<_, _>>()),
+        host.runtime
+    )
+}
+
+/// A clone restored from a template is confined exactly as a fresh sandbox of its profile: same
+/// engine configuration, and from inside the same uid, capabilities, no-new-privileges,
+/// read-only root and no network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_clone_is_as_confined_as_a_fresh_sandbox() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let Some(env) = SnapEnv::new("snap-confined").await else {
+        return;
+    };
+    let fresh = env.lease().await;
+    run(&fresh, PROBES).await;
+    let snapshot = support::within(LIMIT, "a checkpoint", env.manager.checkpoint(&fresh, true))
+        .await
+        .expect("the checkpoint is taken");
+    let clone = support::within(LIMIT, "a restore", env.manager.restore(&snapshot))
+        .await
+        .expect("the snapshot is restored");
+    let inside = [
+        value(&run(&fresh, "probes()").await),
+        value(&run(&clone, "probes()").await),
+    ];
+    assert!(
+        inside[0].starts_with("'1000|0000000000000000|"),
+        "user code runs as uid 1000 with no capabilities: {}",
+        inside[0]
+    );
+    assert_eq!(
+        inside[0], inside[1],
+        "fresh (left) and restored (right), from inside"
+    );
+    assert_eq!(
+        host_confinement(&env, fresh.container_id()).await,
+        host_confinement(&env, clone.container_id()).await,
+        "fresh (left) and restored (right), as the engine has them"
     );
     env.cleanup().await;
 }

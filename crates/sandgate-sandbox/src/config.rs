@@ -272,7 +272,8 @@ pub struct ManagerConfig {
     pub start_wait: Duration,
     /// Restores from snapshots run at once on this engine; more wait (up to `start_wait`) for a
     /// place. Each restore is a burst of the engine's and the runtime's CPU and of memory while
-    /// the image is read: unbounded, 50 at once on two cores ran past the agent's timeout.
+    /// the image is read: unbounded, 50 at once on two cores ran past the agent's timeout, and
+    /// more at once than the host has cores only makes each one slower. Default: the cores.
     pub max_concurrent_restores: usize,
 }
 
@@ -286,7 +287,7 @@ impl ManagerConfig {
             refill_backoff: Duration::from_secs(2),
             demand_window: crate::demand::LONG_WINDOW,
             start_wait: Duration::from_secs(120),
-            max_concurrent_restores: 4,
+            max_concurrent_restores: std::thread::available_parallelism().map_or(2, |n| n.get()),
         }
     }
 }

@@ -18,6 +18,7 @@ mod oauth;
 mod packages;
 mod placement;
 mod pool;
+mod private_listener;
 mod python_sdk;
 mod quotas;
 mod replicas;

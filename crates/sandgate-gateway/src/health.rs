@@ -15,7 +15,11 @@ pub async fn healthz() -> Json<serde_json::Value> {
 
 /// `GET /readyz`: 200 when every dependency answers, 503 naming the ones that do not.
 pub async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
-    let readiness = state.readiness.check().await;
+    answer(state.readiness.check().await)
+}
+
+/// The answer to `/readyz` for `readiness` (the public and the private listener's).
+pub(crate) fn answer(readiness: Readiness) -> (StatusCode, Json<Readiness>) {
     if !readiness.is_ready() {
         tracing::warn!(checks = ?readiness.checks, "not ready");
         return (StatusCode::SERVICE_UNAVAILABLE, Json(readiness));

@@ -39,6 +39,7 @@ pub mod headers;
 pub mod health;
 pub mod metrics;
 pub mod node;
+pub mod private;
 pub mod telemetry;
 
 // The service layer lives in its own crate; its modules stay reachable under the old paths so
@@ -181,6 +182,17 @@ impl AppState {
 }
 
 impl AppState {
+    /// The part of the state the private listener's routes use.
+    fn private_state(&self) -> private::PrivateState {
+        private::PrivateState {
+            readiness: self.readiness.clone(),
+            metrics: self.metrics.clone(),
+            db: self.db.clone(),
+            sandboxes: self.sandboxes.clone(),
+            profile: self.config.sandbox.name.clone(),
+        }
+    }
+
     /// The part of the state the authorization server's routes use.
     fn oauth_app(&self) -> oauth::AppState {
         oauth::AppState {
@@ -276,6 +288,8 @@ pub struct App {
     state: AppState,
     /// The node RPC, when `node.listen` is set: other gateways reach this process's sandboxes.
     node_rpc: Option<sandgate_service::node_rpc::NodeRpc>,
+    /// The private listener for `/metrics`, when `metrics.listen` is set.
+    private: Option<private::PrivateListener>,
 }
 
 impl App {
@@ -301,6 +315,7 @@ impl App {
         config.listen = listener
             .local_addr()
             .map_err(|source| StartError::Bind { addr, source })?;
+        let private = private::PrivateListener::bind(&config).await?;
         let (node_rpc, role) = if gateway_only {
             (None, Role::GatewayOnly)
         } else {
@@ -315,12 +330,18 @@ impl App {
             listener,
             state,
             node_rpc,
+            private,
         })
     }
 
     /// The node RPC's address, when it serves one.
     pub fn node_addr(&self) -> Option<SocketAddr> {
         self.node_rpc.as_ref().and_then(|rpc| rpc.local_addr())
+    }
+
+    /// The private listener's address (`metrics.listen`), when it serves one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.private.as_ref().and_then(|p| p.local_addr())
     }
 
     /// The MCP endpoint URL this gateway serves.
@@ -356,6 +377,9 @@ impl App {
             }
             _ => None,
         };
+        let private = self
+            .private
+            .map(|listener| listener.spawn(state.private_state(), stop.clone().cancelled_owned()));
         let app = router(self.state);
         let http = state.config.http.clone();
         connections::serve(self.listener, app, &http, async move {
@@ -365,6 +389,9 @@ impl App {
         .await;
         if let Some(node_rpc) = node_rpc {
             let _ = node_rpc.await;
+        }
+        if let Some(private) = private {
+            let _ = private.await;
         }
         // Stops the reaper and reconciliation first (nothing is closed while shutting down),
         // then the pool; the audit writer flushes what is still queued.

@@ -163,14 +163,34 @@ pub async fn count_refusals(
     response
 }
 
-/// `GET /metrics`.
+/// `GET /metrics` on the public listener: served only when no private listener is configured
+/// (`metrics.listen`); with one, it is not found here.
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    if state.config.metrics.listen_addr().is_some() {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    answer(
+        &state.metrics,
+        &state.db,
+        &state.sandboxes,
+        &state.config.sandbox.name,
+    )
+    .await
+}
+
+/// The metrics as OpenMetrics text (the public and the private listener's).
+pub(crate) async fn answer(
+    metrics: &Metrics,
+    db: &PgPool,
+    sandboxes: &crate::sandboxes::SandboxService,
+    profile: &str,
+) -> Response {
     // Every node's numbers, as the tables hold them (a gateway-only replica has no pool of its
     // own, and the operator scrapes whichever process it likes).
-    state.metrics.refresh_nodes(&state.db).await;
+    metrics.refresh_nodes(db).await;
     // The pool of this process's own node (a gateway-only replica has none).
-    let pool = ServiceMetrics::local_pool(&state.sandboxes, &state.config.sandbox.name);
-    match state.metrics.render(pool) {
+    let pool = ServiceMetrics::local_pool(sandboxes, profile);
+    match metrics.render(pool) {
         Ok(body) => (
             [(
                 header::CONTENT_TYPE,

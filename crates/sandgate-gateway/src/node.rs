@@ -1,6 +1,7 @@
 //! `sandgate node`: a sandbox node only. It owns its engine's containers, warm pool and attach
 //! channels (with the reaper and reconciliation of its rows) and serves them to gateways over
-//! the node RPC; it has no HTTP faces.
+//! the node RPC. Its only HTTP is the private listener (`metrics.listen`): `/healthz`,
+//! `/readyz` (Postgres, its engine and the sandbox image) and `/metrics` (its pool).
 
 use std::net::SocketAddr;
 
@@ -8,13 +9,18 @@ use sandgate_service::Services;
 use sandgate_service::node_rpc::{NodeRpc, NodeRpcError};
 use sandgate_service::startup::Role;
 
+use crate::metrics::Metrics;
+use crate::private::{PrivateListener, PrivateState};
 use crate::{Config, StartError};
+use sandgate_service::health::ReadinessProbe;
 
 /// A started node, ready to serve.
 #[derive(Debug)]
 pub struct Node {
     rpc: NodeRpc,
     services: Services,
+    /// `/healthz`, `/readyz`, `/metrics`, when `metrics.listen` is set.
+    private: Option<(PrivateListener, PrivateState)>,
 }
 
 impl Node {
@@ -26,14 +32,40 @@ impl Node {
             .await
             .map_err(StartError::Node)?
             .ok_or(StartError::Node(NodeRpcError::NoListen))?;
+        let private = PrivateListener::bind(&config).await?;
+        if private.is_none() {
+            tracing::warn!(
+                "metrics.listen is empty: this node serves no /healthz, /readyz or /metrics \
+                 (set SANDGATE_METRICS__LISTEN, e.g. 127.0.0.1:9464, for probes and Prometheus)"
+            );
+        }
         let advertise_url = advertise_url(&config, Some(&rpc));
         let services = Services::start(&config, Role::Node { advertise_url }).await?;
-        Ok(Self { rpc, services })
+        let private = private.map(|listener| {
+            let state = PrivateState {
+                readiness: ReadinessProbe::of(&services, &config),
+                metrics: Metrics::new(),
+                db: services.db.clone(),
+                sandboxes: services.sandboxes.clone(),
+                profile: config.sandbox.name.clone(),
+            };
+            (listener, state)
+        });
+        Ok(Self {
+            rpc,
+            services,
+            private,
+        })
     }
 
     /// The node's id (its engine's).
     pub fn id(&self) -> &str {
         self.services.node_id.as_deref().unwrap_or_default()
+    }
+
+    /// The private listener's address (`metrics.listen`), when it serves one.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.private.as_ref().and_then(|(l, _)| l.local_addr())
     }
 
     /// The RPC address bound.
@@ -47,7 +79,14 @@ impl Node {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartError> {
-        let Self { rpc, services, .. } = self;
+        let Self {
+            rpc,
+            services,
+            private,
+        } = self;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let private =
+            private.map(|(listener, state)| listener.spawn(state, stop.clone().cancelled_owned()));
         let manager = services
             .sandboxes
             .nodes()
@@ -55,6 +94,10 @@ impl Node {
             .cloned()
             .expect("the service layer runs this process's own node");
         let served = rpc.run(manager, shutdown).await;
+        stop.cancel();
+        if let Some(private) = private {
+            let _ = private.await;
+        }
         services.background_stop.cancel();
         services.sandboxes.shutdown().await;
         services.background.close();

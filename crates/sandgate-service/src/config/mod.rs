@@ -91,6 +91,8 @@ pub struct Config {
     pub links: LinksConfig,
     /// Logging.
     pub log: LogConfig,
+    /// The private listener for `/metrics` (and a node's `/healthz` and `/readyz`).
+    pub metrics: MetricsConfig,
     /// Packages on demand (`pip install` in a sandbox).
     #[validate(nested)]
     pub packages: PackagesConfig,
@@ -107,6 +109,36 @@ pub struct LogConfig {
     pub format: LogFormat,
     /// tracing filter directives.
     pub filter: String,
+}
+
+/// `[metrics]`: where `/metrics` is served, off the public port.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// The private listener's address (`/metrics`, `/healthz`, `/readyz`); empty: none. With one,
+    /// a gateway serves `/metrics` there and no longer on its public listener; `sandgate node`
+    /// serves its only HTTP there.
+    pub listen: String,
+}
+
+impl MetricsConfig {
+    /// The private listener's address, when one is configured (checked at load).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.listen.parse().ok()
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.listen.is_empty() || self.listen.parse::<SocketAddr>().is_ok() {
+            return Ok(());
+        }
+        Err(ConfigError::Invalid {
+            key: "metrics.listen".into(),
+            message: format!(
+                "{:?} is not an address with a port (e.g. \"127.0.0.1:9464\"), nor empty",
+                self.listen
+            ),
+        })
+    }
 }
 
 /// How log lines are written.
@@ -220,6 +252,7 @@ impl Config {
         self.keys
             .check_secret(self.is_loopback())
             .map_err(invalid)?;
+        self.metrics.check()?;
         self.node.check_together()
     }
 

@@ -31,7 +31,8 @@ pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
 pub use channel::{
     AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
     Display, EntryKind, ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexAnswer, IndexBody,
-    IndexHandler, IndexStream, Job, Listing, OutputEvent, PingInfo, RestoredInfo, Space,
+    IndexHandler, IndexStream, Job, Listing, OutputEvent, PingInfo, PreloadInfo, RestoredInfo,
+    Space,
 };
 pub use config::{
     ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,

@@ -36,7 +36,11 @@ pub use channel::{
 };
 pub use config::{
     ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,
+    TemplateConfig,
 };
 pub use docker::{DockerBackend, DockerError, EngineInfo};
-pub use manager::{PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit};
+pub use manager::{
+    PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit, TemplateError, TemplateInfo,
+    TemplateStatus,
+};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotImage, SnapshotUnavailable};

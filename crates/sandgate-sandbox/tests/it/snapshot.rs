@@ -83,6 +83,9 @@ impl SnapEnv {
             max_ready: 0,
             max_concurrent_starts: 2,
         };
+        // These tests checkpoint and restore by hand; no template of their own (template.rs
+        // tests those).
+        config.templates.enabled = false;
         let snap = SandboxProfile {
             name: "snap".into(),
             runtime: OciRuntime::Runsc2024,

@@ -11,3 +11,4 @@ mod limits;
 mod pool;
 mod snapshot;
 mod support;
+mod template;

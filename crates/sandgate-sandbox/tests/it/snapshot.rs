@@ -22,7 +22,7 @@ const LIMIT: Duration = Duration::from_secs(180);
 
 /// One snapshot test at a time: each checks that no image is left in the engine's TMPDIR, where
 /// another test's checkpoint in progress would have one.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A manager on the snapshot engine with two profiles: `snap` (runsc2024) and `runc`.
 struct SnapEnv {

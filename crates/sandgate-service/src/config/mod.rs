@@ -639,6 +639,8 @@ mod tests {
     fn snapshots_default_to_templates_without_a_tmpfs_and_the_gvisor_example_uses_runsc2024() {
         Jail::expect_with(|jail| {
             jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            // stack.env may name one; the default names none.
+            jail.set_env("SANDGATE_SNAPSHOTS__PLAIN_DIR", "");
             let config = load_in(jail).expect("the defaults load");
             assert_eq!(config.snapshots.plain_dir(), None, "no tmpfs: no snapshots");
             let templates = config.snapshots.templates();

@@ -20,6 +20,7 @@ const LIMIT: Duration = Duration::from_secs(300);
 struct TplEnv {
     manager: SandboxManager,
     backend: Arc<DockerBackend>,
+    host: String,
     instance: String,
 }
 
@@ -71,6 +72,7 @@ impl TplEnv {
         Some(Self {
             manager,
             backend,
+            host,
             instance,
         })
     }
@@ -97,6 +99,29 @@ impl TplEnv {
                 let _ = self.backend.remove(&c.container_id).await;
             }
         }
+    }
+}
+
+impl Drop for TplEnv {
+    fn drop(&mut self) {
+        // After `cleanup` nothing is left; after a panic this is the cleanup, on a fresh
+        // connection (the test's runtime may be gone).
+        let (host, instance) = (self.host.clone(), self.instance.clone());
+        let _ = std::thread::spawn(move || {
+            if let (Ok(rt), Ok(backend)) = (
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build(),
+                DockerBackend::connect(&host),
+            ) {
+                rt.block_on(async {
+                    for c in backend.list(&instance).await.unwrap_or_default() {
+                        let _ = backend.remove(&c.container_id).await;
+                    }
+                });
+            }
+        })
+        .join();
     }
 }
 

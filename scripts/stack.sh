@@ -26,7 +26,8 @@
 #
 # Afterwards $SANDGATE_CACHE/stack.env holds `export` lines for DATABASE_URL,
 # SANDGATE_SANDBOX__IMAGE, SANDGATE_TEST_DOCKER2 (the second engine's socket),
-# SANDGATE_TEST_DOCKER2_PIDFILE (and DOCKER_HOST when set): `source` it. `up`
+# SANDGATE_TEST_DOCKER2_PIDFILE, SANDGATE_SNAPSHOTS__PLAIN_DIR (where the first engine's plaintext
+# tmpfs is mounted), and DOCKER_HOST when set: `source` it. `up`
 # also prints them on stdout; progress goes to stderr.
 #
 # The second engine is a dockerd with its own data-root, exec-root, socket
@@ -776,6 +777,11 @@ env_file="$cache/stack.env"
 	printf 'export SANDGATE_TEST_DOCKER2=%q\n' "unix://$docker2_sock"
 	printf 'export SANDGATE_TEST_DOCKER2_PIDFILE=%q\n' "$docker2_pidfile"
 	[[ -z ${DOCKER_HOST:-} ]] || printf 'export DOCKER_HOST=%q\n' "$DOCKER_HOST"
+	# The first engine's plaintext tmpfs (snapshots.plain_dir): where it is mounted, a node on that
+	# engine can checkpoint and restore sandboxes (docs/snapshots.md).
+	if mountpoint -q "$docker_plain"; then
+		printf 'export SANDGATE_SNAPSHOTS__PLAIN_DIR=%q\n' "$docker_plain"
+	fi
 } >"$env_file.tmp"
 mv "$env_file.tmp" "$env_file"
 log "up ($(since "$t_all")); environment in $env_file"

@@ -24,6 +24,7 @@ mod quotas;
 mod replicas;
 mod scale_out;
 mod support;
+mod templates;
 mod ts_sdk;
 mod webdriver;
 #[path = "../shared/wheels.rs"]

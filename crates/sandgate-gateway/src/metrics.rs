@@ -20,7 +20,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use sandgate_service::PgPool;
-use sandgate_service::metrics::{PoolStats, ServiceMetrics};
+use sandgate_service::metrics::{PoolStats, ServiceMetrics, TemplateStatus};
 
 use crate::AppState;
 use crate::mcp::metrics::ToolMetrics;
@@ -140,9 +140,16 @@ impl Metrics {
     }
 
     /// Renders the registry as OpenMetrics text.
-    fn render(&self, pool: Option<PoolStats>) -> Result<String, std::fmt::Error> {
+    fn render(
+        &self,
+        pool: Option<PoolStats>,
+        template: Option<TemplateStatus>,
+    ) -> Result<String, std::fmt::Error> {
         if let Some(pool) = pool {
             self.inner.service.set_pool(&pool);
+        }
+        if let Some(template) = template {
+            self.inner.service.set_template(&template);
         }
         let mut out = String::new();
         encode(&mut out, &self.inner.registry)?;
@@ -190,7 +197,8 @@ pub(crate) async fn answer(
     metrics.refresh_nodes(db).await;
     // The pool of this process's own node (a gateway-only replica has none).
     let pool = ServiceMetrics::local_pool(sandboxes, profile);
-    match metrics.render(pool) {
+    let template = ServiceMetrics::local_template(sandboxes, profile);
+    match metrics.render(pool, template) {
         Ok(body) => (
             [(
                 header::CONTENT_TYPE,
@@ -216,15 +224,18 @@ mod tests {
             .tools()
             .record_call(exec, ok, std::time::Duration::from_millis(3));
         let text = metrics
-            .render(Some(PoolStats {
-                ready: 2,
-                starting: 1,
-                cold_starting: 1,
-                target: 5,
-                start_limit: 3,
-                start_time: std::time::Duration::from_millis(300),
-                lease_rate: 1.0,
-            }))
+            .render(
+                Some(PoolStats {
+                    ready: 2,
+                    starting: 1,
+                    cold_starting: 1,
+                    target: 5,
+                    start_limit: 3,
+                    start_time: std::time::Duration::from_millis(300),
+                    lease_rate: 1.0,
+                }),
+                None,
+            )
             .unwrap();
         assert!(
             text.contains(r#"sandgate_tool_calls_total{tool="execute_code",outcome="ok"} 1"#),

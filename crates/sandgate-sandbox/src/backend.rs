@@ -222,6 +222,14 @@ pub trait SandboxBackend: Send + Sync + fmt::Debug + 'static {
     /// running or not.
     async fn list(&self, instance: &str) -> Result<Vec<ManagedContainer>, BackendError>;
 
+    /// The engine's id of `image` (its content digest), for a template's fingerprint: a template
+    /// taken from an image that has since been rebuilt under the same name is rebuilt too.
+    /// `None` when the engine cannot say (the default).
+    async fn image_id(&self, image: &str) -> Option<String> {
+        let _ = image;
+        None
+    }
+
     /// Whether containers of `runtime` can be checkpointed and restored here, and if not why.
     /// The default: never.
     async fn snapshot_support(&self, runtime: &str) -> Result<(), SnapshotUnavailable> {

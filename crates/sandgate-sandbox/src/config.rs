@@ -252,6 +252,38 @@ impl Default for ChannelConfig {
     }
 }
 
+/// Warm pools filled from templates (issue 26, docs/snapshots.md): for each profile whose runtime
+/// can take snapshots here, a fresh sandbox with its data stack imported is checkpointed once and
+/// its pool filled by restoring it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateConfig {
+    /// Whether pools fill from templates where snapshots are available (off: every start is an
+    /// ordinary one, as without snapshots).
+    pub enabled: bool,
+    /// A template older than this is rebuilt (a fresh sandbox checkpointed again).
+    pub max_age: Duration,
+    /// How long after a failed build or a refused template the next build is tried; doubled
+    /// after each failure in a row, up to [`TemplateConfig::max_retry`].
+    pub retry: Duration,
+    /// The longest wait between builds that keep failing.
+    pub max_retry: Duration,
+    /// How often the snapshot capability, the template's fingerprint (image, profile, agent)
+    /// and its image's digest are checked.
+    pub check_interval: Duration,
+}
+
+impl Default for TemplateConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_age: Duration::from_secs(6 * 3600),
+            retry: Duration::from_secs(30),
+            max_retry: Duration::from_secs(1800),
+            check_interval: Duration::from_secs(60),
+        }
+    }
+}
+
 /// Everything the [`crate::SandboxManager`] needs besides its backend and profiles.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ManagerConfig {
@@ -275,6 +307,8 @@ pub struct ManagerConfig {
     /// the image is read: unbounded, 50 at once on two cores ran past the agent's timeout, and
     /// more at once than the host has cores only makes each one slower. Default: the cores.
     pub max_concurrent_restores: usize,
+    /// Pools filled from templates where snapshots are available.
+    pub templates: TemplateConfig,
 }
 
 impl ManagerConfig {
@@ -288,6 +322,7 @@ impl ManagerConfig {
             demand_window: crate::demand::LONG_WINDOW,
             start_wait: Duration::from_secs(120),
             max_concurrent_restores: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            templates: TemplateConfig::default(),
         }
     }
 }

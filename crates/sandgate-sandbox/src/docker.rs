@@ -635,6 +635,16 @@ impl SandboxBackend for DockerBackend {
             .collect())
     }
 
+    async fn image_id(&self, image: &str) -> Option<String> {
+        match self.docker.inspect_image(image).await {
+            Ok(found) => found.id,
+            Err(err) => {
+                tracing::debug!(error = %err, image, "inspecting the sandbox image failed");
+                None
+            }
+        }
+    }
+
     async fn snapshot_support(&self, runtime: &str) -> Result<(), SnapshotUnavailable> {
         self.snapshot_route(runtime).await.map(|_| ())
     }

@@ -33,12 +33,17 @@ pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
 pub use channel::{
     AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
     Display, EntryKind, ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexAnswer, IndexBody,
-    IndexHandler, IndexStream, Job, Listing, OutputEvent, PingInfo, RestoredInfo, Space,
+    IndexHandler, IndexStream, Job, Listing, OutputEvent, PingInfo, PreloadInfo, RestoredInfo,
+    Space,
 };
 pub use config::{
     ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,
+    TemplateConfig,
 };
 pub use docker::{DockerBackend, DockerError, EngineInfo};
 pub use faults::{SnapshotFaults, SnapshotStep};
-pub use manager::{PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit};
+pub use manager::{
+    PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit, TemplateError, TemplateInfo,
+    TemplateStatus,
+};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotImage, SnapshotRoute, SnapshotUnavailable};

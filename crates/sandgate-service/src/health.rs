@@ -2,9 +2,10 @@
 //! Docker and the sandbox image; without one (`serve --gateway-only`), at least one live,
 //! non-draining node is registered. The gateway's `/readyz` serves it.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sandgate_sandbox::DockerBackend;
+use sandgate_sandbox::{DockerBackend, SandboxManager, TemplateStatus};
 use sandgate_store::PgPool;
 use serde::Serialize;
 
@@ -18,6 +19,71 @@ pub struct Readiness {
     pub status: &'static str,
     /// One entry per dependency.
     pub checks: Checks,
+    /// Whether this process's node can snapshot sandboxes of each profile: `"available"`, or
+    /// why not (`"unknown"` before the first check). Information, never a failure: ordinary
+    /// starts work either way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<BTreeMap<String, String>>,
+    /// Whether each profile's pool is filled from a template, and which (information too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub templates: Option<BTreeMap<String, TemplateReport>>,
+}
+
+/// A profile's template, as `/readyz` shows it.
+#[derive(Debug, Serialize)]
+pub struct TemplateReport {
+    /// Whether pools fill from templates at all (`snapshots.templates`).
+    pub enabled: bool,
+    /// Whether a template is in use: the pool's starts restore it.
+    pub in_use: bool,
+    /// Its snapshot's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+    /// Its age, seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub age_seconds: Option<u64>,
+    /// Its image's size, bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Why the last build failed or the last template was refused, while none is in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl From<TemplateStatus> for TemplateReport {
+    fn from(status: TemplateStatus) -> Self {
+        let template = status.template.as_ref();
+        Self {
+            enabled: status.enabled,
+            in_use: template.is_some(),
+            snapshot_id: template.map(|t| t.snapshot_id.clone()),
+            age_seconds: template.map(|t| t.age.as_secs()),
+            bytes: template.map(|t| t.size_bytes),
+            error: status.last_error,
+        }
+    }
+}
+
+/// The snapshot capability and template of each of `profiles` on `manager`.
+fn snapshot_reports(
+    manager: &SandboxManager,
+    profiles: &[String],
+) -> (BTreeMap<String, String>, BTreeMap<String, TemplateReport>) {
+    let mut snapshots = BTreeMap::new();
+    let mut templates = BTreeMap::new();
+    for profile in profiles {
+        let Some(status) = manager.template_status(profile) else {
+            continue;
+        };
+        let capability = match &status.snapshots {
+            Some(Ok(())) => "available".to_owned(),
+            Some(Err(reason)) => reason.clone(),
+            None => "unknown".to_owned(),
+        };
+        snapshots.insert(profile.clone(), capability);
+        templates.insert(profile.clone(), status.into());
+    }
+    (snapshots, templates)
 }
 
 /// Each dependency's check.
@@ -147,6 +213,8 @@ pub async fn readiness(db: &PgPool, needs: Needs<'_>) -> Readiness {
     Readiness {
         status: if ready { "ready" } else { "not_ready" },
         checks,
+        snapshots: None,
+        templates: None,
     }
 }
 
@@ -165,6 +233,9 @@ pub struct ReadinessProbe {
     docker: Option<DockerBackend>,
     image: String,
     lost_after_seconds: i64,
+    /// This process's node's manager and its profiles (for the snapshot report).
+    manager: Option<SandboxManager>,
+    profiles: Vec<String>,
 }
 
 impl ReadinessProbe {
@@ -175,6 +246,8 @@ impl ReadinessProbe {
             docker: services.docker.clone(),
             image: config.sandbox.image.clone(),
             lost_after_seconds: i64::try_from(config.node.lost_after_seconds).unwrap_or(i64::MAX),
+            manager: services.sandboxes.nodes().local().cloned(),
+            profiles: vec![config.sandbox.name.clone()],
         }
     }
 
@@ -189,6 +262,12 @@ impl ReadinessProbe {
                 lost_after_seconds: self.lost_after_seconds,
             },
         };
-        readiness(&self.db, needs).await
+        let mut readiness = readiness(&self.db, needs).await;
+        if let Some(manager) = &self.manager {
+            let (snapshots, templates) = snapshot_reports(manager, &self.profiles);
+            readiness.snapshots = Some(snapshots);
+            readiness.templates = Some(templates);
+        }
+        readiness
     }
 }

@@ -17,6 +17,8 @@ use sandgate_store::nodes::NodePool;
 
 /// A warm pool's numbers (this process's own node).
 pub use sandgate_sandbox::PoolStats;
+/// A warm pool's template (this process's own node).
+pub use sandgate_sandbox::TemplateStatus;
 
 use crate::sandboxes::SandboxService;
 
@@ -130,6 +132,8 @@ pub struct ServiceMetrics {
     pool_starting: Gauge,
     pool_target: Gauge,
     pool_start_limit: Gauge,
+    template_age: Gauge<f64, AtomicU64>,
+    template_bytes: Gauge,
     nodes: NodeGauges,
 }
 
@@ -160,6 +164,19 @@ impl ServiceMetrics {
             "Sandbox starts allowed at once now (adapts to the machine)",
             pool_start_limit.clone(),
         );
+        let template_age = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "template_age_seconds",
+            "Age of the template this process's warm pool restores its sandboxes from (0: none in \
+             use; sandboxes start afresh)",
+            template_age.clone(),
+        );
+        let template_bytes = Gauge::default();
+        registry.register(
+            "snapshot_image_bytes",
+            "Size of the template's checkpoint image on the engine's plaintext tmpfs (0: none)",
+            template_bytes.clone(),
+        );
         let nodes = NodeGauges::register(registry);
         register_counters(registry);
         Self {
@@ -167,6 +184,8 @@ impl ServiceMetrics {
             pool_starting,
             pool_target,
             pool_start_limit,
+            template_age,
+            template_bytes,
             nodes,
         }
     }
@@ -178,6 +197,23 @@ impl ServiceMetrics {
         gauge(&self.pool_starting, pool.starting + pool.cold_starting);
         gauge(&self.pool_target, pool.target);
         gauge(&self.pool_start_limit, pool.start_limit);
+    }
+
+    /// Sets the template gauges to `status` (none in use: 0).
+    pub fn set_template(&self, status: &TemplateStatus) {
+        let template = status.template.as_ref();
+        self.template_age
+            .set(template.map_or(0.0, |t| t.age.as_secs_f64()));
+        self.template_bytes
+            .set(template.map_or(0, |t| i64::try_from(t.size_bytes).unwrap_or(i64::MAX)));
+    }
+
+    /// The template of profile `profile` on this process's own node (none: gateway-only).
+    pub fn local_template(sandboxes: &SandboxService, profile: &str) -> Option<TemplateStatus> {
+        sandboxes
+            .nodes()
+            .local()
+            .and_then(|m| m.template_status(profile))
     }
 
     /// The warm pool of profile `profile` on this process's own node (none: gateway-only).
@@ -201,6 +237,33 @@ fn register_counters(registry: &mut Registry) {
         "lease_wait_seconds",
         "Wall time from a lease's start until its sandbox was handed out (warm or cold)",
         sandbox.lease_wait.clone(),
+    );
+    registry.register(
+        "snapshot_checkpoint_seconds",
+        "Wall time of a checkpoint of a sandbox (templates, and any other)",
+        sandbox.checkpoint_seconds.clone(),
+    );
+    registry.register(
+        "snapshot_restore_seconds",
+        "Wall time of a restore of a snapshot into a new sandbox, until its agent answered",
+        sandbox.restore_seconds.clone(),
+    );
+    registry.register(
+        "template_restores",
+        "Pool starts that tried the pool's template, by outcome (restored; failed or refused: an \
+         ordinary start took its place)",
+        sandbox.template_restores.clone(),
+    );
+    registry.register(
+        "template_fallbacks",
+        "Pool starts that fell back to an ordinary start because the template's restore failed \
+         or was refused",
+        sandbox.template_fallbacks.clone(),
+    );
+    registry.register(
+        "template_builds",
+        "Template builds, by outcome (built and verified, or failed)",
+        sandbox.template_builds.clone(),
     );
     registry.register(
         "sandbox_stderr_lines_dropped",
@@ -286,5 +349,36 @@ mod tests {
             text.contains("sandgate_sandbox_output_throttled_total "),
             "{text}"
         );
+    }
+
+    #[test]
+    fn snapshot_and_template_metrics_are_exported() {
+        use sandgate_sandbox::telemetry::{TemplateRestore, counters};
+        let mut registry = Registry::with_prefix("sandgate");
+        let metrics = ServiceMetrics::register(&mut registry);
+        counters().template_restore(TemplateRestore::refused);
+        counters().restore_seconds.observe(1.5);
+        metrics.set_template(&TemplateStatus {
+            enabled: true,
+            snapshots: Some(Ok(())),
+            template: Some(sandgate_sandbox::TemplateInfo {
+                snapshot_id: "snap_x".into(),
+                age: Duration::from_secs(90),
+                size_bytes: 28_000_000,
+                dir: "/nowhere".into(),
+            }),
+            last_error: None,
+        });
+        let text = render(&registry);
+        for line in [
+            r#"sandgate_template_restores_total{outcome="refused"} "#,
+            "sandgate_snapshot_restore_seconds_count ",
+            "sandgate_snapshot_checkpoint_seconds_count ",
+            "sandgate_template_fallbacks_total ",
+            "sandgate_template_age_seconds 90",
+            "sandgate_snapshot_image_bytes 28000000",
+        ] {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
     }
 }

@@ -126,8 +126,11 @@ impl Services {
         };
         let (docker, own, registration) = match role {
             Role::Node { advertise_url } => {
-                let docker =
+                let mut docker =
                     DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
+                if let Some(plain) = config.snapshots.plain_dir() {
+                    docker = docker.with_snapshots(plain);
+                }
                 let registration = crate::node_registry::register(
                     &db,
                     &docker,
@@ -219,6 +222,7 @@ fn sandbox_manager(config: &Config, docker: DockerBackend) -> Result<SandboxMana
     let mut manager_config = ManagerConfig::new(config.instance.clone());
     manager_config.demand_window = Duration::from_secs(config.pool.demand_window_seconds);
     manager_config.start_wait = Duration::from_secs(config.pool.start_wait_seconds);
+    manager_config.templates = config.snapshots.templates();
     manager_config.pool = PoolConfig {
         min_ready: config.pool.min_ready,
         max_ready: config.pool.max_ready,

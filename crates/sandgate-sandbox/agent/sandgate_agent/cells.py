@@ -40,6 +40,9 @@ class CellRunner(FrameServer):
         self.figures = None
         self.kernel = None
         self.preloaded = []
+        # Set once the shell exists and the background import of the data stack has ended
+        # (done, failed or never started): what `preload_wait` waits for.
+        self.preload_done = threading.Event()
 
     def start(self):
         self.capture = FdCapture()
@@ -82,6 +85,7 @@ class CellRunner(FrameServer):
             threading.Thread(target=self.preload_in_background, name="preload", daemon=True).start()
         except RuntimeError as err:  # at the process limit: cells import what they use themselves
             self.rt.log(f"no background import of the data stack: {err!r}")
+            self.preload_done.set()
 
     def preload_in_background(self):
         """Imports numpy, pandas and matplotlib so that a leased sandbox's cells find them loaded.
@@ -114,6 +118,7 @@ class CellRunner(FrameServer):
                 sys.stdout = quiet[0].inner
             if sys.stderr is quiet[1]:
                 sys.stderr = quiet[1].inner
+            self.preload_done.set()
 
     def on_sigint(self, signum, frame):
         # Interrupts are aimed at user code. One that lands while the runner itself runs (the cell
@@ -220,6 +225,24 @@ class CellRunner(FrameServer):
                 threading.Thread(
                     target=self.keep_interrupting, args=(target,), name="interrupt", daemon=True
                 ).start()
+
+    def op_preload_wait(self, req_id, frame):
+        """For the agent's `preloaded`: answers once the data stack's background import has ended
+        (or after `timeout_ms`), on a thread of its own, so the reader thread stays free."""
+        timeout_ms = int_arg(frame, "timeout_ms", 0)
+        self.spawn("preload_wait", self.answer_preloaded, req_id, timeout_ms / 1000.0)
+
+    def answer_preloaded(self, req_id, timeout):
+        done = self.preload_done.wait(timeout)
+        kernel = self.kernel
+        self.writer.ok(
+            req_id,
+            {
+                "done": done,
+                "modules": [name for name in self.preloaded if name in sys.modules],
+                "next_count": kernel.next_count() if kernel is not None else None,
+            },
+        )
 
     def op_reseed(self, req_id, frame):
         """After a restore (the agent's `restored`): fresh generators for this process, on the

@@ -393,25 +393,48 @@ class Cells:
             run = self.running = Run(self.exec_queue.popleft())
             kp.send({"id": run.id, "op": "exec", "code": run.code, "output_limit": run.limit})
 
-    def reseed_kernel(self, seed, timeout):
-        """Has the current kernel re-seed its generators (after a restore, PROTOCOL.md `restored`).
-        Returns (kernel pid, what it re-seeded), or (pid or None, None) when no kernel is ready or
-        it did not answer within `timeout` s: a kernel started later is a new process, seeded
-        afresh by Python itself."""
+    def ask_kernel(self, op, fields, timeout):
+        """Sends the current kernel an internal request (`op` with `fields`, under an id of our
+        own, never a gateway's) and waits up to `timeout` s for its answer. Returns (kernel pid
+        or None, the answer's result, or None when no kernel is ready or it did not answer in
+        time)."""
         with self.state_lock:
             kp = self.kernel
             if kp is None or not kp.ready.is_set():
                 return (kp.pid if kp else None), None
             self.reseed_count += 1
-            reply_id = f"reseed-{self.reseed_count}"
+            reply_id = f"{op}-{self.reseed_count}"
             waiter = self.reseeds[reply_id] = [threading.Event(), None]
-        kp.send({"id": reply_id, "op": "reseed", "seed": seed.hex()})
+        kp.send({"id": reply_id, "op": op, **fields})
         answered = waiter[0].wait(timeout)
         with self.state_lock:
             self.reseeds.pop(reply_id, None)
         result = waiter[1].get("result") if answered and waiter[1].get("ok") is True else None
-        reseeded = result.get("reseeded") if isinstance(result, dict) else None
-        return kp.pid, reseeded if isinstance(reseeded, list) else None
+        return kp.pid, result if isinstance(result, dict) else None
+
+    def reseed_kernel(self, seed, timeout):
+        """Has the current kernel re-seed its generators (after a restore, PROTOCOL.md `restored`).
+        Returns (kernel pid, what it re-seeded), or (pid or None, None) when no kernel is ready or
+        it did not answer within `timeout` s: a kernel started later is a new process, seeded
+        afresh by Python itself."""
+        pid, result = self.ask_kernel("reseed", {"seed": seed.hex()}, timeout)
+        reseeded = result.get("reseeded") if result is not None else None
+        return pid, reseeded if isinstance(reseeded, list) else None
+
+    def wait_preloaded(self, timeout):
+        """Waits up to `timeout` s for a kernel to be ready and to have ended its background import
+        of the data stack (PROTOCOL.md `preloaded`), without running a cell. Returns (kernel pid
+        or None, the kernel's answer or None when there was none in time)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.state_lock:
+                ready = self.kernel is not None and self.kernel.ready.is_set()
+            if ready or time.monotonic() >= deadline or self.stopping:
+                break
+            time.sleep(0.05)
+        left = max(0.0, deadline - time.monotonic())
+        # The kernel answers when its import ends or after `left`; the slack covers the relay.
+        return self.ask_kernel("preload_wait", {"timeout_ms": int(left * 1000)}, left + 5.0)
 
     def on_kernel_ready(self, kp, frame):
         """A kernel said ready: the first one makes the agent say ready too."""

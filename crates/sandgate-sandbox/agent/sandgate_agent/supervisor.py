@@ -15,13 +15,16 @@ from .jobs import Jobs
 from .kernels import Cells
 from .packages import IndexRelay, prepare_user_site
 from .processes import Credentials, kill_group, read_processes, sweep
-from .protocol import FrameServer, OpError
+from .protocol import FrameServer, OpError, int_arg
 from .reseed import fresh_seed, reseed
 from .runtime import Runtime
 
 # How long `restored` waits for the kernel's answer to its `reseed` (it answers on its reader
 # thread, even while a cell runs).
 RESEED_TIMEOUT_S = 10.0
+
+# The longest `preloaded` waits for the data stack's import (and its default).
+PRELOAD_TIMEOUT_MS = 300_000
 
 
 class Agent(FrameServer):
@@ -45,6 +48,7 @@ class Agent(FrameServer):
             "interrupt": self.op_interrupt,
             "index_serve": self.op_index_serve,
             "restored": self.op_restored,
+            "preloaded": self.op_preloaded,
         }
         for part in (self.cells, self.jobs, self.commands, self.files):
             self.ops.update(part.ops())
@@ -92,6 +96,28 @@ class Agent(FrameServer):
             kernel_pid = self.cells.kernel.pid if self.cells.kernel else None
         self.writer.ok(
             req_id, {"pong": True, "pid": self.rt.pid, "busy": busy, "kernel_pid": kernel_pid}
+        )
+
+    def op_preloaded(self, req_id, frame):
+        """Answers once the kernel is ready and its background import of the data stack has ended
+        (PROTOCOL.md, `preloaded`), or after `timeout_ms`; runs no cell, so the execution count
+        stays where it was (a template checkpointed after it starts its clones at 1)."""
+        timeout_ms = int_arg(frame, "timeout_ms", PRELOAD_TIMEOUT_MS)
+        self.spawn("preloaded", self.run_preloaded, req_id, min(timeout_ms, PRELOAD_TIMEOUT_MS))
+
+    def run_preloaded(self, req_id, timeout_ms):
+        kernel_pid, answer = self.cells.wait_preloaded(timeout_ms / 1000.0)
+        answer = answer or {}
+        modules = answer.get("modules")
+        count = answer.get("next_count")
+        self.writer.ok(
+            req_id,
+            {
+                "done": answer.get("done") is True,
+                "kernel_pid": kernel_pid,
+                "modules": [m for m in modules if isinstance(m, str)] if isinstance(modules, list) else [],
+                "next_count": count if isinstance(count, int) and not isinstance(count, bool) else None,
+            },
         )
 
     def op_restored(self, req_id, frame):

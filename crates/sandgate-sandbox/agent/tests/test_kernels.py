@@ -126,3 +126,26 @@ def test_a_kernel_s_frames_and_exit_wait_until_the_agent_has_made_it_current():
     got = {seen.get(timeout=10), seen.get(timeout=10)}
     assert got == {("line", b'{"event": "ready"}'), ("exit", 0)}, got
     kp.kill()
+
+
+def test_preloaded_waits_for_the_data_stack_without_running_a_cell(agent):
+    """`preloaded` (a template is checkpointed after it): answered once the background import has
+    ended, with the modules it loaded, and no cell run: the first cell after it is still number 1
+    and finds the data stack imported without importing it itself."""
+    _, answer = agent.ok("preloaded", timeout=120, timeout_ms=110_000)
+    assert answer["done"] is True, answer
+    assert answer["kernel_pid"] == agent.ready["kernel_pid"], answer
+    assert answer["next_count"] == 1, answer
+    assert answer["modules"] == agent.ready["preloaded"], (answer, agent.ready)
+    result, _ = agent.run("import sys\nsorted(m for m in ('numpy', 'pandas', 'matplotlib') if m in sys.modules)")
+    assert result["execution_count"] == 1, result
+    assert result["result"]["text/plain"] == repr(sorted(agent.ready["preloaded"])), result
+    # Asked again, it answers at once the same way (the import is long done).
+    _, again = agent.ok("preloaded", timeout_ms=1000)
+    assert again["done"] is True and again["modules"] == answer["modules"], again
+
+
+def test_preloaded_refuses_a_bad_timeout(agent):
+    _, final = agent.call("preloaded", timeout_ms=-1)
+    assert not final["ok"] and final["error"]["kind"] == "bad_request", final
+    assert agent.ok("ping")[1]["pong"] is True

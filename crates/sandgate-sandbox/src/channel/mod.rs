@@ -250,6 +250,22 @@ impl AgentChannel {
         decode("ping", result)
     }
 
+    /// Waits (up to `within`) until the kernel is ready and its background import of the data
+    /// stack has ended, without running a cell (PROTOCOL.md, `preloaded`): a template sandbox is
+    /// checkpointed after it, so its clones start with the imports done and the execution count
+    /// at 1.
+    #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.shared.label))]
+    pub async fn preloaded(&self, within: Duration) -> Result<PreloadInfo, ChannelError> {
+        let timeout_ms = u64::try_from(within.as_millis()).unwrap_or(u64::MAX);
+        let mut call = self
+            .start("preloaded", json!({"timeout_ms": timeout_ms}))
+            .await?;
+        let result = call
+            .finish("preloaded", within + self.inner.config.call_timeout)
+            .await?;
+        decode("preloaded", result)
+    }
+
     /// Tells an agent restored from a snapshot its new identity and has it re-seed every
     /// generator a clone must not share, from `seed` mixed with its own entropy (PROTOCOL.md,
     /// `restored`). The first call on a restored sandbox's channel: no ready frame comes.

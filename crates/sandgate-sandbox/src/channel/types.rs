@@ -219,6 +219,21 @@ pub struct PingInfo {
     pub kernel_pid: Option<u64>,
 }
 
+/// The agent's answer to `preloaded` (PROTOCOL.md): whether the data stack's import has ended.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PreloadInfo {
+    /// Whether the background import ended (done or failed) within the wait.
+    pub done: bool,
+    /// The kernel's pid, when it has one.
+    #[serde(default)]
+    pub kernel_pid: Option<u64>,
+    /// The preloaded modules now in the kernel's `sys.modules`.
+    pub modules: Vec<String>,
+    /// The execution count the kernel's next cell gets.
+    #[serde(default)]
+    pub next_count: Option<u64>,
+}
+
 /// The agent's answer to `restored` (PROTOCOL.md): who it is now and what it re-seeded.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct RestoredInfo {

@@ -32,12 +32,14 @@ mod launcher;
 mod pool;
 mod sandbox;
 mod snapshots;
+mod templates;
 
 pub use error::SandboxError;
 use launcher::Launcher;
 use pool::{ColdStarting, Pool, PoolState};
 pub use pool::{PoolStats, StartPermit};
 pub use sandbox::Sandbox;
+pub use templates::{TemplateError, TemplateInfo, TemplateStatus};
 
 /// How often the pools are checked against their targets (grown or shrunk).
 const POOL_TICK: Duration = Duration::from_secs(1);
@@ -121,6 +123,7 @@ impl SandboxManager {
                         demand: Demand::new(limits),
                     }),
                     gate: Arc::default(),
+                    template: Arc::default(),
                 },
             );
         }
@@ -146,6 +149,7 @@ impl SandboxManager {
         let names: Vec<String> = manager.inner.pools.keys().cloned().collect();
         for name in names {
             manager.refill(&name)?;
+            manager.spawn_template_keeper(name);
         }
         manager.spawn_ticker();
         Ok(manager)
@@ -375,7 +379,14 @@ impl SandboxManager {
         validated(profile)?;
         let counted = ColdStarting::new(pool);
         let started = std::time::Instant::now();
-        let launched = self.inner.launcher.launch(profile).await;
+        // Only the pool's own profile can be restored from its template (a restore needs the
+        // checkpointed container's exact limits and mounts).
+        let launched = if *profile == pool.profile {
+            let templates = &self.inner.config.templates;
+            templates::start_pooled(&self.inner.launcher, &pool.template, templates, profile).await
+        } else {
+            self.inner.launcher.launch(profile).await
+        };
         drop(permit);
         drop(counted);
         if launched.is_ok() {
@@ -501,6 +512,8 @@ impl SandboxManager {
         let stop = self.inner.stop.clone();
         let backoff = self.inner.config.refill_backoff;
         let pool_profile = self.inner.pools[&profile].profile.clone();
+        let template = self.inner.pools[&profile].template.clone();
+        let templates = self.inner.config.templates.clone();
         self.inner.tasks.spawn(async move {
             let done = |weak: &Weak<ManagerInner>| {
                 if let Some(inner) = weak.upgrade() {
@@ -517,7 +530,8 @@ impl SandboxManager {
             };
             // Not cancelled half-way: a launch dropped mid-flight could leave a container behind.
             let started = std::time::Instant::now();
-            let launched = launcher.launch(&pool_profile).await;
+            let launched =
+                templates::start_pooled(&launcher, &template, &templates, &pool_profile).await;
             let took = started.elapsed();
             drop(slot);
             let Some(inner) = weak.upgrade().filter(|i| !i.stop.is_cancelled()) else {
@@ -564,6 +578,10 @@ impl SandboxManager {
         self.inner.stop.cancel();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
+        for pool in self.inner.pools.values() {
+            // Its plaintext image goes as soon as no restore holds it.
+            pool.template.clear();
+        }
         self.inner
             .pools
             .values()

@@ -26,6 +26,8 @@ pub(super) struct Pool {
     pub(super) state: Mutex<PoolState>,
     /// Starts running at once for this pool (background and cold), bounded by the demand's limit.
     pub(super) gate: Arc<StartGate>,
+    /// The template its starts restore, where snapshots are available.
+    pub(super) template: Arc<super::templates::TemplateSlot>,
 }
 
 impl Pool {

@@ -28,6 +28,8 @@ struct SandboxInner {
     /// Set before a checkpoint that stops the container: the end of its stream and its exit
     /// (code 0) are then the checkpoint's doing, not a dead agent.
     checkpointed: AtomicBool,
+    /// The snapshot it was restored from, when this process restored it.
+    restored_from: OnceLock<String>,
 }
 
 /// A live sandbox: one container, its agent channel and the operations on it. Cheap to clone;
@@ -67,6 +69,7 @@ impl Sandbox {
                 backend,
                 death: OnceLock::new(),
                 checkpointed: AtomicBool::new(false),
+                restored_from: OnceLock::new(),
             }),
         }
     }
@@ -81,6 +84,17 @@ impl Sandbox {
         self.inner
             .checkpointed
             .store(checkpointed, Ordering::SeqCst);
+    }
+
+    /// Records that it was restored from snapshot `snapshot_id` (see [`Self::restored_from`]).
+    pub(super) fn mark_restored(&self, snapshot_id: &str) {
+        let _ = self.inner.restored_from.set(snapshot_id.to_owned());
+    }
+
+    /// The snapshot this process restored it from (a pool's template, say); `None` for a
+    /// sandbox started afresh, or adopted.
+    pub fn restored_from(&self) -> Option<&str> {
+        self.inner.restored_from.get().map(String::as_str)
     }
 
     /// Whether a checkpoint stopped it: it serves no calls, its snapshot holds its state.

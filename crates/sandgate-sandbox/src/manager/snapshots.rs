@@ -50,17 +50,23 @@ impl SandboxManager {
         let backend = &self.inner.launcher.backend;
         // Before the call: the attach stream ends and the container exits (0) during it.
         sandbox.set_checkpointed(!leave_running);
+        let started = std::time::Instant::now();
         match backend
             .checkpoint(sandbox.container_id(), &id, leave_running)
             .await
         {
-            Ok(image) => Ok(Snapshot {
-                id,
-                source_sandbox: sandbox.id().to_owned(),
-                profile,
-                image,
-                taken: std::time::SystemTime::now(),
-            }),
+            Ok(image) => {
+                crate::telemetry::counters()
+                    .checkpoint_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                Ok(Snapshot {
+                    id,
+                    source_sandbox: sandbox.id().to_owned(),
+                    profile,
+                    image,
+                    taken: std::time::SystemTime::now(),
+                })
+            }
             Err(source) => {
                 // Running or cleanly gone, never half: a container the failed checkpoint stopped
                 // (its image is gone with the failure) is removed, and calls on the sandbox then
@@ -101,7 +107,10 @@ impl SandboxManager {
 }
 
 impl Launcher {
-    async fn restore(&self, snapshot: &Snapshot) -> Result<Sandbox, SandboxError> {
+    /// One restore of `snapshot` (no retry); the sandbox knows it was restored
+    /// ([`Sandbox::restored_from`]).
+    pub(super) async fn restore(&self, snapshot: &Snapshot) -> Result<Sandbox, SandboxError> {
+        let started = std::time::Instant::now();
         let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
         tracing::Span::current().record("sandbox_id", &sandbox_id);
         let mark = LaunchMark::new(self, &sandbox_id);
@@ -155,13 +164,18 @@ impl Launcher {
             }
         }
         mark.keep();
-        Ok(Sandbox::new(
+        let sandbox = Sandbox::new(
             sandbox_id,
             launched.container_id,
             snapshot.profile.name.clone(),
             Some(snapshot.profile.clone()),
             channel,
             self.backend.clone(),
-        ))
+        );
+        sandbox.mark_restored(&snapshot.id);
+        crate::telemetry::counters()
+            .restore_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(sandbox)
     }
 }

@@ -12,3 +12,4 @@ mod pool;
 mod snapshot;
 mod snapshot_faults;
 mod support;
+mod template;

@@ -106,6 +106,9 @@ impl SnapEnv {
         // Restores beyond the manager's places wait for one; on two busy cores fifty of them
         // take minutes, and the tests here show that none fails, not how fast they go.
         config.start_wait = LIMIT * 3;
+        // These tests checkpoint and restore by hand; no template of their own (template.rs
+        // tests those).
+        config.templates.enabled = false;
         let snap = SandboxProfile {
             name: "snap".into(),
             runtime: OciRuntime::Runsc2024,

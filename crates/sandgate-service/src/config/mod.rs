@@ -25,6 +25,7 @@ mod oauth;
 mod oauth_limits;
 mod packages;
 mod retention;
+mod snapshots;
 mod validation;
 
 pub use database::{DatabaseConfig, DockerConfig};
@@ -38,6 +39,7 @@ pub use oauth::{ClientMetadataConfig, OAuthConfig};
 pub use oauth_limits::OAuthLimitsConfig;
 pub use packages::PackagesConfig;
 pub use retention::RetentionConfig;
+pub use snapshots::SnapshotsConfig;
 
 /// The defaults, with a comment on every key (the repository's `config/default.toml`).
 pub const DEFAULT_TOML: &str = include_str!("../../../../config/default.toml");
@@ -65,6 +67,9 @@ pub struct Config {
     /// The warm pool.
     #[validate(nested)]
     pub pool: PoolConfig,
+    /// Snapshots of sandboxes and the pool's template.
+    #[validate(nested)]
+    pub snapshots: SnapshotsConfig,
     /// Default tenant limits and per-call bounds.
     #[validate(nested)]
     pub limits: LimitsConfig,
@@ -659,6 +664,33 @@ mod tests {
             assert!(err.contains("at most 16"), "{err}");
             jail.set_env("SANDGATE_LIMITS__MAX_CALLS_PER_SANDBOX", "16");
             assert!(load_in(jail).is_ok());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn snapshots_default_to_templates_without_a_tmpfs_and_the_gvisor_example_uses_runsc2024() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            // stack.env may name one; the default names none.
+            jail.set_env("SANDGATE_SNAPSHOTS__PLAIN_DIR", "");
+            let config = load_in(jail).expect("the defaults load");
+            assert_eq!(config.snapshots.plain_dir(), None, "no tmpfs: no snapshots");
+            let templates = config.snapshots.templates();
+            assert!(templates.enabled);
+            assert_eq!(templates.max_age, Duration::from_secs(6 * 3600));
+            jail.set_env("SANDGATE_SNAPSHOTS__TEMPLATE_MAX_AGE_SECONDS", "5");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(err.contains("snapshots.template_max_age_seconds"), "{err}");
+            jail.set_env("SANDGATE_SNAPSHOTS__TEMPLATE_MAX_AGE_SECONDS", "3600");
+            let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/gvisor.toml");
+            let config = Config::from_figment(Config::figment(Some(&example), Config::env()))
+                .expect("the gVisor example loads");
+            assert_eq!(
+                config.sandbox.runtime,
+                sandgate_sandbox::OciRuntime::Runsc2024
+            );
+            assert!(config.snapshots.templates);
             Ok(())
         });
     }

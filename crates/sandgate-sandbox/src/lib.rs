@@ -11,7 +11,8 @@
 //!   exec, command, background jobs, file transfer, listing, ping; timeouts, interrupts,
 //!   restarts, output budgets.
 //! - [`manager`]: [`SandboxManager`] (warm pools, lease, adopt, close) and [`Sandbox`].
-//! - [`snapshot`]: memory snapshots of sandboxes (checkpoint and restore), their errors.
+//! - [`snapshot`]: memory snapshots of sandboxes (checkpoint and restore), their errors, and
+//!   sealing them for rest ([`snapshot::seal`]).
 //! - [`telemetry`]: counters of what sandboxes sent beyond their budgets, for `/metrics`.
 
 pub mod backend;
@@ -38,4 +39,5 @@ pub use config::{
 };
 pub use docker::{DockerBackend, DockerError, EngineInfo};
 pub use manager::{PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit};
+pub use snapshot::seal::{DataKey, SealError, SealedHeader, SealedSnapshot, SnapshotAad};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotImage, SnapshotUnavailable};

@@ -120,6 +120,7 @@ pub fn to_status(err: &SandboxError) -> Status {
         | SandboxError::Checkpoint { .. }
         | SandboxError::Restore { .. }
         | SandboxError::RestoredAgent { .. }
+        | SandboxError::Seal { .. }
         | SandboxError::Checkpointed { .. } => {
             return logged(
                 err,

@@ -60,13 +60,21 @@ impl ImagePrint {
                 }
             }
         }
-        drop(opened);
-        std::fs::remove_dir_all(&scratch).unwrap();
         assert!(
             !samples.is_empty(),
             "a runsc image has a memory file of some size"
         );
-        Self { samples }
+        let print = Self { samples };
+        // The search can fail: it finds the image where the image is.
+        assert!(
+            !print
+                .found_in(std::slice::from_ref(&scratch), SystemTime::UNIX_EPOCH)
+                .is_empty(),
+            "the print finds the opened image"
+        );
+        drop(opened);
+        std::fs::remove_dir_all(&scratch).unwrap();
+        print
     }
 
     /// Files under `roots` (changed since `since`, at most 512 MiB) holding a sample.
@@ -236,7 +244,9 @@ async fn a_sealed_snapshot_restores_its_sandbox_and_opens_for_no_one_else() {
         "no plaintext of the image is left after the checkpoint"
     );
     assert!(
-        print.found_in(&[at_rest.clone()], started).is_empty(),
+        print
+            .found_in(std::slice::from_ref(&at_rest), started)
+            .is_empty(),
         "the sealed file holds none of the image's bytes"
     );
 

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use sandgate_node::RemoteSandbox;
-use sandgate_sandbox::{DataKey, ExecOptions, OciRuntime, SandboxProfile, SnapshotAad};
+use sandgate_sandbox::{
+    DataKey, ExecOptions, OciRuntime, SandboxError, SandboxProfile, SealError, SnapshotAad,
+};
 
 use crate::support::{TestNode, profile, within};
 
@@ -74,20 +76,30 @@ async fn a_sandbox_sealed_over_the_rpc_comes_back_from_its_bytes_alone() {
         tenant_id: "tenant-b".into(),
         ..aad.clone()
     };
-    within(
+    let refused = within(
         LIMIT,
         "a refused restore",
         client.restore_sealed(&sealed[..], &key, &other),
     )
     .await
     .expect_err("another tenant's binding opens nothing");
-    within(
+    assert!(
+        matches!(&refused, SandboxError::Seal { source, .. }
+            if matches!(**source, SealError::Unauthentic { chunk: 0 })),
+        "the refusal crosses typed: {refused:?}"
+    );
+    let refused = within(
         LIMIT,
         "a refused restore",
         client.restore_sealed(&sealed[..sealed.len() / 2], &key, &aad),
     )
     .await
     .expect_err("a stream cut short opens nothing");
+    assert!(
+        matches!(&refused, SandboxError::Seal { source, .. }
+            if matches!(**source, SealError::Unauthentic { .. } | SealError::Truncated { .. })),
+        "the refusal crosses typed: {refused:?}"
+    );
 
     let restored = within(
         LIMIT,

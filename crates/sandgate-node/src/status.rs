@@ -114,8 +114,9 @@ pub fn to_status(err: &SandboxError) -> Status {
                 "starting a sandbox failed",
             );
         }
-        // Snapshots are not offered over the node RPC yet (issue 26): logged, like any failure
-        // whose words are the node's own.
+        // A checkpoint's or restore's failure speaks of the node's engine and paths: logged,
+        // like any failure whose words are the node's own (a refused sealed stream crosses
+        // typed: `seal_refusal`).
         SandboxError::SnapshotsUnavailable { .. }
         | SandboxError::Checkpoint { .. }
         | SandboxError::Restore { .. }

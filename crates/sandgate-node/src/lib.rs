@@ -18,6 +18,7 @@ mod handle;
 mod node;
 mod relay;
 mod remote;
+mod sealed;
 mod server;
 pub mod status;
 #[cfg(feature = "test-pki")]

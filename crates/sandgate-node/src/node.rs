@@ -1,6 +1,10 @@
 //! The node-level operations a gateway needs, wherever the node runs.
 
-use sandgate_sandbox::{PoolStats, SandboxError, SandboxManager, SandboxProfile, StartPermit};
+use sandgate_sandbox::{
+    DataKey, PoolStats, SandboxError, SandboxManager, SandboxProfile, SealedSnapshot, SnapshotAad,
+    StartPermit,
+};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::{RemoteNode, SandboxHandle};
 
@@ -111,6 +115,61 @@ impl NodeHandle {
         match self {
             Self::Local(manager) => manager.remove_container(container_id).await,
             Self::Remote(node) => node.remove(container_id).await,
+        }
+    }
+
+    /// Checkpoints `sandbox` as snapshot `aad.snapshot_id` and seals it under `key` (bound to
+    /// `aad`) into `out`: the node holds the key for this call only, and its plaintext image
+    /// is gone when this returns (see [`SandboxManager::checkpoint_sealed`]).
+    pub async fn checkpoint_sealed(
+        &self,
+        sandbox: &SandboxHandle,
+        leave_running: bool,
+        key: &DataKey,
+        aad: &SnapshotAad,
+        out: impl AsyncWrite + Unpin + Send,
+    ) -> Result<SealedSnapshot, SandboxError> {
+        match (self, sandbox) {
+            (Self::Local(manager), SandboxHandle::Local(sandbox)) => {
+                manager
+                    .checkpoint_sealed(sandbox, leave_running, key, aad, out)
+                    .await
+            }
+            (_, SandboxHandle::Remote(remote)) => {
+                remote
+                    .node()
+                    .checkpoint_sealed(remote.call(), leave_running, key, aad, out)
+                    .await
+            }
+            (Self::Remote(node), SandboxHandle::Local(sandbox)) => {
+                let call = crate::proto::SandboxCall {
+                    sandbox_id: sandbox.id().to_owned(),
+                    container_id: sandbox.container_id().to_owned(),
+                };
+                node.checkpoint_sealed(call, leave_running, key, aad, out)
+                    .await
+            }
+        }
+    }
+
+    /// Restores the sealed snapshot read from `sealed` (opened with `key` and `aad`) into a new
+    /// sandbox of the node; a stream that does not open restores nothing (see
+    /// [`SandboxManager::restore_sealed`]).
+    pub async fn restore_sealed(
+        &self,
+        sealed: impl AsyncRead + Unpin + Send,
+        key: &DataKey,
+        aad: &SnapshotAad,
+    ) -> Result<SandboxHandle, SandboxError> {
+        match self {
+            Self::Local(manager) => manager
+                .restore_sealed(sealed, key, aad)
+                .await
+                .map(SandboxHandle::Local),
+            Self::Remote(node) => node
+                .restore_sealed(sealed, key, aad)
+                .await
+                .map(SandboxHandle::Remote),
         }
     }
 

@@ -18,7 +18,7 @@ use crate::status::from_status;
 use crate::tls::NodeTls;
 
 /// How long a call other than a cell or command may take on the node (file transfers included).
-const CALL_DEADLINE: Duration = Duration::from_secs(300);
+pub(crate) const CALL_DEADLINE: Duration = Duration::from_secs(300);
 
 /// How long past its own timeout a cell or command may take before the gateway gives up on the
 /// node (the node interrupts at the timeout, then restarts the kernel after a grace period).
@@ -91,11 +91,11 @@ impl RemoteNode {
         &self.inner.url
     }
 
-    fn client(&self) -> NodeClient<Channel> {
+    pub(crate) fn client(&self) -> NodeClient<Channel> {
         self.inner.client.clone()
     }
 
-    fn error(&self, status: &tonic::Status) -> SandboxError {
+    pub(crate) fn error(&self, status: &tonic::Status) -> SandboxError {
         from_status(&self.inner.url, status)
     }
 
@@ -105,7 +105,7 @@ impl RemoteNode {
         request
     }
 
-    fn sandbox(&self, r: proto::SandboxRef) -> RemoteSandbox {
+    pub(crate) fn sandbox(&self, r: proto::SandboxRef) -> RemoteSandbox {
         RemoteSandbox {
             node: self.clone(),
             inner: Arc::new(r),
@@ -212,14 +212,14 @@ impl RemoteSandbox {
         &self.node
     }
 
-    fn call(&self) -> proto::SandboxCall {
+    pub(crate) fn call(&self) -> proto::SandboxCall {
         proto::SandboxCall {
             sandbox_id: self.inner.sandbox_id.clone(),
             container_id: self.inner.container_id.clone(),
         }
     }
 
-    fn error(&self, status: &tonic::Status) -> SandboxError {
+    pub(crate) fn error(&self, status: &tonic::Status) -> SandboxError {
         self.node.error(status)
     }
 

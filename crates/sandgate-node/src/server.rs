@@ -599,6 +599,27 @@ impl node_server::Node for NodeService {
         reply(sandbox.kill_job(&req.job).await)
     }
 
+    type CheckpointSealedStream = BoxStream<'static, Result<proto::SealedOut, Status>>;
+
+    #[tracing::instrument(skip_all)]
+    async fn checkpoint_sealed(
+        &self,
+        request: Request<proto::CheckpointSealedRequest>,
+    ) -> Reply<Self::CheckpointSealedStream> {
+        let mut req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox.take()).await?;
+        crate::sealed::serve_checkpoint(self.manager.clone(), sandbox, req).map(Response::new)
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn restore_sealed(
+        &self,
+        request: Request<tonic::Streaming<proto::RestoreSealedInput>>,
+    ) -> Reply<proto::SandboxRef> {
+        let sandbox = crate::sealed::serve_restore(&self.manager, request.into_inner()).await?;
+        Ok(Response::new(self.keep(&sandbox)))
+    }
+
     async fn ping(&self, request: Request<proto::SandboxCall>) -> Reply<proto::PingInfo> {
         let sandbox = self.sandbox(Some(request.into_inner())).await?;
         reply(sandbox.ping().await)

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use prost::Message;
-use sandgate_sandbox::{AgentError, ChannelError, ContainerFate, SandboxError};
+use sandgate_sandbox::{AgentError, ChannelError, ContainerFate, SandboxError, SealError};
 use tonic::{Code, Status};
 
 use crate::proto::{self, failure::Kind};
@@ -114,8 +114,9 @@ pub fn to_status(err: &SandboxError) -> Status {
                 "starting a sandbox failed",
             );
         }
-        // Snapshots are not offered over the node RPC yet (issue 26): logged, like any failure
-        // whose words are the node's own.
+        // A checkpoint's or restore's failure speaks of the node's engine and paths: logged,
+        // like any failure whose words are the node's own (a refused sealed stream crosses
+        // typed: `seal_refusal`).
         SandboxError::SnapshotsUnavailable { .. }
         | SandboxError::Checkpoint { .. }
         | SandboxError::Restore { .. }
@@ -128,6 +129,24 @@ pub fn to_status(err: &SandboxError) -> Status {
                 "a snapshot of a sandbox failed",
             );
         }
+        SandboxError::Seal {
+            snapshot_id,
+            source,
+        } => match seal_refusal(snapshot_id, source) {
+            Some(refusal) if refusal.kind == "binding" => {
+                (Code::InvalidArgument, Kind::SealRefused(refusal))
+            }
+            Some(refusal) => (Code::DataLoss, Kind::SealRefused(refusal)),
+            // Sealing or opening failed on the node's side (its tmpfs, its I/O).
+            None => {
+                return logged(
+                    err,
+                    Code::FailedPrecondition,
+                    Kind::Other,
+                    "sealing or opening a snapshot failed",
+                );
+            }
+        },
         SandboxError::InvalidProfile { .. } | SandboxError::NodeFailed { .. } => {
             return logged(
                 err,
@@ -139,6 +158,40 @@ pub fn to_status(err: &SandboxError) -> Status {
     };
     let failure = proto::Failure { kind: Some(kind) };
     Status::with_details(code, err.to_string(), failure.encode_to_vec().into())
+}
+
+/// A refused sealed stream as it crosses: the stream's fault, in words that are ours (no
+/// paths, no engine). `None` for failures of the node's own (its tmpfs, its I/O).
+fn seal_refusal(snapshot_id: &str, err: &SealError) -> Option<proto::SealRefused> {
+    let mut refusal = proto::SealRefused {
+        snapshot_id: snapshot_id.to_owned(),
+        ..Default::default()
+    };
+    match err {
+        SealError::Binding { expected, found } => {
+            refusal.kind = "binding".into();
+            refusal.expected = expected.clone();
+            refusal.found = found.clone();
+        }
+        SealError::Unauthentic { chunk } => {
+            refusal.kind = "unauthentic".into();
+            refusal.chunk = *chunk;
+        }
+        SealError::Truncated { chunks } => {
+            refusal.kind = "truncated".into();
+            refusal.chunk = *chunks;
+        }
+        SealError::Format(what) => {
+            refusal.kind = "format".into();
+            refusal.found = what.clone();
+        }
+        SealError::Archive(what) => {
+            refusal.kind = "archive".into();
+            refusal.found = what.clone();
+        }
+        SealError::NotTmpfs { .. } | SealError::Io { .. } => return None,
+    }
+    Some(refusal)
 }
 
 /// The typed failure of a channel error: each is what the model reads in one process too.
@@ -316,6 +369,19 @@ pub fn from_status(node: &str, status: &Status) -> SandboxError {
             node: node.to_owned(),
             incident: bounded(incident),
             starting: true,
+        },
+        Kind::SealRefused(r) => SandboxError::Seal {
+            source: Box::new(match r.kind.as_str() {
+                "binding" => SealError::Binding {
+                    expected: r.expected,
+                    found: r.found,
+                },
+                "unauthentic" => SealError::Unauthentic { chunk: r.chunk },
+                "truncated" => SealError::Truncated { chunks: r.chunk },
+                "archive" => SealError::Archive(bounded(r.found)),
+                _ => SealError::Format(bounded(r.found)),
+            }),
+            snapshot_id: r.snapshot_id,
         },
         Kind::Other(incident) => SandboxError::NodeFailed {
             node: node.to_owned(),
@@ -593,5 +659,49 @@ mod tests {
             }
             other => panic!("expected a node failure, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_refused_sealed_stream_crosses_typed_and_a_node_side_seal_failure_as_an_incident() {
+        let refusals = [
+            SealError::Unauthentic { chunk: 3 },
+            SealError::Truncated { chunks: 7 },
+            SealError::Binding {
+                expected: "snap_a".into(),
+                found: "snap_b".into(),
+            },
+            SealError::Format("chunks of 12 bytes".into()),
+            SealError::Archive("an entry of type Symlink".into()),
+        ];
+        for refusal in refusals {
+            let shown = refusal.to_string();
+            let err = SandboxError::Seal {
+                snapshot_id: "snap_1".into(),
+                source: Box::new(refusal),
+            };
+            match from_status(NODE, &to_status(&err)) {
+                SandboxError::Seal {
+                    snapshot_id,
+                    source,
+                } => {
+                    assert_eq!(snapshot_id, "snap_1");
+                    assert_eq!(source.to_string(), shown, "the same refusal comes back");
+                }
+                other => panic!("a refused stream comes back as one, not {other:?}"),
+            }
+        }
+        let local = SandboxError::Seal {
+            snapshot_id: "snap_1".into(),
+            source: Box::new(SealError::NotTmpfs {
+                path: "/var/lib/docker/plain".into(),
+                fs_type: "ext4".into(),
+            }),
+        };
+        let (status, _) = node_log(|| to_status(&local));
+        assert_clean(status.message(), "a node-side seal failure");
+        assert!(
+            matches!(from_status(NODE, &status), SandboxError::NodeFailed { .. }),
+            "the node's own failure crosses as an incident"
+        );
     }
 }

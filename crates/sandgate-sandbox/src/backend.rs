@@ -237,6 +237,12 @@ pub trait SandboxBackend: Send + Sync + fmt::Debug + 'static {
         Err(SnapshotUnavailable::NotSupported)
     }
 
+    /// The tmpfs directory where snapshot images are kept, into which sealed snapshots are
+    /// opened. The default: none (no snapshots).
+    fn snapshot_images_dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+
     /// Checkpoints a running container into an image called `name` on a tmpfs, leaving the
     /// container running or stopping it (then it shows exited with code 0, its attach stream
     /// ended). The default: [`SnapshotUnavailable::NotSupported`].

@@ -3,13 +3,13 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The largest memory limit (memory plus tmpfs sizes) a sandbox container may get, MiB.
 pub const MAX_CONTAINER_MEMORY_MB: u64 = 1 << 20;
 
 /// One sandbox profile: the image and the resource limits every container of it gets.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SandboxProfile {
     /// Profile name, recorded on each container's labels and rows.
@@ -149,7 +149,7 @@ impl ProfileError {
 
 /// The OCI runtime a profile's containers run under (`runtime`: `"runc"`, `"runsc"` or `"runsc2024"`). Any
 /// other name is refused when the configuration is read, naming the accepted ones.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OciRuntime {
     /// runc, Docker's default: namespaces, cgroups and seccomp on the host's kernel.

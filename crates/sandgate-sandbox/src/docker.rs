@@ -649,6 +649,13 @@ impl SandboxBackend for DockerBackend {
         self.snapshot_route(runtime).await.map(|_| ())
     }
 
+    fn snapshot_images_dir(&self) -> Option<std::path::PathBuf> {
+        // Where checkpoints are moved to (docker/snapshot.rs): opened images sit beside them.
+        self.snapshots
+            .as_ref()
+            .map(|settings| settings.plain.join("sandgate/images"))
+    }
+
     #[tracing::instrument(skip_all, fields(container_id = %container_id, name = %name))]
     async fn checkpoint(
         &self,

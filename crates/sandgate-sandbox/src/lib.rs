@@ -12,7 +12,8 @@
 //!   restarts, output budgets.
 //! - [`manager`]: [`SandboxManager`] (warm pools, lease, adopt, close) and [`Sandbox`].
 //! - [`faults`]: faults a test injects at the steps of a checkpoint or restore.
-//! - [`snapshot`]: memory snapshots of sandboxes (checkpoint and restore), their errors.
+//! - [`snapshot`]: memory snapshots of sandboxes (checkpoint and restore), their errors, and
+//!   sealing them for rest ([`snapshot::seal`]).
 //! - [`telemetry`]: counters of what sandboxes sent beyond their budgets, for `/metrics`.
 
 pub mod backend;
@@ -46,4 +47,5 @@ pub use manager::{
     PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit, TemplateError, TemplateInfo,
     TemplateStatus,
 };
+pub use snapshot::seal::{DataKey, SealError, SealedHeader, SealedSnapshot, SnapshotAad};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotImage, SnapshotRoute, SnapshotUnavailable};

@@ -3,12 +3,15 @@
 //! ([`SnapshotUnavailable`]) and what goes wrong taking or restoring one ([`SnapshotError`]).
 //!
 //! A snapshot's image is plaintext (the sandbox's memory and tmpfs contents): it lives only on a
-//! tmpfs, and is deleted when its [`Snapshot`] is dropped.
+//! tmpfs, and is deleted when its [`Snapshot`] is dropped. At rest it is sealed ([`seal`]):
+//! encrypted under a data key the service holds, bound to its tenant, sandbox and snapshot id.
 
 use std::path::PathBuf;
 
 use crate::backend::{BackendError, BoxError};
 use crate::config::SandboxProfile;
+
+pub mod seal;
 
 /// A checkpoint image as the backend left it: a directory on a tmpfs, owned by whoever holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

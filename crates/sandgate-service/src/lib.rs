@@ -16,6 +16,8 @@
 //! - [`packages`]: packages on demand (the host side of `pip install` in a sandbox).
 //! - [`placement`]: which node a lease goes to, warm or cold: one rule.
 //! - [`sessions`]: MCP sessions bound to the principal that opened them; the session cap.
+//! - [`snapshots`]: snapshots of sandboxes sealed at rest: key custody (the key-encryption key,
+//!   a data key per snapshot, wrapped in its row) and the snapshot operations on a node.
 //! - [`startup`]: [`Services::start`]: the pool, keys, sandbox manager and background work.
 //! - [`admin`]: operator commands behind `sandgate admin`.
 //! - [`transcripts`]: what ran in each sandbox, kept for the person who takes over.
@@ -41,6 +43,7 @@ pub mod resource_uri;
 pub mod retention;
 pub mod sandboxes;
 pub mod sessions;
+pub mod snapshots;
 pub mod startup;
 pub mod transcripts;
 mod write_behind;

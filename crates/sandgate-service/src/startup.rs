@@ -82,6 +82,8 @@ pub struct Services {
     pub transcripts: Transcripts,
     /// Packages on demand: the host side of `pip install` in a sandbox.
     pub packages: crate::packages::PackageIndex,
+    /// Snapshots sealed at rest: key custody and the snapshots' rows.
+    pub snapshots: crate::snapshots::SnapshotCustody,
     /// Cancelled to end the background work.
     pub background_stop: CancellationToken,
     /// The background work, to wait for at shutdown.
@@ -192,6 +194,10 @@ impl Services {
             background_stop.clone(),
             &background,
         );
+        let snapshots = crate::snapshots::SnapshotCustody::new(
+            db.clone(),
+            crate::snapshots::SnapshotKeys::of(config),
+        );
         Ok(Self {
             db,
             docker,
@@ -201,6 +207,7 @@ impl Services {
             audit,
             transcripts,
             packages,
+            snapshots,
             background_stop,
             background,
         })

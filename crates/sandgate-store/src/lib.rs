@@ -25,6 +25,7 @@ pub mod nodes;
 pub mod packages;
 pub mod quotas;
 pub mod sandboxes;
+pub mod snapshots;
 pub mod tenants;
 pub mod transcripts;
 pub mod users;

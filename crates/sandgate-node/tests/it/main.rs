@@ -6,6 +6,7 @@
 mod attacker;
 mod calls;
 mod relay;
+mod sealed;
 mod support;
 mod tls;
 #[path = "../../../../tests/shared/wheels.rs"]

@@ -62,7 +62,32 @@ impl TestNode {
         Self::start_serving(name, "127.0.0.1", None, profiles, service).await
     }
 
+    /// Starts a node for test `name` on 127.0.0.1 serving `profiles` on the snapshot engine
+    /// (`SANDGATE_TEST_SNAPSHOT_DOCKER`, its tmpfs `SANDGATE_TEST_SNAPSHOT_PLAIN`; the defaults as
+    /// in the sandbox crate's snapshot tests).
+    pub async fn start_snapshotting(name: &str, profiles: Vec<SandboxProfile>) -> Self {
+        let host = std::env::var("SANDGATE_TEST_SNAPSHOT_DOCKER").unwrap_or_default();
+        let plain = std::env::var("SANDGATE_TEST_SNAPSHOT_PLAIN")
+            .unwrap_or_else(|_| "/var/cache/sandgate/docker/plain".into());
+        let backend = DockerBackend::connect(&host)
+            .expect("a Docker client")
+            .with_snapshots(plain);
+        Self::start_on(backend, name, "127.0.0.1", None, profiles, NodeService::new).await
+    }
+
     async fn start_serving(
+        name: &str,
+        ip: &str,
+        names: Option<&[&str]>,
+        profiles: Vec<SandboxProfile>,
+        service: impl FnOnce(SandboxManager) -> NodeService,
+    ) -> Self {
+        let backend = DockerBackend::connect("").expect("a Docker client");
+        Self::start_on(backend, name, ip, names, profiles, service).await
+    }
+
+    async fn start_on(
+        backend: DockerBackend,
         name: &str,
         ip: &str,
         names: Option<&[&str]>,
@@ -79,7 +104,6 @@ impl TestNode {
             "sandgate-test-node-{name}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
-        let backend = DockerBackend::connect("").expect("a Docker client");
         backend
             .ping()
             .await

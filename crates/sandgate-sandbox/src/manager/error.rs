@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::backend::{BackendError, ContainerFate};
 use crate::channel::ChannelError;
 use crate::config::ProfileError;
+use crate::snapshot::seal::SealError;
 use crate::snapshot::{SnapshotError, SnapshotUnavailable};
 
 /// What went wrong managing sandboxes.
@@ -116,6 +117,15 @@ pub enum SandboxError {
         /// What the channel saw.
         #[source]
         source: Box<ChannelError>,
+    },
+    /// Sealing a snapshot for rest, or opening a sealed one, failed (no plaintext is left).
+    #[error("sealing or opening snapshot {snapshot_id} failed")]
+    Seal {
+        /// The snapshot.
+        snapshot_id: String,
+        /// What failed (a refused stream says why).
+        #[source]
+        source: Box<SealError>,
     },
     /// A checkpoint stopped the sandbox: it serves no more calls (its snapshot has its state).
     #[error("sandbox {sandbox_id} was checkpointed and stopped; restore its snapshot to go on")]

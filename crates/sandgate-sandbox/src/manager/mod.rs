@@ -31,6 +31,7 @@ mod error;
 mod launcher;
 mod pool;
 mod sandbox;
+mod sealed;
 mod snapshots;
 mod templates;
 

@@ -42,11 +42,39 @@ impl SandboxManager {
         sandbox: &Sandbox,
         leave_running: bool,
     ) -> Result<Snapshot, SandboxError> {
+        let id = format!("snap_{}", uuid::Uuid::now_v7().simple());
+        self.checkpoint_as(sandbox, &id, leave_running).await
+    }
+
+    /// [`Self::checkpoint`] under the snapshot id `id` (chosen by the service, which binds its
+    /// sealed form to it).
+    #[tracing::instrument(skip_all, fields(sandbox_id = %sandbox.id(), snapshot = %id, leave_running))]
+    pub async fn checkpoint_as(
+        &self,
+        sandbox: &Sandbox,
+        id: &str,
+        leave_running: bool,
+    ) -> Result<Snapshot, SandboxError> {
+        // The id names the engine's checkpoint and the image's directories.
+        let usable = !id.is_empty()
+            && id.len() <= 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !usable {
+            return Err(SandboxError::Checkpoint {
+                sandbox_id: sandbox.id().to_owned(),
+                source: Box::new(SnapshotError::NotCheckpointable {
+                    container_id: sandbox.container_id().to_owned(),
+                    reason: format!("{id:?} is not a snapshot id (letters, digits, _ and -)"),
+                }),
+            });
+        }
+        let id = id.to_owned();
         let profile = match sandbox.started_from() {
             Some(profile) => profile.clone(),
             None => self.profile(sandbox.profile())?.clone(),
         };
-        let id = format!("snap_{}", uuid::Uuid::now_v7().simple());
         let backend = &self.inner.launcher.backend;
         // Before the call: the attach stream ends and the container exits (0) during it.
         sandbox.set_checkpointed(!leave_running);

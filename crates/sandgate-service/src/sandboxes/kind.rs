@@ -233,6 +233,7 @@ fn sandbox_kind(err: &SandboxError) -> ErrorKind {
         | SandboxError::Checkpoint { .. }
         | SandboxError::Restore { .. }
         | SandboxError::RestoredAgent { .. }
+        | SandboxError::Seal { .. }
         | SandboxError::Checkpointed { .. }
         | SandboxError::NodeFailed { .. } => ErrorKind::SandboxFailed,
     }
@@ -261,6 +262,7 @@ fn sandbox_message(inner: &SandboxError) -> String {
         | SandboxError::Checkpoint { .. }
         | SandboxError::Restore { .. }
         | SandboxError::RestoredAgent { .. }
+        | SandboxError::Seal { .. }
         | SandboxError::Checkpointed { .. }
         | SandboxError::NodeFailed {
             starting: false, ..

@@ -4,5 +4,6 @@ mod audit;
 mod nodes;
 mod quotas;
 mod sandboxes;
+mod snapshots;
 mod support;
 mod transcripts;

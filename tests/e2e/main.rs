@@ -15,6 +15,7 @@ mod mcp;
 mod mcp_client;
 mod node;
 mod oauth;
+mod package_abuse;
 mod packages;
 mod placement;
 mod pool;

@@ -4,7 +4,7 @@
 //! this directory: the agent relays the bytes.
 //!
 //! - **Bounded**: room for a download is reserved before it starts (the largest wheel it may
-//!   be), by evicting the wheels used least recently; files and reservations together never pass
+//!   be: its announced length, else the largest allowed), by evicting the wheels used least recently; files and reservations together never pass
 //!   `packages.cache_max_mb`.
 //! - **Only the service writes it**: the directory is created (or narrowed to) mode 0700.
 //! - **Re-verified**: a hit is hashed again before it is handed out; a file whose bytes are not

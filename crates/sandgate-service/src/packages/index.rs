@@ -283,22 +283,26 @@ impl CallIndex {
                 ),
             ));
         }
-        let Ok(reservation) = inner.cache.reserve(max_wheel_bytes) else {
+        let response = upstream::start(&inner.client, &offered.url, max_wheel_bytes)
+            .await
+            .map_err(|err| self.download_refused(offered, sha256, err))?;
+        // Room for what the index announced, else for the largest wheel allowed; the download
+        // may not grow past it.
+        let room = response
+            .content_length()
+            .unwrap_or(max_wheel_bytes)
+            .min(max_wheel_bytes);
+        let Ok(reservation) = inner.cache.reserve(room) else {
             return Err(IndexAnswer::refused(
                 503,
-                "the gateway's wheel cache has no room now: it is held by downloads under way;                  try again shortly",
+                "the gateway's wheel cache has no room now: it is held by downloads under way; \
+                 try again shortly",
             ));
         };
         let partial = inner.cache.temporary(sha256);
-        let size = upstream::download(
-            &inner.client,
-            &offered.url,
-            &partial,
-            max_wheel_bytes,
-            sha256,
-        )
-        .await
-        .map_err(|err| self.download_refused(offered, sha256, err))?;
+        let size = upstream::save(response, &partial, room, sha256)
+            .await
+            .map_err(|err| self.download_refused(offered, sha256, err))?;
         inner.budget.charge(self.tenant, size);
         inner
             .cache

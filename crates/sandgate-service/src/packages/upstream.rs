@@ -250,30 +250,14 @@ pub(super) enum DownloadError {
     Failed(String),
 }
 
-/// Downloads `url` into `dest`, checking size and sha256 as it goes; `dest` is removed on failure.
-pub(super) async fn download(
+/// Starts downloading `url`: the response, once its status is a success and its announced
+/// length (if any) is within `max_bytes`.
+pub(super) async fn start(
     client: &reqwest::Client,
     url: &Url,
-    dest: &Path,
     max_bytes: u64,
-    sha256: &str,
-) -> Result<u64, DownloadError> {
-    let result = download_inner(client, url, dest, max_bytes, sha256).await;
-    if result.is_err() {
-        let _ = tokio::fs::remove_file(dest).await;
-    }
-    result
-}
-
-async fn download_inner(
-    client: &reqwest::Client,
-    url: &Url,
-    dest: &Path,
-    max_bytes: u64,
-    sha256: &str,
-) -> Result<u64, DownloadError> {
-    let failed = |e: &dyn std::fmt::Display| DownloadError::Failed(e.to_string());
-    let mut response = client
+) -> Result<reqwest::Response, DownloadError> {
+    let response = client
         .get(url.clone())
         .send()
         .await
@@ -287,6 +271,31 @@ async fn download_inner(
     if response.content_length().is_some_and(|n| n > max_bytes) {
         return Err(DownloadError::TooLarge { limit: max_bytes });
     }
+    Ok(response)
+}
+
+/// Writes a started download into `dest`, checking size and sha256 as it goes; `dest` is
+/// removed on failure.
+pub(super) async fn save(
+    response: reqwest::Response,
+    dest: &Path,
+    max_bytes: u64,
+    sha256: &str,
+) -> Result<u64, DownloadError> {
+    let result = save_inner(response, dest, max_bytes, sha256).await;
+    if result.is_err() {
+        let _ = tokio::fs::remove_file(dest).await;
+    }
+    result
+}
+
+async fn save_inner(
+    mut response: reqwest::Response,
+    dest: &Path,
+    max_bytes: u64,
+    sha256: &str,
+) -> Result<u64, DownloadError> {
+    let failed = |e: &dyn std::fmt::Display| DownloadError::Failed(e.to_string());
     let mut file = tokio::fs::File::create(dest)
         .await
         .map_err(|e| failed(&e))?;

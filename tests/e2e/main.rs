@@ -2,6 +2,7 @@
 //! sandbox image), started by `scripts/stack.sh`.
 
 mod cli;
+mod connection_flood;
 mod deploy;
 mod error_kinds;
 mod gateway_share;

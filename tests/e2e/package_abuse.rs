@@ -48,7 +48,10 @@ async fn page(State(up): State<Upstream>, UrlPath(project): UrlPath<String>) -> 
         if name.split('-').next() != Some(project.as_str()) {
             continue;
         }
-        let sha = Sha256::digest(std::fs::read(up.dir.join(&name)).unwrap()).iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let sha = Sha256::digest(std::fs::read(up.dir.join(&name)).unwrap())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>();
         links.push_str(&format!(
             "<a href=\"/pypi/files/{name}#sha256={sha}\">{name}</a>\n"
         ));
@@ -214,7 +217,12 @@ async fn a_sandbox_scraping_the_index_leaves_the_cache_within_its_cap_and_its_te
         "every page is served: {}",
         pages.text
     );
-    assert_eq!(up.downloads(), 0, "pages trigger no download: {:?}", up.asked());
+    assert_eq!(
+        up.downloads(),
+        0,
+        "pages trigger no download: {:?}",
+        up.asked()
+    );
 
     // Every file of every page: the cache stays within 1 MiB, the tenant's budget stops it.
     let files = client
@@ -224,11 +232,11 @@ async fn a_sandbox_scraping_the_index_leaves_the_cache_within_its_cap_and_its_te
         )
         .await;
     let out = files.structured["stdout"].as_str().unwrap_or_default();
-    let served = out
+    let served = out.lines().filter(|l| l.starts_with("200 /files/")).count();
+    let refused: Vec<&str> = out
         .lines()
-        .filter(|l| l.starts_with("200 /files/"))
-        .count();
-    let refused: Vec<&str> = out.lines().filter(|l| l.starts_with("429 /files/")).collect();
+        .filter(|l| l.starts_with("429 /files/"))
+        .collect();
     assert!(
         cache_bytes(&cache_dir) <= 1 << 20,
         "the cache holds at most its 1 MiB cap ({} bytes):\n{out}",
@@ -333,7 +341,10 @@ async fn a_crafted_index_path_never_leaves_the_configured_index() {
     );
     // The index still works for a real project.
     assert!(
-        out.lines().filter(|l| l.starts_with("200 /simple/sgbig")).count() == WHEELS,
+        out.lines()
+            .filter(|l| l.starts_with("200 /simple/sgbig"))
+            .count()
+            == WHEELS,
         "{out}"
     );
 }

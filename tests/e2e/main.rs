@@ -24,6 +24,7 @@ mod python_sdk;
 mod quotas;
 mod replicas;
 mod scale_out;
+mod small_holes;
 mod support;
 mod ts_sdk;
 mod webdriver;

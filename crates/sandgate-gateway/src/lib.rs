@@ -413,3 +413,14 @@ pub async fn shutdown_signal() {
     // Sandboxes stay running: the next start re-attaches to them.
     tracing::info!("shutdown signal received; finishing in-flight requests");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_token_never_reaches_a_request_span() {
+        assert_eq!(logged_path("/files/v1.secret-token"), "/files/<token>");
+        assert_eq!(logged_path("/mcp"), "/mcp");
+    }
+}

@@ -546,7 +546,7 @@ async fn slowloris(from: IpAddr, addr: String, drip_for: Duration) -> bool {
 async fn slow_clients_cannot_pin_the_gateway() {
     let stack = Stack::start(&[
         ("SANDGATE_POOL__MIN_READY", "0"),
-        ("SANDGATE_HTTP__MAX_CONNECTIONS", "16"),
+        ("SANDGATE_HTTP__MAX_CONNECTIONS", "32"),
         ("SANDGATE_HTTP__MAX_CONNECTIONS_PER_ADDRESS", "8"),
         ("SANDGATE_HTTP__HEADER_READ_TIMEOUT_SECONDS", "2"),
         ("SANDGATE_HTTP__BODY_READ_TIMEOUT_SECONDS", "2"),

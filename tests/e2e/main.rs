@@ -2,6 +2,7 @@
 //! sandbox image), started by `scripts/stack.sh`.
 
 mod cli;
+mod connection_flood;
 mod deploy;
 mod error_kinds;
 mod gateway_share;
@@ -15,6 +16,7 @@ mod mcp;
 mod mcp_client;
 mod node;
 mod oauth;
+mod package_abuse;
 mod packages;
 mod placement;
 mod pool;
@@ -23,6 +25,7 @@ mod python_sdk;
 mod quotas;
 mod replicas;
 mod scale_out;
+mod small_holes;
 mod support;
 mod templates;
 mod ts_sdk;

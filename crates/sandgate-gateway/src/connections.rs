@@ -1,9 +1,12 @@
 //! Serving connections with bounds a hostile client cannot stretch (DESIGN §8a): a cap on open
-//! connections, a deadline for a request's headers, one for its body, and an idle timeout.
+//! connections, a share of it per client address (IPv6 counted per /64; behind a reverse proxy,
+//! requests in flight per address from the proxy's header), a deadline for a request's headers,
+//! one for its body, an idle timeout, and an age after which a connection that never carried an
+//! authenticated request is closed (issue 24).
 //!
 //! `axum::serve` exposes none of hyper's timeouts, so the accept loop is here: hyper-util's
 //! connection builder (with `header_read_timeout`, which on HTTP/1.1 also bounds how long a
-//! keep-alive connection waits for its next request), its graceful-shutdown watcher, a
+//! keep-alive connection waits for its next request), graceful shutdown of each connection, a
 //! semaphore of connection slots taken *before* `accept` (beyond the cap, new connections wait
 //! in the kernel's backlog and use no memory here), and a stream wrapper that closes an idle
 //! connection: one on which no byte moved either way for `idle_timeout_seconds` *and* no
@@ -35,18 +38,25 @@ use axum::response::{IntoResponse, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use sandgate_mcp::refusal::{OversizedBody, too_large};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
+
+use addresses::{ClientLimit, Holding, PerAddress};
+pub use sandgate_mcp::auth::ConnectionAuth;
+
+mod addresses;
 
 pub use sandgate_service::config::HttpConfig;
 
 /// Serves `app` on `listener` until `shutdown` resolves, then lets open connections finish.
-/// Each request carries `ConnectInfo<SocketAddr>` (the peer address).
+/// Each request carries `ConnectInfo<SocketAddr>` (the peer address) and the connection's
+/// [`ConnectionAuth`].
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -54,22 +64,27 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(config.max_connections));
-    let per_address = PerAddress::new(config.max_connections_per_address);
-    let graceful = GracefulShutdown::new();
+    let behind_proxy = !config.client_address_header.is_empty();
+    // Directly reachable: connections per peer address. Behind a proxy every peer is the proxy,
+    // so the same cap counts the requests in flight per client address from its header.
+    let per_peer = PerAddress::new(if behind_proxy {
+        0
+    } else {
+        config.max_connections_per_address
+    });
+    let per_client = Arc::new(ClientLimit {
+        header: config.client_address_header.clone(),
+        open: PerAddress::new(if behind_proxy {
+            config.max_connections_per_address
+        } else {
+            0
+        }),
+    });
+    let stop = CancellationToken::new();
+    let tracker = TaskTracker::new();
     let idle = Duration::from_secs(config.idle_timeout_seconds);
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(config.header_read_timeout_seconds));
-    // No HTTP/2 keep-alive pings: their acknowledgements would move bytes, and an HTTP/2
-    // connection with nothing to do would never count as idle (any client stack answers pings).
-    // A peer that vanished is caught by the idle timeout all the same: nothing moves.
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(None);
-    let builder = Arc::new(builder);
+    let anonymous_age = Duration::from_secs(config.anonymous_max_age_seconds);
+    let builder = Arc::new(builder(config));
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -79,97 +94,162 @@ pub async fn serve(
         let Some((stream, peer, slot)) = accepted else {
             continue;
         };
-        let Some(per_address) = per_address.admit(peer.ip()) else {
+        let Some(per_peer) = per_peer.admit(peer.ip()) else {
             tracing::debug!(%peer, "closed a connection over the per-address cap");
             continue;
         };
-        let app = app.clone();
+        let auth = ConnectionAuth::default();
         let answering = Answering::new();
         let io = TokioIo::new(IdleTimeout::new(stream, idle, answering.clone()));
-        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
-            // Held until the response head exists, released too when hyper drops the future
-            // (the client went away, the connection ended).
-            let answer = answering.start();
-            let response = app.clone().oneshot(request.map(Body::new));
-            async move {
-                let response = response.await;
-                drop(answer);
-                response
-            }
-        });
+        let service = connection_service(
+            app.clone(),
+            peer,
+            auth.clone(),
+            answering,
+            Arc::clone(&per_client),
+        );
         let builder = Arc::clone(&builder);
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
+        let stop = stop.clone();
+        tracker.spawn(async move {
             let connection = builder.serve_connection_with_upgrades(io, service);
-            if let Err(err) = watcher.watch(connection).await {
+            let ended = run_connection(connection, &auth, anonymous_age, &stop).await;
+            if let Err(err) = ended {
                 tracing::debug!(error = %err, %peer, "connection ended with an error");
             }
-            drop((slot, per_address));
+            drop((slot, per_peer));
         });
     }
-    graceful.shutdown().await;
+    stop.cancel();
+    tracker.close();
+    tracker.wait().await;
 }
 
-/// Open connections per client address, capped.
-#[derive(Clone)]
-struct PerAddress {
-    cap: usize,
-    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+/// hyper's connection builder with the header deadline, and no HTTP/2 keep-alive pings: their
+/// acknowledgements would move bytes, and an HTTP/2 connection with nothing to do would never
+/// count as idle (any client stack answers pings). A peer that vanished is caught by the idle
+/// timeout all the same: nothing moves.
+fn builder(config: &HttpConfig) -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(config.header_read_timeout_seconds));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(None);
+    builder
 }
 
-/// One open connection counted against its address; uncounted when dropped.
-struct AddressSlot {
-    owner: PerAddress,
-    ip: std::net::IpAddr,
-}
-
-impl PerAddress {
-    fn new(cap: usize) -> Self {
-        Self {
-            cap,
-            open: Arc::default(),
+/// The per-request service of one connection: the peer and the connection's mark in the
+/// request's extensions, the request counted as being answered until its response head, and
+/// (behind a proxy) against its client address's cap until its response body ends.
+fn connection_service(
+    app: Router,
+    peer: SocketAddr,
+    auth: ConnectionAuth,
+    answering: Answering,
+    per_client: Arc<ClientLimit>,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<Response, std::convert::Infallible>> + Send,
+> + Clone {
+    hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        request.extensions_mut().insert(auth.clone());
+        let held = per_client.admit(peer, request.headers());
+        // Held until the response head exists, released too when hyper drops the future
+        // (the client went away, the connection ended).
+        let answer = answering.start();
+        let response = app.clone().oneshot(request.map(Body::new));
+        async move {
+            let Ok(held) = held else {
+                drop(answer);
+                return Ok(busy_client());
+            };
+            let response = response.await;
+            drop(answer);
+            Ok(match (response, held) {
+                (Ok(response), Some(held)) => {
+                    response.map(|body| Body::new(Holding::new(body, held)))
+                }
+                (Ok(response), None) => response,
+                (Err(never), _) => match never {},
+            })
         }
-    }
+    })
+}
 
-    fn counts(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, usize>> {
-        self.open
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Counts a new connection from `ip`; `None` when that address is at the cap.
-    fn admit(&self, ip: std::net::IpAddr) -> Option<AddressSlot> {
-        if self.cap > 0 {
-            let mut open = self.counts();
-            let count = open.entry(ip).or_default();
-            if *count >= self.cap {
-                return None;
+/// Runs one connection to its end. An anonymous connection (no request on it carried a verified
+/// access token) is closed gracefully once `anonymous_age` has passed since it opened: what it
+/// is answering is finished, then it closes, so that bytes sent now and then (a `/healthz` every
+/// minute, HTTP/2 pings) cannot hold a connection slot for ever. At shutdown every connection
+/// is closed the same way.
+async fn run_connection<C>(
+    connection: C,
+    auth: &ConnectionAuth,
+    anonymous_age: Duration,
+    stop: &CancellationToken,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    C: Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + Closable,
+{
+    tokio::pin!(connection);
+    let aged = tokio::time::sleep(anonymous_age);
+    tokio::pin!(aged);
+    let (mut closing, mut aged_checked) = (false, false);
+    loop {
+        tokio::select! {
+            ended = connection.as_mut() => return ended,
+            () = stop.cancelled(), if !closing => {
+                closing = true;
+                connection.as_mut().close_gracefully();
             }
-            *count += 1;
-        }
-        Some(AddressSlot {
-            owner: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        if self.owner.cap == 0 {
-            return;
-        }
-        let mut open = self.owner.counts();
-        if let Some(count) = open.get_mut(&self.ip) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&self.ip);
+            () = &mut aged, if !closing && !aged_checked => {
+                aged_checked = true;
+                if !auth.is_authenticated() {
+                    tracing::debug!("closing an anonymous connection at its age limit");
+                    closing = true;
+                    connection.as_mut().close_gracefully();
+                }
             }
         }
     }
+}
+
+/// A connection that can be asked to finish what it is answering and close.
+trait Closable {
+    fn close_gracefully(self: Pin<&mut Self>);
+}
+
+impl<I, S, E> Closable for hyper_util::server::conn::auto::UpgradeableConnection<'_, I, S, E>
+where
+    S: hyper::service::HttpService<Incoming>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::ResBody: hyper::body::Body + Send + 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, S::ResBody>,
+{
+    fn close_gracefully(self: Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// 503 for a client address (behind a proxy) at its cap of requests in flight.
+fn busy_client() -> Response {
+    let mut response = refusal(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "too_many_connections",
+        "too many requests from your address are open at once; finish some, then retry",
+    );
+    response.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("1"),
+    );
+    response
 }
 
 /// Takes a connection slot, then accepts. `None` after an accept error (a full fd table, a

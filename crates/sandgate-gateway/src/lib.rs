@@ -240,7 +240,11 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/metrics", get(metrics::metrics))
         .route("/files/{token}", get(files::download))
-        .route(handoff::PAGE, get(handoff::page))
+        // A signed-in page that shows fresh download links: the OAuth pages' headers (no
+        // framing, no referrer, no caching, a CSP that loads nothing).
+        .merge(oauth::html::with_security_headers(
+            Router::new().route(handoff::PAGE, get(handoff::page)),
+        ))
         .merge(mcp::routes::metadata().with_state(mcp))
         .merge(oauth::routes().with_state(state.oauth_app()))
         .layer(axum::middleware::from_fn_with_state(
@@ -268,12 +272,22 @@ pub fn router(state: AppState) -> Router {
                 tracing::info_span!(
                     "request",
                     method = %request.method(),
-                    path = %request.uri().path(),
+                    path = %logged_path(request.uri().path()),
                     request_id,
                 )
             }),
         )
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+}
+
+/// A request's path as logged: a download link's token is a bearer secret (whoever has it
+/// downloads), so it never reaches a log line.
+fn logged_path(path: &str) -> &str {
+    if path.starts_with("/files/") {
+        "/files/<token>"
+    } else {
+        path
+    }
 }
 
 /// Runs the migrations embedded in the binary.
@@ -425,4 +439,15 @@ pub async fn shutdown_signal() {
     }
     // Sandboxes stay running: the next start re-attaches to them.
     tracing::info!("shutdown signal received; finishing in-flight requests");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_token_never_reaches_a_request_span() {
+        assert_eq!(logged_path("/files/v1.secret-token"), "/files/<token>");
+        assert_eq!(logged_path("/mcp"), "/mcp");
+    }
 }

@@ -3,8 +3,7 @@
 //! process's node, every registered node's numbers from Postgres (so a gateway-only replica
 //! exports them too), the sandboxes' output budgets, and refused HTTP requests by reason. Labels
 //! are small enums (tool names, outcomes, refusal reasons), never ids of requests, sandboxes or
-//! tenants; the per-node metrics carry the node's registry id and host name (one series per
-//! Docker engine of the deployment: as bounded as the fleet).
+//! tenants, nodes or hosts (the nodes' numbers are summed over the fleet).
 
 use std::sync::Arc;
 

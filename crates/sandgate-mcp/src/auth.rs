@@ -33,6 +33,24 @@ pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource/
 #[derive(Debug, Clone, Copy)]
 pub struct GrantUnverified;
 
+/// A connection's mark, put in each request's extensions by the accept loop: set once a request
+/// on the connection carried a verified access token. A connection never marked is anonymous,
+/// and the accept loop closes it by a stricter rule (`http.anonymous_max_age_seconds`).
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionAuth(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl ConnectionAuth {
+    /// Marks the connection as having carried an authenticated request.
+    pub fn mark(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a request on the connection was authenticated.
+    pub fn is_authenticated(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// The axum middleware in front of the MCP service.
 pub async fn require_bearer(
     State(state): State<AppState>,
@@ -62,6 +80,9 @@ pub async fn require_bearer(
         Ok(verified) => verified,
         Err(refused) => return refused,
     };
+    if let Some(connection) = request.extensions().get::<ConnectionAuth>() {
+        connection.mark();
+    }
     if let Some(OversizedBody(max)) = request.extensions().get().copied() {
         tracing::info!(
             max_bytes = max,

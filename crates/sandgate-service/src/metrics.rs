@@ -2,13 +2,13 @@
 //! registered node's numbers from Postgres (so a gateway-only replica exports them too), lease
 //! waits, the sandboxes' output budgets, and what the audit and transcript writers lost. The
 //! gateway owns the registry and the endpoint; [`ServiceMetrics::register`] adds these to it.
-//! The per-node metrics carry the node's registry id and host name (one series per Docker
-//! engine of the deployment: as bounded as the fleet).
+//! The nodes' numbers are summed over the fleet: `/metrics` names no node id and no host name
+//! (labels are small enums), since anyone who reaches it could read them.
 
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -22,13 +22,18 @@ pub use sandgate_sandbox::TemplateStatus;
 
 use crate::sandboxes::SandboxService;
 
-/// Labels of a node's metrics.
+/// The one label of `sandgate_nodes`: a small enum, never a node's id or host name (`/metrics`
+/// answers anyone who reaches it; `sandgate admin nodes` names the nodes to the operator).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct NodeLabels {
-    /// The node's registry id (its engine's id).
-    node: String,
-    /// Its host's name.
-    host: String,
+struct NodeState {
+    state: NodeStateValue,
+}
+
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)] // the label values are the metric's spelling
+enum NodeStateValue {
+    serving,
+    draining,
 }
 
 /// How long the nodes' numbers read from Postgres are served before they are read again (every
@@ -38,14 +43,14 @@ const NODES_FRESH: Duration = Duration::from_secs(5);
 /// How long reading the nodes' numbers may take before a scrape goes on without them.
 const NODES_READ_WITHIN: Duration = Duration::from_secs(2);
 
-/// The per-node gauges, from the `nodes` and `sandboxes` tables.
+/// The fleet's gauges, from the `nodes` and `sandboxes` tables, summed over the nodes.
 #[derive(Debug, Default)]
 struct NodeGauges {
-    ready: Family<NodeLabels, Gauge>,
-    leased: Family<NodeLabels, Gauge>,
-    slots: Family<NodeLabels, Gauge>,
-    draining: Family<NodeLabels, Gauge>,
-    heartbeat_age: Family<NodeLabels, Gauge<f64, AtomicU64>>,
+    nodes: Family<NodeState, Gauge>,
+    ready: Gauge,
+    leased: Gauge,
+    slots: Gauge,
+    heartbeat_age: Gauge<f64, AtomicU64>,
     /// When they were last read (single flight: a scrape waits for the read in progress).
     read_at: tokio::sync::Mutex<Option<Instant>>,
 }
@@ -54,55 +59,60 @@ impl NodeGauges {
     fn register(registry: &mut Registry) -> Self {
         let gauges = Self::default();
         registry.register(
+            "nodes",
+            "Registered sandbox nodes, serving or draining (takes no new leases)",
+            gauges.nodes.clone(),
+        );
+        registry.register(
             "node_ready_sandboxes",
-            "Warm sandboxes recorded on each sandbox node (ready to lease)",
+            "Warm sandboxes recorded on the sandbox nodes (ready to lease)",
             gauges.ready.clone(),
         );
         registry.register(
             "node_leased_sandboxes",
-            "Leased sandboxes on each sandbox node",
+            "Leased sandboxes on the sandbox nodes",
             gauges.leased.clone(),
         );
         registry.register(
             "node_slots",
-            "Most live sandboxes each sandbox node takes (node.slots)",
+            "Most live sandboxes the serving sandbox nodes take (their node.slots, summed)",
             gauges.slots.clone(),
         );
         registry.register(
-            "node_draining",
-            "1 when a sandbox node is draining (takes no new leases)",
-            gauges.draining.clone(),
-        );
-        registry.register(
             "node_heartbeat_age_seconds",
-            "Seconds since each sandbox node's last heartbeat (past node.lost_after_seconds its \
-             sandboxes are marked lost)",
+            "Seconds since the oldest last heartbeat of a registered sandbox node (past \
+             node.lost_after_seconds its sandboxes are marked lost)",
             gauges.heartbeat_age.clone(),
         );
         gauges
     }
 
-    /// Sets the gauges to `pools` (a node no longer registered drops out).
+    /// Sets the gauges to the sums over `pools` (a node no longer registered drops out).
     fn set(&self, pools: &[NodePool]) {
-        for family in [&self.ready, &self.leased, &self.slots, &self.draining] {
-            family.clear();
+        let count = |draining: bool| pools.iter().filter(|p| p.draining == draining).count();
+        for (state, draining) in [
+            (NodeStateValue::serving, false),
+            (NodeStateValue::draining, true),
+        ] {
+            self.nodes
+                .get_or_create(&NodeState { state })
+                .set(i64::try_from(count(draining)).unwrap_or(i64::MAX));
         }
-        self.heartbeat_age.clear();
-        for pool in pools {
-            let labels = NodeLabels {
-                node: pool.id.clone(),
-                host: pool.name.clone(),
-            };
-            self.ready.get_or_create(&labels).set(pool.ready);
-            self.leased.get_or_create(&labels).set(pool.leased);
-            self.slots.get_or_create(&labels).set(i64::from(pool.slots));
-            self.draining
-                .get_or_create(&labels)
-                .set(i64::from(pool.draining));
-            self.heartbeat_age
-                .get_or_create(&labels)
-                .set(pool.heartbeat_age_seconds);
-        }
+        self.ready.set(pools.iter().map(|p| p.ready).sum());
+        self.leased.set(pools.iter().map(|p| p.leased).sum());
+        self.slots.set(
+            pools
+                .iter()
+                .filter(|p| !p.draining)
+                .map(|p| i64::from(p.slots))
+                .sum(),
+        );
+        self.heartbeat_age.set(
+            pools
+                .iter()
+                .map(|p| p.heartbeat_age_seconds)
+                .fold(0.0, f64::max),
+        );
     }
 
     /// Reads the nodes' numbers again when the last read is older than [`NODES_FRESH`]. A
@@ -303,7 +313,7 @@ mod tests {
     }
 
     #[test]
-    fn every_nodes_numbers_are_exported_and_a_node_gone_from_the_table_drops_out() {
+    fn the_fleets_numbers_are_exported_summed_and_name_no_node() {
         let mut registry = Registry::with_prefix("sandgate");
         let metrics = ServiceMetrics::register(&mut registry);
         let pool = |id: &str, ready, leased| NodePool {
@@ -311,26 +321,32 @@ mod tests {
             name: format!("host-{id}"),
             slots: 40,
             draining: id == "b",
-            heartbeat_age_seconds: 1.5,
+            heartbeat_age_seconds: if id == "b" { 4.5 } else { 1.5 },
             ready,
             leased,
         };
         metrics.nodes.set(&[pool("a", 2, 3), pool("b", 0, 7)]);
         let text = render(&registry);
         for line in [
-            r#"sandgate_node_ready_sandboxes{node="a",host="host-a"} 2"#,
-            r#"sandgate_node_leased_sandboxes{node="a",host="host-a"} 3"#,
-            r#"sandgate_node_leased_sandboxes{node="b",host="host-b"} 7"#,
-            r#"sandgate_node_slots{node="a",host="host-a"} 40"#,
-            r#"sandgate_node_draining{node="a",host="host-a"} 0"#,
-            r#"sandgate_node_draining{node="b",host="host-b"} 1"#,
-            r#"sandgate_node_heartbeat_age_seconds{node="a",host="host-a"} 1.5"#,
+            r#"sandgate_nodes{state="serving"} 1"#,
+            r#"sandgate_nodes{state="draining"} 1"#,
+            "sandgate_node_ready_sandboxes 2",
+            "sandgate_node_leased_sandboxes 10",
+            "sandgate_node_slots 40",
+            "sandgate_node_heartbeat_age_seconds 4.5",
         ] {
             assert!(text.contains(line), "{line} in:\n{text}");
         }
+        assert!(
+            !text.contains("host-") && !text.contains("node=\""),
+            "no node id or host name: {text}"
+        );
         metrics.nodes.set(&[pool("a", 1, 3)]);
         let text = render(&registry);
-        assert!(!text.contains(r#"node="b""#), "node b is gone: {text}");
+        assert!(
+            text.contains(r#"sandgate_nodes{state="draining"} 0"#),
+            "node b is gone: {text}"
+        );
     }
 
     #[test]

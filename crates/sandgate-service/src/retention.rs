@@ -4,8 +4,8 @@
 //! - Files live only in the sandbox's container and go with it at close (`files_seconds = 0`).
 //! - Transcripts are kept `transcripts_seconds` after their sandbox ended (a tenant's own value
 //!   wins), then deleted by [`start_purge`].
-//! - The audit trail (`audit_events`, `download_events`) is kept `audit_seconds`, then deleted by
-//!   the same job.
+//! - The audit trail (`audit_events`, `download_events`, `package_installs`) is kept
+//!   `audit_seconds`, then deleted by the same job.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -90,7 +90,11 @@ async fn purge_once(db: &PgPool, default_seconds: i64) -> Result<u64, StoreError
 /// many it deleted.
 pub async fn purge_audit(db: &PgPool, seconds: i64) -> Result<u64, StoreError> {
     let mut purged = 0;
-    for table in [AuditTable::ToolCalls, AuditTable::Downloads] {
+    for table in [
+        AuditTable::ToolCalls,
+        AuditTable::Downloads,
+        AuditTable::PackageInstalls,
+    ] {
         loop {
             let mut conn = db.acquire().await?;
             let n = audit::purge_older_than(&mut conn, table, seconds, AUDIT_PURGE_BATCH).await?;

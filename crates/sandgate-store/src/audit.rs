@@ -213,6 +213,8 @@ pub enum AuditTable {
     ToolCalls,
     /// `download_events`: one row per opening of a download link.
     Downloads,
+    /// `package_installs`: one row per wheel handed to a sandbox.
+    PackageInstalls,
 }
 
 impl AuditTable {
@@ -220,6 +222,7 @@ impl AuditTable {
         match self {
             AuditTable::ToolCalls => "audit_events",
             AuditTable::Downloads => "download_events",
+            AuditTable::PackageInstalls => "package_installs",
         }
     }
 
@@ -234,6 +237,11 @@ impl AuditTable {
             AuditTable::Downloads => {
                 "DELETE FROM download_events WHERE id IN (
                      SELECT id FROM download_events
+                     WHERE at < now() - make_interval(secs => $1::double precision) LIMIT $2)"
+            }
+            AuditTable::PackageInstalls => {
+                "DELETE FROM package_installs WHERE id IN (
+                     SELECT id FROM package_installs
                      WHERE at < now() - make_interval(secs => $1::double precision) LIMIT $2)"
             }
         }

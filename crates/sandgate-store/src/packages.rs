@@ -25,7 +25,8 @@ pub struct PackageInstall {
     pub sha256: String,
 }
 
-/// Appends an install (its `at` is set by the database).
+/// Appends an install (its `at` is set by the database); one row per (sandbox, sha256): a wheel
+/// handed to the same sandbox again is not recorded again.
 #[tracing::instrument(skip_all, fields(tenant_id = %install.tenant_id, project = %install.project))]
 pub async fn record_install(
     conn: &mut PgConnection,
@@ -33,7 +34,8 @@ pub async fn record_install(
 ) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO package_installs (tenant_id, sandbox_id, project, version, filename, sha256)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (sandbox_id, sha256) DO NOTHING",
     )
     .bind(install.tenant_id)
     .bind(&install.sandbox_id)

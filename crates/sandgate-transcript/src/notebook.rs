@@ -176,10 +176,23 @@ fn command_cell(id: &str, when: &str, command: &Command) -> Value {
 fn file_note(verb: &str, when: &str, file: &FileEvent) -> String {
     format!(
         "{verb} `{}` ({}, sha256 `{}`) at {when}.",
-        file.path.replace('`', "'"),
+        code_span_text(&file.path),
         human_bytes(file.size),
         file.sha256
     )
+}
+
+/// A name chosen by untrusted code, made safe inside a one-line code span: no backtick (it
+/// would end the span) and no line break or other control character (a blank line ends the
+/// paragraph, and markdown after it, an external image say, would be rendered).
+fn code_span_text(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '`' => '\'',
+            c if c.is_control() => '\u{fffd}',
+            c => c,
+        })
+        .collect()
 }
 
 fn streams(stdout: &str, stderr: &str) -> Vec<Value> {
@@ -213,7 +226,7 @@ fn md_escape(text: &str) -> String {
     text.chars()
         .flat_map(|c| match c {
             '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '#' => vec!['\\', c],
-            '\n' => vec![' '],
+            c if c.is_control() => vec![' '],
             c => vec![c],
         })
         .collect()
@@ -227,6 +240,22 @@ fn shell_quote(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::sample;
+
+    #[test]
+    fn a_file_name_cannot_inject_markdown() {
+        let file = FileEvent {
+            path: "/home/user/a`\n\n![x](http://127.0.0.1:9/p.png)\r\r# H".into(),
+            size: 1,
+            sha256: "00".into(),
+        };
+        let note = file_note("Fetched", "now", &file);
+        assert!(!note.contains('\n') && !note.contains('\r'), "{note:?}");
+        assert_eq!(
+            note.matches('`').count(),
+            4,
+            "two code spans only: {note:?}"
+        );
+    }
 
     #[test]
     fn cells_keep_their_outputs_and_charts() {

@@ -12,9 +12,14 @@ pub struct HttpConfig {
     /// Most connections open at once; beyond it new ones wait in the listen backlog.
     #[validate(range(min = 1, message = "must be at least 1"))]
     pub max_connections: usize,
-    /// Most connections open at once from one client address; beyond it new ones are closed at
-    /// once. 0: no per-address cap (behind a reverse proxy every peer is the proxy).
+    /// Most connections open at once from one client address (an IPv6 /64); beyond it new ones
+    /// are closed at once. Behind a reverse proxy (`client_address_header` set): most requests
+    /// in flight per client address. At most a quarter of `max_connections`; 0: no such cap.
     pub max_connections_per_address: usize,
+    /// A connection on which no request carried a verified access token is closed (gracefully:
+    /// what it is answering is finished) this long after it opened, seconds.
+    #[validate(range(min = 1, message = "must be at least 1"))]
+    pub anonymous_max_age_seconds: u64,
     /// Deadline for a request's headers (and an HTTP/1.1 keep-alive wait), seconds.
     #[validate(range(min = 1, message = "must be at least 1"))]
     pub header_read_timeout_seconds: u64,
@@ -32,6 +37,17 @@ pub struct HttpConfig {
 impl HttpConfig {
     /// The check that compares with another section; `Err((key, message))` names the key.
     pub fn check_together(&self, sse_keep_alive_seconds: u64) -> Result<(), (String, String)> {
+        if self.max_connections_per_address.saturating_mul(4) > self.max_connections {
+            return Err((
+                "http.max_connections_per_address".into(),
+                format!(
+                    "must be at most a quarter of http.max_connections ({}), so that two client \
+                     addresses cannot hold every connection; raise max_connections (the process \
+                     needs a file descriptor for each) or lower this",
+                    self.max_connections
+                ),
+            ));
+        }
         if self.idle_timeout_seconds <= sse_keep_alive_seconds {
             return Err((
                 "http.idle_timeout_seconds".into(),

@@ -13,7 +13,7 @@ use validator::Validate;
 pub struct KeysConfig {
     /// The deployment's secret: the key-encryption key of the signing-key seeds in Postgres and
     /// the key of download links are derived from it. Empty: a fixed development secret,
-    /// accepted only when the public URL is loopback.
+    /// accepted only when the public URL and the listen address are both loopback.
     pub secret: SecretString,
     /// Longest lifetime of a token from `sandgate admin token issue`, seconds.
     #[validate(range(
@@ -65,7 +65,7 @@ impl KeysConfig {
         if secret.is_empty() && !loopback {
             return Err((
                 "keys.secret".into(),
-                "is required when the public URL is not loopback: it encrypts the token-signing \
+                "is required when the public URL or the listen address is not loopback: it encrypts the token-signing \
                  keys stored in Postgres and seals download links. Set SANDGATE_KEYS__SECRET (or \
                  keys.secret in the configuration file) to at least 32 random characters, e.g. \
                  the output of `openssl rand -base64 48`, the same on every replica"

@@ -232,10 +232,10 @@ impl Config {
         let invalid = |(key, message): (String, String)| ConfigError::Invalid { key, message };
         self.limits.check_together(self.sandbox.pids_limit)?;
         // A per-process random cookie key would log users out at every replica change.
-        if !self.is_loopback() && self.cookie_key().is_none() {
+        if !self.only_loopback() && self.cookie_key().is_none() {
             return Err(ConfigError::Invalid {
                 key: "oauth.cookie_secret".into(),
-                message: "is required when the public URL is not loopback, unless keys.secret is \
+                message: "is required when the public URL or the listen address is not loopback, unless keys.secret is \
                           set (the cookie key is then derived from it): a key of its own per \
                           process would not let one replica read another's login cookies. Set \
                           SANDGATE_KEYS__SECRET (or SANDGATE_OAUTH__COOKIE_SECRET) to at least \
@@ -247,6 +247,7 @@ impl Config {
         self.http
             .check_together(self.mcp.sse_keep_alive_seconds)
             .and_then(|()| self.oauth.limits.check_together())
+            .and_then(|()| self.packages.check_together())
             .map_err(invalid)?;
         self.sandbox
             .validate()
@@ -255,7 +256,7 @@ impl Config {
                 message: err.to_string(),
             })?;
         self.keys
-            .check_secret(self.is_loopback())
+            .check_secret(self.only_loopback())
             .map_err(invalid)?;
         self.metrics.check()?;
         self.node.check_together()
@@ -314,6 +315,14 @@ impl Config {
             },
             None => self.listen.ip().is_loopback(),
         }
+    }
+
+    /// Whether nothing but this host can reach the gateway: the public URL is loopback *and* the
+    /// listener is bound to a loopback address. Only then are the public development secret and
+    /// a per-process cookie key accepted (a loopback `public_url` says nothing about who can
+    /// connect to a listener on `0.0.0.0`).
+    pub fn only_loopback(&self) -> bool {
+        self.is_loopback() && self.listen.ip().is_loopback()
     }
 
     /// A pool on `database.url` with the migrations applied (the operator commands' way in).

@@ -21,8 +21,8 @@ pub enum PackagesConfigError {
     /// The HTTP client could not be built.
     #[error("packages: cannot build the HTTP client for the upstream index: {0}")]
     Client(#[source] reqwest::Error),
-    /// The cache directory cannot be created.
-    #[error("packages.cache_dir: cannot create {}: {source}", dir.display())]
+    /// The cache directory cannot be created, narrowed to mode 0700 or read.
+    #[error("packages.cache_dir: cannot use {} (it must be a directory this user owns or can create; it is kept at mode 0700): {source}", dir.display())]
     Cache {
         /// The directory.
         dir: PathBuf,

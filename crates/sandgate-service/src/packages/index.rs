@@ -73,6 +73,16 @@ impl CallIndex {
             .strip_prefix("/simple/")
             .and_then(|p| p.strip_suffix('/'))
         {
+            // Only a project's own page: pip asks for the normalized name (PEP 503), and anything
+            // else (an empty name, a URL, `..`) could make the fetch leave the index.
+            if !is_normalized_name(name) {
+                return IndexAnswer::refused(
+                    404,
+                    format!(
+                        "not a package index path: {path} (pip asks for /simple/<normalized project name>/)"
+                    ),
+                );
+            }
             return self.project_page(&base, name).await;
         }
         if let Some(rest) = path.strip_prefix("/files/")
@@ -199,15 +209,18 @@ impl CallIndex {
             );
         };
         let inner = &self.index.inner;
+        // The tenant's limit, and never more than the whole cache holds.
         let max_wheel_bytes = match self.policy().await {
             Ok(policy) => policy
                 .max_wheel_mb
-                .map_or(inner.max_wheel_bytes, |mb| mb.saturating_mul(1 << 20)),
+                .map_or(inner.max_wheel_bytes, |mb| mb.saturating_mul(1 << 20))
+                .min(inner.cache.max_bytes()),
             Err(answer) => return answer,
         };
-        let cached = inner.cache.path(sha256);
-        if let Ok(meta) = tokio::fs::metadata(&cached).await
-            && meta.len() > max_wheel_bytes
+        if inner
+            .cache
+            .size(sha256)
+            .is_some_and(|size| size > max_wheel_bytes)
         {
             return self.download_refused(
                 &offered,
@@ -217,28 +230,13 @@ impl CallIndex {
                 },
             );
         }
-        if !tokio::fs::try_exists(&cached).await.unwrap_or(false) {
-            let partial = inner.cache.temporary(sha256);
-            let downloaded = upstream::download(
-                &inner.client,
-                &offered.url,
-                &partial,
-                max_wheel_bytes,
-                sha256,
-            )
-            .await;
-            if let Err(err) = downloaded {
-                return self.download_refused(&offered, sha256, err);
-            }
-            if let Err(err) = tokio::fs::rename(&partial, &cached).await {
-                let _ = tokio::fs::remove_file(&partial).await;
-                tracing::warn!(%err, "wheel cache write failed");
-                return IndexAnswer::refused(
-                    502,
-                    "the gateway could not store this wheel; try again",
-                );
-            }
-        }
+        let cached = match inner.cache.verified(sha256).await {
+            Some(path) => path,
+            None => match self.download(&offered, sha256, max_wheel_bytes).await {
+                Ok(path) => path,
+                Err(answer) => return answer,
+            },
+        };
         tracing::info!(
             tenant_id = %self.tenant,
             sandbox_id = %self.sandbox_id,
@@ -262,6 +260,58 @@ impl CallIndex {
             note: None,
             body: IndexBody::File(cached),
         }
+    }
+
+    /// Downloads an offered wheel into the cache, within the tenant's budget and the cache's
+    /// room; the cached file.
+    async fn download(
+        &self,
+        offered: &Offered,
+        sha256: &str,
+        max_wheel_bytes: u64,
+    ) -> Result<std::path::PathBuf, IndexAnswer> {
+        let inner = &self.index.inner;
+        if let Err(spent) = inner.budget.admit(self.tenant) {
+            tracing::info!(tenant_id = %self.tenant, "package download budget spent");
+            return Err(IndexAnswer::refused(
+                429,
+                format!(
+                    "your organisation's sandboxes downloaded their {} MiB of wheels for this hour                      from the package index (packages.tenant_download_mb_per_hour): {} was not                      downloaded; try again in {} minutes (wheels already cached install at once)",
+                    spent.per_hour >> 20,
+                    offered.filename,
+                    spent.retry_after.as_secs().div_ceil(60).max(1)
+                ),
+            ));
+        }
+        let response = upstream::start(&inner.client, &offered.url, max_wheel_bytes)
+            .await
+            .map_err(|err| self.download_refused(offered, sha256, err))?;
+        // Room for what the index announced, else for the largest wheel allowed; the download
+        // may not grow past it.
+        let room = response
+            .content_length()
+            .unwrap_or(max_wheel_bytes)
+            .min(max_wheel_bytes);
+        let Ok(reservation) = inner.cache.reserve(room) else {
+            return Err(IndexAnswer::refused(
+                503,
+                "the gateway's wheel cache has no room now: it is held by downloads under way; \
+                 try again shortly",
+            ));
+        };
+        let partial = inner.cache.temporary(sha256);
+        let size = upstream::save(response, &partial, room, sha256)
+            .await
+            .map_err(|err| self.download_refused(offered, sha256, err))?;
+        inner.budget.charge(self.tenant, size);
+        inner
+            .cache
+            .store(reservation, &partial, sha256, size)
+            .await
+            .map_err(|err| {
+                tracing::warn!(%err, "wheel cache write failed");
+                IndexAnswer::refused(502, "the gateway could not store this wheel; try again")
+            })
     }
 
     fn download_refused(&self, offered: &Offered, sha256: &str, err: DownloadError) -> IndexAnswer {
@@ -320,6 +370,19 @@ pub(super) fn normalize(name: &str) -> String {
     out
 }
 
+/// Whether `name` is a project name as PEP 503 normalizes it: ASCII lower-case letters and
+/// digits, single dashes between them (PEP 508's name, normalized).
+pub(super) fn is_normalized_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.contains("--")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 /// The version of a wheel file name (`name-version(-build)?-py-abi-platform.whl`); `None` for
 /// anything that is not a wheel.
 fn wheel_version(filename: &str) -> Option<String> {
@@ -337,6 +400,31 @@ mod tests {
         assert_eq!(normalize("Friendly-Bard"), "friendly-bard");
         assert_eq!(normalize("FRIENDLY__bard"), "friendly-bard");
         assert_eq!(normalize("friendly.-_bard"), "friendly-bard");
+    }
+
+    #[test]
+    fn only_normalized_project_names_are_index_paths() {
+        for good in ["sgdemo", "friendly-bard", "a", "zope-interface", "py3"] {
+            assert!(is_normalized_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "-x",
+            "x-",
+            "a--b",
+            "Demo",
+            "a_b",
+            "a.b",
+            "http://169.254.169.254",
+            "http:",
+            "a/b",
+            "%2e%2e",
+            "//evil",
+        ] {
+            assert!(!is_normalized_name(bad), "{bad:?}");
+        }
     }
 
     #[test]

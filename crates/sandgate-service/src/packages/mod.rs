@@ -8,6 +8,7 @@
 //! recording every wheel it hands out in the install audit. pip in the sandbox resolves with the
 //! sandbox's own interpreter and platform tags.
 
+mod budget;
 mod cache;
 mod config;
 mod index;
@@ -39,6 +40,7 @@ struct Inner {
     upstream: Result<Url, String>,
     client: reqwest::Client,
     cache: cache::WheelCache,
+    budget: budget::DownloadBudget,
     max_wheel_bytes: u64,
     db: Option<PgPool>,
 }
@@ -56,10 +58,11 @@ impl PackageIndex {
         let client = upstream::client(config)?;
         let cache_dir = config.cache_dir();
         let cache =
-            cache::WheelCache::open(&cache_dir).map_err(|source| PackagesConfigError::Cache {
-                dir: cache_dir.clone(),
-                source,
-            })?;
+            cache::WheelCache::open(&cache_dir, config.cache_max_mb.saturating_mul(1 << 20))
+                .map_err(|source| PackagesConfigError::Cache {
+                    dir: cache_dir.clone(),
+                    source,
+                })?;
         match &upstream {
             Ok(url) => {
                 tracing::info!(index = %url, cache = %cache_dir.display(), "packages on demand")
@@ -71,6 +74,9 @@ impl PackageIndex {
                 upstream,
                 client,
                 cache,
+                budget: budget::DownloadBudget::new(
+                    config.tenant_download_mb_per_hour.saturating_mul(1 << 20),
+                ),
                 max_wheel_bytes: config.max_wheel_mb.saturating_mul(1 << 20),
                 db,
             }),
@@ -87,8 +93,8 @@ impl PackageIndex {
         self.inner.cache.dir().to_path_buf()
     }
 
-    /// Records a wheel handed to a sandbox in the install audit (a failure is logged: the install
-    /// itself goes on).
+    /// Records a wheel handed to a sandbox in the install audit, once per (sandbox, sha256) however
+    /// often pip fetches it (a failure is logged: the install itself goes on).
     pub(crate) async fn audit_install(
         &self,
         tenant_id: Uuid,

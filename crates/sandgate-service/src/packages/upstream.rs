@@ -68,9 +68,7 @@ pub(super) async fn project_files(
     base: &Url,
     project: &str,
 ) -> Result<Vec<ProjectFile>, PageError> {
-    let page = base
-        .join(&format!("{project}/"))
-        .map_err(|e| PageError::Upstream(e.to_string()))?;
+    let page = under_index(base, project)?;
     let response = client
         .get(page.clone())
         .header(reqwest::header::ACCEPT, ACCEPT)
@@ -98,6 +96,22 @@ pub(super) async fn project_files(
     } else {
         Ok(parse_html(&page, &String::from_utf8_lossy(&body)))
     }
+}
+
+/// The page of `project` under the index at `base`: only ever a URL inside the index (same
+/// origin, the index's path as a prefix), whatever the name.
+fn under_index(base: &Url, project: &str) -> Result<Url, PageError> {
+    let Ok(page) = base.join(&format!("{project}/")) else {
+        return Err(PageError::NotFound);
+    };
+    let inside = page.origin() == base.origin()
+        && page.path().starts_with(base.path())
+        && page.path().len() > base.path().len()
+        && page.query().is_none();
+    if !inside {
+        return Err(PageError::NotFound);
+    }
+    Ok(page)
 }
 
 async fn read_bounded(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, PageError> {
@@ -236,30 +250,14 @@ pub(super) enum DownloadError {
     Failed(String),
 }
 
-/// Downloads `url` into `dest`, checking size and sha256 as it goes; `dest` is removed on failure.
-pub(super) async fn download(
+/// Starts downloading `url`: the response, once its status is a success and its announced
+/// length (if any) is within `max_bytes`.
+pub(super) async fn start(
     client: &reqwest::Client,
     url: &Url,
-    dest: &Path,
     max_bytes: u64,
-    sha256: &str,
-) -> Result<u64, DownloadError> {
-    let result = download_inner(client, url, dest, max_bytes, sha256).await;
-    if result.is_err() {
-        let _ = tokio::fs::remove_file(dest).await;
-    }
-    result
-}
-
-async fn download_inner(
-    client: &reqwest::Client,
-    url: &Url,
-    dest: &Path,
-    max_bytes: u64,
-    sha256: &str,
-) -> Result<u64, DownloadError> {
-    let failed = |e: &dyn std::fmt::Display| DownloadError::Failed(e.to_string());
-    let mut response = client
+) -> Result<reqwest::Response, DownloadError> {
+    let response = client
         .get(url.clone())
         .send()
         .await
@@ -273,6 +271,31 @@ async fn download_inner(
     if response.content_length().is_some_and(|n| n > max_bytes) {
         return Err(DownloadError::TooLarge { limit: max_bytes });
     }
+    Ok(response)
+}
+
+/// Writes a started download into `dest`, checking size and sha256 as it goes; `dest` is
+/// removed on failure.
+pub(super) async fn save(
+    response: reqwest::Response,
+    dest: &Path,
+    max_bytes: u64,
+    sha256: &str,
+) -> Result<u64, DownloadError> {
+    let result = save_inner(response, dest, max_bytes, sha256).await;
+    if result.is_err() {
+        let _ = tokio::fs::remove_file(dest).await;
+    }
+    result
+}
+
+async fn save_inner(
+    mut response: reqwest::Response,
+    dest: &Path,
+    max_bytes: u64,
+    sha256: &str,
+) -> Result<u64, DownloadError> {
+    let failed = |e: &dyn std::fmt::Display| DownloadError::Failed(e.to_string());
     let mut file = tokio::fs::File::create(dest)
         .await
         .map_err(|e| failed(&e))?;
@@ -347,6 +370,21 @@ mod tests {
             Some("\"bad\" & gone \u{2014} see\u{a0}#1"),
             "every character reference is decoded, named or numeric"
         );
+    }
+
+    #[test]
+    fn project_pages_never_leave_the_index() {
+        let base = Url::parse("http://127.0.0.1:1/pypi/simple/").unwrap();
+        assert_eq!(
+            under_index(&base, "demo").unwrap().as_str(),
+            "http://127.0.0.1:1/pypi/simple/demo/"
+        );
+        for hostile in ["", "http://169.254.169.254", "//evil", "..", "/", "?x"] {
+            assert!(
+                matches!(under_index(&base, hostile), Err(PageError::NotFound)),
+                "{hostile:?} stays inside the index"
+            );
+        }
     }
 
     #[test]

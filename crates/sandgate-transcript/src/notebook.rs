@@ -30,6 +30,12 @@ pub fn render(transcript: &Transcript) -> Value {
                 &transcript.bound.truncation_note(part.dropped),
             ));
         }
+        if part.over_budget > 0 {
+            cells.push(markdown(
+                &format!("{}-over-budget", part.sandbox_id),
+                &transcript.bound.budget_note(part.over_budget),
+            ));
+        }
     }
     json!({
         "nbformat": 4,
@@ -54,6 +60,10 @@ fn header(t: &Transcript) -> String {
         md_escape(&t.title()),
         t.exported_at.format("%Y-%m-%d %H:%M:%S UTC")
     );
+    if let Some(note) = t.omitted.note() {
+        text.push_str("\n\n");
+        text.push_str(&note);
+    }
     if t.parts.is_empty() {
         text.push_str("\n\nNothing ran in this conversation's sandboxes.");
     }

@@ -261,11 +261,22 @@ mod tests {
                 .as_str()
                 .is_some_and(|s| s.starts_with("%%bash\n"))
         );
-        let last = cells.last().expect("a last cell");
+        let (truncated, budget) = (&cells[cells.len() - 2], cells.last().expect("a last cell"));
         assert!(
-            last["source"]
+            truncated["source"]
                 .as_str()
                 .is_some_and(|s| s.contains("2 later call(s)"))
+        );
+        assert!(
+            budget["source"]
+                .as_str()
+                .is_some_and(|s| s.contains("1 of them") && s.contains("budget of 1.0 GiB")),
+            "{budget}"
+        );
+        let header = cells[0]["source"].as_str().expect("a header");
+        assert!(
+            header.contains("leaves out the conversation's 3 oldest sandbox(es) (12 call(s)"),
+            "the export says what it left out: {header}"
         );
         for cell in cells {
             let id = cell["id"].as_str().expect("an id");

@@ -136,6 +136,11 @@ impl From<SandboxError> for ServiceError {
             // A start that waited too long for its place is a capacity refusal the caller
             // retries, not a failure of the sandbox.
             SandboxError::StartQueue { waited } => ServiceError::StartQueue { waited },
+            SandboxError::NodeBusy { what, retry_after } => ServiceError::Busy {
+                what,
+                retry_after_seconds: u32::try_from(retry_after.as_secs().max(1))
+                    .unwrap_or(u32::MAX),
+            },
             SandboxError::Channel(ChannelError::Agent(refusal)) => ServiceError::Refused(refusal),
             SandboxError::Channel(err @ ChannelError::Unresponsive { .. }) => {
                 ServiceError::Unresponsive(err)

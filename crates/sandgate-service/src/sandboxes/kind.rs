@@ -216,7 +216,7 @@ fn sandbox_kind(err: &SandboxError) -> ErrorKind {
     match err {
         SandboxError::Died { .. } => ErrorKind::Lost,
         SandboxError::ConnectionLost { .. } => ErrorKind::ConnectionLost,
-        SandboxError::StartQueue { .. } => ErrorKind::Capacity,
+        SandboxError::StartQueue { .. } | SandboxError::NodeBusy { .. } => ErrorKind::Capacity,
         SandboxError::Channel(ChannelError::Agent(refusal)) => refusal_kind(refusal),
         SandboxError::Channel(ChannelError::Unresponsive { .. }) => ErrorKind::Timeout,
         SandboxError::Channel(ChannelError::FrameTooLarge { .. }) => ErrorKind::Limit,
@@ -257,7 +257,7 @@ fn sandbox_message(inner: &SandboxError) -> String {
             "starting a sandbox failed; retry in a few seconds".into()
         }
         // Mapped to its own variant by `From`; a stray one still reads as what it is.
-        SandboxError::StartQueue { .. } => inner.to_string(),
+        SandboxError::StartQueue { .. } | SandboxError::NodeBusy { .. } => inner.to_string(),
         SandboxError::UnknownProfile(_)
         | SandboxError::InvalidProfile { .. }
         | SandboxError::NotOurs { .. }

@@ -20,6 +20,7 @@ mod placement;
 mod pool;
 mod python_sdk;
 mod quotas;
+mod reads;
 mod replicas;
 mod scale_out;
 mod support;

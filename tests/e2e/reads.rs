@@ -188,16 +188,7 @@ async fn resource_reads_are_admitted_refused_and_audited_like_tool_calls() {
     let gateway = Gateway::start(&database, &[("SANDGATE_POOL__MIN_READY", "2")]).await;
     let (tenant, client) = new_tenant(&gateway).await;
     let (_other, theirs) = new_tenant(&gateway).await;
-    let made = client
-        .ok(
-            "run_terminal_command",
-            json!({"command": "head -c 20000000 /dev/zero > big.bin && echo hi > small.txt"}),
-        )
-        .await;
-    let sandbox = made.structured["sandbox_id"]
-        .as_str()
-        .expect("an id")
-        .to_owned();
+    // The limit first: a tenant's limits are cached once read.
     gateway
         .cli(&[
             "admin",
@@ -208,30 +199,77 @@ async fn resource_reads_are_admitted_refused_and_audited_like_tool_calls() {
             "1",
         ])
         .await;
+    let made = client
+        .ok(
+            "run_terminal_command",
+            json!({"command": "head -c 20000000 /dev/zero > big.bin && echo hi > small.txt"}),
+        )
+        .await;
+    let sandbox = made.structured["sandbox_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
 
-    // One call holds the tenant's only slot (it waits on a gate file).
-    let gated = {
+    // The setup call's slot is freed behind its answer: wait until a call gets through.
+    eventually(Duration::from_secs(20), "the slot free", || {
         let (client, sandbox) = (client.clone(), sandbox.clone());
-        tokio::spawn(async move {
-            client
-                .call(
-                    "run_terminal_command",
-                    json!({"sandbox_id": sandbox, "timeout_seconds": 120,
-                           "command": "while [ ! -e /tmp/gate ]; do sleep 0.2; done"}),
-                )
-                .await
-        })
-    };
-    let file = format!("sandbox://{sandbox}/files/big.bin");
-    let refusal = eventually(Duration::from_secs(30), "the slot taken", || {
-        let (client, file) = (client.clone(), file.clone());
         async move {
-            let err = read(&client, &file).await.err()?;
-            let data = error_data(&err);
-            (data["error"] == "quota_exceeded").then_some(data)
+            let r = client
+                .call("list_files", json!({"sandbox_id": sandbox}))
+                .await
+                .ok()?;
+            (!r.is_error).then_some(())
         }
     })
     .await;
+    let container: String = {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&database)
+            .await
+            .expect("Postgres");
+        sqlx::query_scalar("SELECT container_id FROM sandboxes WHERE id = $1")
+            .bind(&sandbox)
+            .fetch_one(&mut conn)
+            .await
+            .expect("the sandbox's row")
+    };
+    // One call holds the tenant's only slot (it waits on a gate file); started again if a
+    // moment's leftover slot refused it.
+    let gated = loop {
+        let call = {
+            let (client, sandbox) = (client.clone(), sandbox.clone());
+            tokio::spawn(async move {
+                client
+                    .call(
+                        "run_terminal_command",
+                        json!({"sandbox_id": sandbox, "timeout_seconds": 120,
+                               "command": "while [ ! -e /tmp/gate ]; do sleep 0.2; done"}),
+                    )
+                    .await
+            })
+        };
+        let running = eventually(Duration::from_secs(30), "the gated call", || {
+            let (container, finished) = (container.clone(), call.is_finished());
+            async move {
+                if finished {
+                    return Some(false);
+                }
+                let waiting = tokio::process::Command::new("docker")
+                    .args(["exec", &container, "pgrep", "-f", "/tmp/gate"])
+                    .output()
+                    .await
+                    .ok()?;
+                waiting.status.success().then_some(true)
+            }
+        })
+        .await;
+        if running {
+            break call;
+        }
+    };
+    let file = format!("sandbox://{sandbox}/files/big.bin");
+    let refusal = error_data(&read(&client, &file).await.expect_err("refused at the cap"));
+    assert_eq!(refusal["error"], "quota_exceeded", "{refusal}");
     assert_eq!(refusal["limit"], "max_calls_in_flight", "{refusal}");
     assert_eq!(refusal["value"], 1, "{refusal}");
     assert_eq!(refusal["retryable"], true, "{refusal}");
@@ -256,17 +294,6 @@ async fn resource_reads_are_admitted_refused_and_audited_like_tool_calls() {
     another_tenant_is_served(&theirs).await;
 
     // The gate opens; the slot frees.
-    let container: String = {
-        use sqlx::Connection;
-        let mut conn = sqlx::PgConnection::connect(&database)
-            .await
-            .expect("Postgres");
-        sqlx::query_scalar("SELECT container_id FROM sandboxes WHERE id = $1")
-            .bind(&sandbox)
-            .fetch_one(&mut conn)
-            .await
-            .expect("the sandbox's row")
-    };
     let opened = tokio::process::Command::new("docker")
         .args(["exec", &container, "touch", "/tmp/gate"])
         .status()
@@ -300,7 +327,8 @@ async fn resource_reads_are_admitted_refused_and_audited_like_tool_calls() {
     assert_eq!(bytes.len(), 20_000_000, "the link serves the whole file");
 
     // Every read is in the audit trail (the refused ones too).
-    let expected = 1 + 20 + 1 + 1; // the probe(s) counted below are at least these
+    // The refusal, the twenty, the small file and the big one.
+    let expected = 1 + 20 + 1 + 1;
     let reads = eventually(Duration::from_secs(20), "the reads audited", || async {
         let n = audited(&gateway, &tenant, "resources/read").await;
         (n >= expected).then_some(n)

@@ -23,6 +23,7 @@ mod pool;
 mod private_listener;
 mod python_sdk;
 mod quotas;
+mod reads;
 mod replicas;
 mod scale_out;
 mod small_holes;

@@ -83,7 +83,7 @@ pub async fn page(
         None => None,
         Some(c) => {
             let subject = Subject::Conversation(c.clone());
-            match state.transcripts.load(session.tenant_id, &subject).await {
+            match state.transcripts.outline(session.tenant_id, &subject).await {
                 Ok(t) => {
                     let link = |format| {
                         state
@@ -98,7 +98,7 @@ pub async fn page(
                     Some(Ok((t, link(Format::Html), link(Format::Notebook))))
                 }
                 Err(TranscriptError::NotFound { .. }) => Some(Err(())),
-                Err(TranscriptError::Store(_)) => return unavailable(),
+                Err(TranscriptError::Store(_) | TranscriptError::Busy) => return unavailable(),
             }
         }
     };
@@ -120,7 +120,10 @@ pub async fn page(
                 div #found {
                     p { strong { (t.title()) } }
                     @for part in &t.parts {
-                        p.muted.sandbox { "Sandbox " code { (part.sandbox_id) } " · " (part.records.len()) " calls" }
+                        p.muted.sandbox { "Sandbox " code { (part.sandbox_id) } " · " (part.calls) " calls" }
+                    }
+                    @if let Some(note) = t.omitted.note() {
+                        p.muted.omitted { (note) }
                     }
                     p { a #open-html href=(html_link) rel="noreferrer" target="_blank" { "Open the transcript" } " · "
                         a #download-ipynb href=(notebook_link) rel="noreferrer" { "Download as a Jupyter notebook" } }

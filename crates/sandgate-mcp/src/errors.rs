@@ -150,17 +150,86 @@ fn error_data(kind: ErrorKind) -> serde_json::Value {
     json!({ "error": kind.as_str(), "retryable": kind.retryable() })
 }
 
+/// A failed `resources/read` or `resources/list`: the JSON-RPC error the client gets, and the
+/// audit trail's outcome and kind (the same map as a tool call's).
+#[derive(Debug)]
+pub(crate) struct ResourceFailure {
+    /// The answer to the client.
+    pub error: ErrorData,
+    /// The audit trail's outcome.
+    pub outcome: Outcome,
+    /// The audit trail's error kind.
+    pub kind: Option<AuditKind>,
+}
+
+impl ResourceFailure {
+    /// A service error reading `uri`.
+    pub(crate) fn service(uri: &str, err: ServiceError) -> Self {
+        let quota = match &err {
+            ServiceError::Quota { quota, .. } => Some(*quota),
+            _ => None,
+        };
+        let (outcome, kind) = record_of(err.kind(), quota);
+        if outcome == Outcome::Failed {
+            tracing::error!(error = ?err, uri, "a resource read failed");
+        }
+        Self {
+            error: resource_error(uri, err),
+            outcome,
+            kind,
+        }
+    }
+
+    /// No such resource for this tenant.
+    pub(crate) fn not_found(uri: &str, message: String) -> Self {
+        Self {
+            error: resource_not_found(uri, message),
+            outcome: Outcome::Refused,
+            kind: Some(AuditKind::NotFound),
+        }
+    }
+
+    /// A malformed request (an unknown URI scheme, a bad cursor).
+    pub(crate) fn invalid(error: ErrorData) -> Self {
+        Self {
+            error,
+            outcome: Outcome::Refused,
+            kind: Some(AuditKind::InvalidParams),
+        }
+    }
+}
+
+/// The machine-readable part of a failed resource read: the same fields as a failed tool
+/// call's structured content (kind, retryable, retry_after_seconds, and a quota's name and
+/// value), so a client branches on one shape.
+fn resource_error_data(err: &ServiceError) -> serde_json::Value {
+    let kind = err.kind();
+    let quota = match err {
+        ServiceError::Quota { quota, limit, .. } => Some((*quota, *limit)),
+        _ => None,
+    };
+    serde_json::to_value(ToolErrorOutput {
+        error: kind.as_str().into(),
+        retryable: kind.retryable(),
+        retry_after_seconds: err.retry_after_seconds(),
+        limit: quota.map(|(q, _)| q.as_str().to_owned()),
+        value: quota.map(|(_, limit)| limit),
+    })
+    .expect("serializes")
+}
+
 /// The JSON-RPC error of a failed `resources/read` or `resources/list` of `uri`.
 pub(crate) fn resource_error(uri: &str, err: ServiceError) -> ErrorData {
     let kind = err.kind();
     let message = err.public_message();
+    let data = resource_error_data(&err);
     match kind {
         ErrorKind::NotFound | ErrorKind::Ended | ErrorKind::Lost => {
             resource_not_found(uri, message)
         }
         ErrorKind::Internal | ErrorKind::Unavailable | ErrorKind::NodeAway => {
             tracing::warn!(error = ?err, "reading a resource failed");
-            ErrorData::internal_error(message, Some(error_data(kind)))
+            ErrorData::internal_error(message, Some(data))
         }
         ErrorKind::InvalidParams
         | ErrorKind::ConnectionLost
@@ -172,7 +241,7 @@ pub(crate) fn resource_error(uri: &str, err: ServiceError) -> ErrorData {
         | ErrorKind::SandboxRefused
         | ErrorKind::SandboxFailed
         | ErrorKind::Timeout
-        | ErrorKind::CommandFailed => ErrorData::invalid_request(message, Some(error_data(kind))),
+        | ErrorKind::CommandFailed => ErrorData::invalid_request(message, Some(data)),
     }
 }
 
@@ -185,7 +254,7 @@ pub(crate) fn resource_not_found(uri: &str, message: String) -> ErrorData {
 }
 
 /// The audit trail's error kind of a quota refusal.
-fn quota_kind(quota: Quota) -> AuditKind {
+pub(crate) fn quota_kind(quota: Quota) -> AuditKind {
     match quota {
         Quota::CallsPerMinute => AuditKind::RateLimited,
         Quota::CallsInFlight => AuditKind::CallsInFlight,

@@ -8,7 +8,7 @@ use super::answer::{Answer, CallError};
 use super::render::{rfc3339, structured};
 use super::schema::{ExportTranscriptArgs, ExportTranscriptOutput};
 use crate::sandboxes::{Caller, ServiceError};
-use crate::transcripts::{Format, Subject, TranscriptError};
+use crate::transcripts::{Format, Subject};
 use sandgate_service::links::LinkKind;
 
 impl McpServer {
@@ -41,66 +41,43 @@ impl McpServer {
                 ));
             }
         };
-        let transcript = self
+        // Its outline only: the export names the transcript and links it; nothing is loaded
+        // or rendered here (the resource and the link do that when they are read).
+        let outline = self
             .inner
             .transcripts
-            .load(caller.tenant, &subject)
+            .outline(caller.tenant, &subject)
             .await
-            .map_err(|err| match err {
-                TranscriptError::NotFound { .. } => ServiceError::NotFound(err.to_string()),
-                TranscriptError::Store(store) => ServiceError::Store(store),
-            })?;
-        let rendered = format.render(&transcript);
+            .map_err(ServiceError::from)?;
         let uri = super::resources::transcript_uri(&subject, format);
         let (download_url, expires) =
             self.inner
                 .links
                 .mint_transcript(caller, &subject, LinkKind::from(format));
+        let parts = &outline.parts;
         let out = ExportTranscriptOutput {
-            sandbox_id: transcript
-                .parts
+            sandbox_id: parts
                 .last()
                 .map(|p| p.sandbox_id.clone())
                 .unwrap_or_default(),
-            sandbox_ids: transcript
-                .parts
-                .iter()
-                .map(|p| p.sandbox_id.clone())
-                .collect(),
-            conversation_id: transcript.conversation_id.clone(),
+            sandbox_ids: parts.iter().map(|p| p.sandbox_id.clone()).collect(),
+            conversation_id: outline.conversation_id.clone(),
             format: format.extension().to_owned(),
             uri: uri.clone(),
             mime_type: format.mime_type().to_owned(),
-            size: rendered.len() as u64,
-            calls: transcript
-                .parts
-                .iter()
-                .map(|p| p.records.len() as u64)
-                .sum(),
-            dropped: transcript.parts.iter().map(|p| u64::from(p.dropped)).sum(),
+            size: parts.iter().map(|p| p.bytes).sum(),
+            calls: parts.iter().map(|p| p.calls).sum(),
+            dropped: parts.iter().map(|p| p.dropped).sum(),
+            over_budget: parts.iter().map(|p| p.over_budget).sum(),
+            omitted_sandboxes: u64::from(outline.omitted.parts),
+            omitted_calls: outline.omitted.calls,
             download_url,
             download_expires_at: rfc3339(expires),
         };
-        let mut text = format!(
-            "Transcript of {} ({} calls, {} bytes) as {}: {}. Give the person taking over this \
-             link (valid until {}): {}",
-            transcript.title().to_lowercase(),
-            out.calls,
-            out.size,
-            out.format,
-            out.uri,
-            out.download_expires_at,
-            out.download_url
-        );
-        if out.dropped > 0 {
-            text.push_str(&format!(
-                "\n{} later calls were not kept (the transcript's bound per sandbox).",
-                out.dropped
-            ));
-        }
+        let text = export_text(&outline.title(), &out);
         let link = ContentBlock::resource_link(
             Resource::new(uri, format!("transcript.{}", out.format))
-                .with_title(transcript.title())
+                .with_title(outline.title())
                 .with_mime_type(format.mime_type())
                 .with_size(out.size),
         );
@@ -109,4 +86,40 @@ impl McpServer {
             result: structured(&out, text, false, vec![link]),
         })
     }
+}
+
+/// The answer's text: what the export holds, its link, and what it does not hold.
+fn export_text(title: &str, out: &ExportTranscriptOutput) -> String {
+    let mut text = format!(
+        "Transcript of {} ({} calls, about {} bytes) as {}: {}. Give the person taking over this \
+         link (valid until {}): {}",
+        title.to_lowercase(),
+        out.calls,
+        out.size,
+        out.format,
+        out.uri,
+        out.download_expires_at,
+        out.download_url
+    );
+    if out.dropped > out.over_budget {
+        text.push_str(&format!(
+            "\n{} later calls were not kept (the transcript's bound per sandbox).",
+            out.dropped - out.over_budget
+        ));
+    }
+    if out.over_budget > 0 {
+        text.push_str(&format!(
+            "\n{} calls were not kept because your tenant's stored transcripts reached their \
+             byte budget.",
+            out.over_budget
+        ));
+    }
+    if out.omitted_sandboxes > 0 {
+        text.push_str(&format!(
+            "\nThis export leaves out the conversation's {} oldest sandbox(es) ({} calls); \
+             export one of them by its sandbox_id.",
+            out.omitted_sandboxes, out.omitted_calls
+        ));
+    }
+    text
 }

@@ -183,6 +183,14 @@ fn claims_of(ctx: &RequestContext<RoleServer>) -> Option<AccessClaims> {
         .cloned()
 }
 
+/// Whether the request's token could not be checked against its grant (Postgres away): its
+/// tool calls and resource reads are refused retryably.
+fn grant_unverified(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.extensions
+        .get::<axum::http::request::Parts>()
+        .is_some_and(|parts| parts.extensions.get::<auth::GrantUnverified>().is_some())
+}
+
 /// The legacy era's MCP session, used as the conversation key when none is given: its keyed
 /// hash (put there by the session-binding middleware), never the id itself.
 fn session_conversation(ctx: &RequestContext<RoleServer>) -> Option<String> {
@@ -300,10 +308,7 @@ impl ServerHandler for McpServer {
             .map(str::to_owned);
         let conversation = conversation_arg.or_else(|| session_conversation(&ctx));
         let span = tracing::info_span!("tool", tool = tool.as_str(), tenant_id = %claims.tenant, sandbox_id = tracing::field::Empty);
-        let unverified = ctx
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .is_some_and(|parts| parts.extensions.get::<auth::GrantUnverified>().is_some());
+        let unverified = grant_unverified(&ctx);
         let outcome = async {
             if unverified {
                 return Err(CallError::Service(ServiceError::DatabaseAway));

@@ -21,12 +21,18 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use sandgate_auth::{AccessClaims, Scope};
 
-use super::errors::{resource_error, resource_not_found};
-use super::render::mime_type;
+use std::time::Instant;
+
+use chrono::Utc;
+use sandgate_service::audit::{AuditEvent, ErrorKind as AuditKind, Outcome};
+use sandgate_service::{BoundedRead, ErrorKind};
+
+use super::errors::{ResourceFailure, quota_limit};
+use super::render::{mime_type, rfc3339};
 use super::{McpServer, claims_of, session_conversation};
 pub use crate::resource_uri::{POLICY_URI, file_uri, transcript_uri};
 use crate::resource_uri::{Target, file_name, parse};
-use crate::sandboxes::Caller;
+use crate::sandboxes::{Caller, ServiceError};
 use crate::transcripts::{Format, Subject, TranscriptError};
 
 /// Resources per `resources/list` page.
@@ -98,20 +104,80 @@ pub fn templates() -> ListResourceTemplatesResult {
     .with_cache_scope(CacheScope::Public)
 }
 
-async fn caller_of(server: &McpServer, claims: &AccessClaims) -> Result<Caller, ErrorData> {
+async fn caller_of(server: &McpServer, claims: &AccessClaims) -> Result<Caller, ServiceError> {
     let service = &server.inner.sandboxes;
-    let limits = service
-        .limits(claims.tenant)
-        .await
-        .map_err(|e| resource_error("", e))?;
     Ok(Caller {
         tenant: claims.tenant,
         subject: claims.sub.clone(),
         token_id: claims.jti.clone(),
         grant: claims.grant,
-        limits,
+        limits: service.limits(claims.tenant).await?,
         read_at_admission: None,
     })
+}
+
+/// What a resource request is, for its admission and its audit record.
+struct Request<'a> {
+    /// `resources/list` or `resources/read` (the audit trail's `tool`).
+    op: &'static str,
+    /// The URI read (`""` for a list).
+    uri: &'a str,
+    /// The sandbox it names, read in the admission's statement.
+    sandbox_id: Option<String>,
+    /// The conversation it names or the session stands for.
+    conversation: Option<String>,
+}
+
+/// Runs a resource request exactly like a tool call: refused retryably when the token's grant
+/// could not be verified, admitted under the tenant's calls per minute and in flight (the same
+/// refusal, with the same fields, as a tool call's), counted, and audited whatever its end.
+async fn admitted<T>(
+    server: &McpServer,
+    ctx: &RequestContext<RoleServer>,
+    request: Request<'_>,
+    body: impl AsyncFnOnce(&Caller) -> Result<T, ResourceFailure>,
+) -> Result<T, ErrorData> {
+    let claims = authorized(ctx)?;
+    let started = Instant::now();
+    let uri = request.uri;
+    let outcome = async {
+        if super::grant_unverified(ctx) {
+            return Err(ResourceFailure::service(uri, ServiceError::DatabaseAway));
+        }
+        let fail = |e| ResourceFailure::service(uri, e);
+        let mut caller = caller_of(server, &claims).await.map_err(fail)?;
+        let service = &server.inner.sandboxes;
+        let permit = match &request.sandbox_id {
+            Some(id) => service.admit_naming(&mut caller, id).await,
+            None => service.admit(&caller).await,
+        }
+        .map_err(fail)?;
+        let answer = body(&caller).await;
+        permit.release();
+        answer
+    }
+    .await;
+    let elapsed = started.elapsed();
+    let (outcome, kind, answer) = match outcome {
+        Ok(value) => (Outcome::Ok, None, Ok(value)),
+        Err(failure) => (failure.outcome, failure.kind, Err(failure.error)),
+    };
+    if let Some(limit) = kind.and_then(quota_limit) {
+        server.inner.metrics.record_quota_refusal(limit);
+    }
+    server.inner.audit.record(AuditEvent {
+        at: Utc::now(),
+        tenant_id: claims.tenant,
+        token_id: Some(claims.jti.clone()),
+        subject: Some(claims.sub.clone()),
+        conversation_id: request.conversation,
+        sandbox_id: request.sandbox_id,
+        tool: request.op.to_owned(),
+        outcome,
+        error_kind: kind,
+        duration_ms: i32::try_from(elapsed.as_millis()).unwrap_or(i32::MAX),
+    });
+    answer
 }
 
 fn authorized(ctx: &RequestContext<RoleServer>) -> Result<AccessClaims, ErrorData> {
@@ -139,27 +205,35 @@ pub async fn list(
     request: Option<PaginatedRequestParams>,
     ctx: &RequestContext<RoleServer>,
 ) -> Result<ListResourcesResult, ErrorData> {
-    let claims = authorized(ctx)?;
-    let offset = match request.and_then(|r| r.cursor) {
-        None => 0,
-        Some(cursor) => cursor.parse::<usize>().map_err(|_| {
-            ErrorData::invalid_params(
-                "invalid cursor; pass the nextCursor of the previous page",
-                None,
-            )
-        })?,
+    let conversation = session_conversation(ctx);
+    let audited = Request {
+        op: "resources/list",
+        uri: "",
+        sandbox_id: None,
+        conversation: conversation.clone(),
     };
-    let mut all = vec![policy_resource()];
-    if let Some(conversation) = session_conversation(ctx) {
-        let caller = caller_of(server, &claims).await?;
-        all.extend(session_sandbox(server, &caller, &conversation).await?);
-    }
-    let page: Vec<Resource> = all.iter().skip(offset).take(PAGE_SIZE).cloned().collect();
-    let mut result = ListResourcesResult::with_all_items(page);
-    if offset + PAGE_SIZE < all.len() {
-        result.next_cursor = Some((offset + PAGE_SIZE).to_string());
-    }
-    Ok(result.with_ttl_ms(0).with_cache_scope(CacheScope::Private))
+    admitted(server, ctx, audited, async |caller| {
+        let offset = match request.and_then(|r| r.cursor) {
+            None => 0,
+            Some(cursor) => cursor.parse::<usize>().map_err(|_| {
+                ResourceFailure::invalid(ErrorData::invalid_params(
+                    "invalid cursor; pass the nextCursor of the previous page",
+                    None,
+                ))
+            })?,
+        };
+        let mut all = vec![policy_resource()];
+        if let Some(conversation) = &conversation {
+            all.extend(session_sandbox(server, caller, conversation).await?);
+        }
+        let page: Vec<Resource> = all.iter().skip(offset).take(PAGE_SIZE).cloned().collect();
+        let mut result = ListResourcesResult::with_all_items(page);
+        if offset + PAGE_SIZE < all.len() {
+            result.next_cursor = Some((offset + PAGE_SIZE).to_string());
+        }
+        Ok(result.with_ttl_ms(0).with_cache_scope(CacheScope::Private))
+    })
+    .await
 }
 
 /// The session's live sandbox, if it has one: its transcript and its files.
@@ -167,12 +241,12 @@ async fn session_sandbox(
     server: &McpServer,
     caller: &Caller,
     conversation: &str,
-) -> Result<Vec<Resource>, ErrorData> {
+) -> Result<Vec<Resource>, ResourceFailure> {
     let service = &server.inner.sandboxes;
     let Some(id) = service
         .find_conversation(caller, conversation)
         .await
-        .map_err(|e| resource_error("", e))?
+        .map_err(|e| ResourceFailure::service("", e))?
     else {
         return Ok(Vec::new());
     };
@@ -208,63 +282,94 @@ pub async fn read(
     uri: &str,
     ctx: &RequestContext<RoleServer>,
 ) -> Result<ReadResourceResult, ErrorData> {
-    let claims = authorized(ctx)?;
-    let target = parse(uri).ok_or_else(|| {
-        resource_not_found(
-            uri,
-            format!(
-                "unknown resource {uri:?}; resources are sandbox://{{sandbox_id}}/files/{{path}}, \
-                 sandbox://{{sandbox_id}}/transcript.ipynb|html or \
-                 conversation://{{conversation_id}}/transcript.ipynb|html"
-            ),
-        )
-    })?;
-    let contents = match target {
-        Target::Policy => ResourceContents::text(policy_text(server, &claims).await?, uri)
-            .with_mime_type("text/markdown"),
-        Target::File { sandbox_id, path } => {
-            read_file(server, &claims, uri, &sandbox_id, &path).await?
-        }
-        Target::Transcript { subject, format } => {
-            let transcript = server
-                .inner
-                .transcripts
-                .load(claims.tenant, &subject)
-                .await
-                .map_err(|err| match err {
-                    TranscriptError::NotFound { .. } => resource_not_found(uri, err.to_string()),
-                    TranscriptError::Store(_) => ErrorData::internal_error(err.to_string(), None),
-                })?;
-            ResourceContents::text(format.render(&transcript), uri)
-                .with_mime_type(format.mime_type())
-        }
+    let target = parse(uri);
+    let (sandbox_id, conversation) = match &target {
+        Some(Target::File { sandbox_id, .. }) => (Some(sandbox_id.clone()), None),
+        Some(Target::Transcript { subject, .. }) => match subject {
+            Subject::Sandbox(id) => (Some(id.clone()), None),
+            Subject::Conversation(c) => (None, Some(c.clone())),
+        },
+        Some(Target::Policy) | None => (None, None),
     };
-    Ok(ReadResourceResult::new(vec![contents])
-        .with_ttl_ms(0)
-        .with_cache_scope(CacheScope::Private))
+    let audited = Request {
+        op: "resources/read",
+        uri,
+        // A transcript outlives its sandbox: only a file read needs the live sandbox's row.
+        sandbox_id: sandbox_id.clone(),
+        conversation,
+    };
+    admitted(server, ctx, audited, async |caller| {
+        let target = target.ok_or_else(|| {
+            ResourceFailure::not_found(
+                uri,
+                format!(
+                    "unknown resource {uri:?}; resources are sandbox://{{sandbox_id}}/files/{{path}}, \
+                     sandbox://{{sandbox_id}}/transcript.ipynb|html or \
+                     conversation://{{conversation_id}}/transcript.ipynb|html"
+                ),
+            )
+        })?;
+        let contents = match target {
+            Target::Policy => ResourceContents::text(policy_text(server, caller).await?, uri)
+                .with_mime_type("text/markdown"),
+            Target::File { sandbox_id, path } => {
+                read_file(server, caller, uri, &sandbox_id, &path).await?
+            }
+            Target::Transcript { subject, format } => {
+                let rendered = server
+                    .inner
+                    .transcripts
+                    .render(caller.tenant, &subject, format)
+                    .await
+                    .map_err(|err| match err {
+                        TranscriptError::NotFound { .. } => {
+                            ResourceFailure::not_found(uri, err.to_string())
+                        }
+                        other => ResourceFailure::service(uri, other.into()),
+                    })?;
+                ResourceContents::text(rendered, uri).with_mime_type(format.mime_type())
+            }
+        };
+        Ok(ReadResourceResult::new(vec![contents])
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private))
+    })
+    .await
 }
 
+/// A file of a live sandbox, inline up to `limits.inline_resource_bytes`; a bigger one is a
+/// refusal of kind `limit` that carries its download link (streamed, never held whole here).
 async fn read_file(
     server: &McpServer,
-    claims: &AccessClaims,
+    caller: &Caller,
     uri: &str,
     sandbox_id: &str,
     path: &str,
-) -> Result<ResourceContents, ErrorData> {
-    let caller = caller_of(server, claims).await?;
+) -> Result<ResourceContents, ResourceFailure> {
     let service = &server.inner.sandboxes;
+    let fail = |e| ResourceFailure::service(uri, e);
     let resolved = service
-        .resolve(&caller, Some(sandbox_id), None, None)
+        .resolve(caller, Some(sandbox_id), None, None)
         .await
-        .map_err(|e| resource_error(uri, e))?;
-    let file = resolved
-        .sandbox
-        .read_file(path, server.inner.limits.max_file_bytes)
-        .await;
-    let (data, info) = service
-        .checked(&resolved, file)
+        .map_err(fail)?;
+    let limits = &server.inner.limits;
+    let inline_max = limits.inline_resource_bytes.min(limits.max_file_bytes);
+    let (data, info) = match service
+        .read_file_bounded(&resolved, path, inline_max)
         .await
-        .map_err(|e| resource_error(uri, e))?;
+        .map_err(fail)?
+    {
+        BoundedRead::Read(data, info) => (data, info),
+        BoundedRead::TooLarge { size } => {
+            let link = Oversized {
+                sandbox_id,
+                path,
+                size,
+                inline_max,
+            };
+            return Err(link.refusal(server, caller, uri));
+        }
+    };
     let mime = mime_type(&info.path, &data[..data.len().min(512)]);
     let texty = mime.starts_with("text/") || mime.ends_with("json") || mime.ends_with("xml");
     Ok(match String::from_utf8(data) {
@@ -276,11 +381,54 @@ async fn read_file(
     })
 }
 
-async fn policy_text(server: &McpServer, claims: &AccessClaims) -> Result<String, ErrorData> {
+/// A file over the inline bound of `resources/read`.
+struct Oversized<'a> {
+    sandbox_id: &'a str,
+    path: &'a str,
+    size: Option<u64>,
+    inline_max: u64,
+}
+
+impl Oversized<'_> {
+    /// The refusal: the file's download link instead of its bytes.
+    fn refusal(&self, server: &McpServer, caller: &Caller, uri: &str) -> ResourceFailure {
+        let absolute = if self.path.starts_with('/') {
+            self.path.to_owned()
+        } else {
+            format!("/home/user/{}", self.path)
+        };
+        let (download_url, expires) = server.inner.links.mint(caller, self.sandbox_id, &absolute);
+        let expires = rfc3339(expires);
+        let size = self
+            .size
+            .map_or_else(|| "larger".to_owned(), |s| format!("{s} bytes"));
+        let message = format!(
+            "{absolute} is {size}, more than the {} bytes resources/read returns inline; \
+             download it with this link (valid until {expires}): {download_url}",
+            self.inline_max
+        );
+        let data = serde_json::json!({
+            "error": ErrorKind::Limit.as_str(),
+            "retryable": false,
+            "uri": uri,
+            "size": self.size,
+            "inline_resource_bytes": self.inline_max,
+            "download_url": download_url,
+            "download_expires_at": expires,
+        });
+        ResourceFailure {
+            error: ErrorData::invalid_request(message, Some(data)),
+            outcome: Outcome::Refused,
+            kind: Some(AuditKind::Limit),
+        }
+    }
+}
+
+async fn policy_text(server: &McpServer, caller: &Caller) -> Result<String, ResourceFailure> {
     server
         .inner
         .transcripts
-        .policy_markdown(claims.tenant)
+        .policy_markdown(caller.tenant)
         .await
-        .map_err(|_| ErrorData::internal_error("temporarily unavailable; retry in a moment", None))
+        .map_err(|e| ResourceFailure::service(POLICY_URI, ServiceError::Store(e)))
 }

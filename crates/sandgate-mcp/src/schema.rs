@@ -452,12 +452,21 @@ pub struct ExportTranscriptOutput {
     pub uri: String,
     /// Its MIME type.
     pub mime_type: String,
-    /// Its size in bytes.
+    /// The bytes of stored entries it holds (the rendering is about this size; it is not
+    /// rendered to measure it).
     pub size: u64,
     /// Calls (cells, commands, file transfers) it holds.
     pub calls: u64,
-    /// Later calls that were not kept because a sandbox's transcript was full.
+    /// Later calls that were not kept because a sandbox's transcript was full or the tenant's
+    /// transcripts were at their byte budget.
     pub dropped: u64,
+    /// Of those, the calls not kept because the tenant's transcripts were at their byte budget.
+    pub over_budget: u64,
+    /// The conversation's oldest sandboxes this export leaves out (one export holds only its
+    /// newest sandboxes, up to a bound in sandboxes and bytes); export one by its sandbox id.
+    pub omitted_sandboxes: u64,
+    /// Their calls.
+    pub omitted_calls: u64,
     /// A link a person (e.g. the human agent taking over) can open, valid until
     /// download_expires_at; it stops working if this app is disconnected.
     pub download_url: String,

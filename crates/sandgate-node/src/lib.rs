@@ -8,11 +8,13 @@
 //! - The node RPC (`proto/node.proto`, gRPC with tonic over mutual TLS): [`NodeService`] serves a
 //!   [`SandboxManager`]; [`RemoteNode`] and [`RemoteSandbox`] call it; [`status`] carries typed
 //!   errors across; [`NodeTls`] holds the certificates. The package-index relay rides on a cell's
-//!   or command's own stream (`relay`), bounded by [`RelayLimits`].
+//!   or command's own stream (`relay`), bounded by [`RelayLimits`]; what the node holds for
+//!   calls (whole files, a cell's images) is bounded by [`ReadLimits`] (`budget`).
 //!
 //! Both handles are enums: the in-process variant calls the [`SandboxManager`] and [`Sandbox`]
 //! directly (no serialization, no extra task: the one-machine case pays one `match`).
 
+mod budget;
 mod convert;
 mod handle;
 mod node;
@@ -36,6 +38,7 @@ pub mod proto {
     tonic::include_proto!("sandgate.node.v1");
 }
 
+pub use budget::ReadLimits;
 pub use handle::SandboxHandle;
 pub use node::{NodeHandle, StartTicket};
 pub use relay::{MAX_INDEX_CHUNK_BYTES, RelayLimits};

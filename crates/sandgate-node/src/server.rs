@@ -12,6 +12,7 @@ use sandgate_sandbox::{
 use tokio::sync::mpsc;
 use tonic::{Request, Response, Status};
 
+use crate::budget::{ReadBudget, ReadLimits};
 use crate::proto::{self, node_server};
 use crate::relay::{self, GatewayIndex, RelayLimits};
 use crate::status::to_status;
@@ -64,6 +65,8 @@ pub struct NodeService {
     live: Arc<Mutex<HashMap<String, Sandbox>>>,
     /// Bounds of the package-index relay.
     relay: RelayLimits,
+    /// What the node holds for calls (whole files, a cell's images).
+    budget: ReadBudget,
 }
 
 impl NodeService {
@@ -73,7 +76,15 @@ impl NodeService {
             manager,
             live: Arc::default(),
             relay: RelayLimits::default(),
+            budget: ReadBudget::new(ReadLimits::default()),
         }
+    }
+
+    /// The same service with other bounds on what it holds for calls.
+    #[must_use]
+    pub fn with_read_limits(mut self, limits: ReadLimits) -> Self {
+        self.budget = ReadBudget::new(limits);
+        self
     }
 
     /// The same service with other bounds for the package-index relay.
@@ -155,6 +166,11 @@ impl NodeService {
 
 type Reply<T> = Result<Response<T>, Status>;
 
+/// Room in the node's budget held by an answer (kept in its extensions until the transport
+/// takes the response).
+#[derive(Debug, Clone)]
+struct HeldRoom(#[allow(dead_code)] Arc<tokio::sync::OwnedSemaphorePermit>); // held, never read
+
 fn reply<T, U: Into<T>>(result: Result<U, SandboxError>) -> Reply<T> {
     result
         .map(|v| Response::new(v.into()))
@@ -182,6 +198,11 @@ trait StreamedCall: Sized + Send + 'static {
     /// Whether the caller wants the call's output events (progress) at all.
     fn streams(&self) -> bool;
     /// Whether the caller serves the sandbox's package index for this call.
+    /// The request within the node's own bounds (a cell's images).
+    fn bounded(self, _limits: ReadLimits) -> Self {
+        self
+    }
+
     fn serves_index(&self) -> bool;
     /// Runs the call on `sandbox`, its output events sent to `events`.
     fn run(
@@ -222,6 +243,11 @@ impl StreamedCall for proto::ExecRequest {
 
     fn streams(&self) -> bool {
         self.stream
+    }
+
+    fn bounded(mut self, limits: ReadLimits) -> Self {
+        self.display_limit = self.display_limit.min(limits.display_bytes_per_call);
+        self
     }
 
     fn serves_index(&self) -> bool {
@@ -331,7 +357,9 @@ impl NodeService {
         request: Request<tonic::Streaming<C::Input>>,
     ) -> Reply<BoxStream<'static, Result<C::Event, Status>>> {
         let mut inputs = request.into_inner();
-        let mut req = first_input(&mut inputs, C::request).await?;
+        let mut req = first_input(&mut inputs, C::request)
+            .await?
+            .bounded(self.budget.limits());
         let sandbox = self.sandbox(req.take_sandbox()).await?;
         tracing::Span::current().record("sandbox_id", sandbox.id());
         let (tx, rx) = mpsc::channel(EVENT_BUFFER);
@@ -563,15 +591,21 @@ impl node_server::Node for NodeService {
     ) -> Reply<proto::FileContent> {
         let req = request.into_inner();
         let sandbox = self.sandbox(req.sandbox).await?;
-        reply(
-            sandbox
-                .read_file(&req.path, req.max_bytes)
-                .await
-                .map(|(data, info)| proto::FileContent {
-                    data: data.into(),
-                    info: Some(info.into()),
-                }),
-        )
+        // The whole file is held here, then once more while it is encoded: room for both is
+        // reserved before anything is read, and held until the answer goes to the transport.
+        let max_bytes = self.budget.per_call(req.max_bytes);
+        let room = self
+            .budget
+            .reserve(max_bytes.saturating_mul(2))
+            .map_err(|e| to_status(&e))?;
+        let mut answer = reply(sandbox.read_file(&req.path, max_bytes).await.map(
+            |(data, info)| proto::FileContent {
+                data: data.into(),
+                info: Some(info.into()),
+            },
+        ))?;
+        answer.extensions_mut().insert(HeldRoom(Arc::new(room)));
+        Ok(answer)
     }
 
     async fn list(&self, request: Request<proto::PathRequest>) -> Reply<proto::Listing> {

@@ -94,6 +94,13 @@ pub fn to_status(err: &SandboxError) -> Status {
         SandboxError::StartQueue { waited } => {
             (Code::ResourceExhausted, Kind::StartQueueMs(millis(*waited)))
         }
+        SandboxError::NodeBusy { what, retry_after } => (
+            Code::ResourceExhausted,
+            Kind::NodeBusy(proto::NodeBusy {
+                what: what.clone(),
+                retry_after_ms: millis(*retry_after),
+            }),
+        ),
         SandboxError::NotOurs { container_id } => {
             (Code::NotFound, Kind::NotOurs(container_id.clone()))
         }
@@ -350,6 +357,10 @@ pub fn from_status(node: &str, status: &Status) -> SandboxError {
         }),
         Kind::StartQueueMs(ms) => SandboxError::StartQueue {
             waited: Duration::from_millis(ms),
+        },
+        Kind::NodeBusy(b) => SandboxError::NodeBusy {
+            what: b.what,
+            retry_after: Duration::from_millis(b.retry_after_ms),
         },
         Kind::ReadyTimeoutMs(ms) => SandboxError::Channel(ChannelError::ReadyTimeout {
             waited: Duration::from_millis(ms),

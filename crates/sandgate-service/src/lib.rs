@@ -52,8 +52,8 @@ pub use sandboxes::lifecycle;
 
 pub use config::Config;
 pub use sandboxes::{
-    CallPermit, Caller, CommandLine, ErrorKind, Limits, OutputSink, Quota, Resolved, RunLimits,
-    SandboxService, ServiceError, Target,
+    BoundedRead, CallPermit, Caller, CommandLine, ErrorKind, Limits, OutputSink, Quota, Resolved,
+    RunLimits, SandboxService, ServiceError, Target,
 };
 /// The Postgres pool the faces hold for the service (the store's).
 pub use sandgate_store::PgPool;

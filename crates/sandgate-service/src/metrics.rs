@@ -298,6 +298,12 @@ fn register_counters(registry: &mut Registry) {
          full transcript does not keep)",
         crate::transcripts::lost_counter().clone(),
     );
+    registry.register(
+        "transcript_entries_over_budget",
+        "Transcript entries not kept because their tenant's stored transcripts were at their \
+         byte budget (retention.transcript_tenant_max_bytes); each export says so too",
+        crate::transcripts::over_budget_counter().clone(),
+    );
 }
 
 #[cfg(test)]

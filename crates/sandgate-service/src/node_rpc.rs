@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use sandgate_node::{NodeService, NodeTls, SandboxManager, ServeError, TlsError};
+use sandgate_node::{NodeService, NodeTls, ReadLimits, SandboxManager, ServeError, TlsError};
 use tokio::net::TcpListener;
 
 use crate::config::NodeConfig;
@@ -37,6 +37,7 @@ pub enum NodeRpcError {
 pub struct NodeRpc {
     listener: TcpListener,
     tls: Option<NodeTls>,
+    reads: ReadLimits,
 }
 
 impl NodeRpc {
@@ -61,7 +62,11 @@ impl NodeRpc {
                     addr: config.listen.clone(),
                     source,
                 })?;
-        Ok(Some(Self { listener, tls }))
+        Ok(Some(Self {
+            listener,
+            tls,
+            reads: config.read_limits(),
+        }))
     }
 
     /// The address bound (with port 0, the one the kernel chose).
@@ -77,7 +82,7 @@ impl NodeRpc {
     ) -> Result<(), NodeRpcError> {
         sandgate_node::serve(
             self.listener,
-            NodeService::new(manager),
+            NodeService::new(manager).with_read_limits(self.reads),
             self.tls.as_ref(),
             shutdown,
         )

@@ -11,7 +11,7 @@
 //! person who takes over sees every call that answered, in order.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use base64::Engine;
@@ -25,12 +25,16 @@ use sandgate_store::{PgPool, StoreError};
 use sandgate_transcript::{
     Bound, Cell, CellError, Command, Entry, FileEvent, Part, Record, Transcript,
 };
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
+use crate::ServiceError;
 use crate::config::RetentionConfig;
 use crate::write_behind::{Bounds, Dropped, Sink, WriteBehind};
+/// What a load left out (see [`Transcript::omitted`]).
+pub use sandgate_transcript::Omitted;
 /// The `Content-Security-Policy` an HTML transcript must be served with: a sandboxed,
 /// script-less document in an opaque origin (its content came from untrusted code).
 pub use sandgate_transcript::html::CONTENT_SECURITY_POLICY;
@@ -42,6 +46,10 @@ const QUEUE_ENTRIES: usize = 10_000;
 const BATCH_ENTRIES: usize = 200;
 /// How long a load waits for this process's queued entries before it reads anyway.
 const FLUSH_BEFORE_LOAD: Duration = Duration::from_secs(5);
+/// How long a load waits for a place among the loads at once before it is refused.
+const LOAD_PLACE_WAIT: Duration = Duration::from_secs(5);
+/// The retry a refused load suggests, seconds.
+const LOAD_RETRY_SECONDS: u32 = 5;
 
 /// Transcript entries never written (queue full, Postgres away through shutdown, or refused by
 /// the database): `sandgate_transcript_entries_lost_total` in `/metrics`. Not the entries a
@@ -51,6 +59,14 @@ pub fn lost_counter() -> &'static Counter {
     LOST.get_or_init(Counter::default)
 }
 
+/// Transcript entries not kept because their tenant's transcripts were at their byte budget
+/// (`retention.transcript_tenant_max_bytes`): `sandgate_transcript_entries_over_budget_total`.
+/// Each transcript counts its own too, and its export says so.
+pub fn over_budget_counter() -> &'static Counter {
+    static OVER: OnceLock<Counter> = OnceLock::new();
+    OVER.get_or_init(Counter::default)
+}
+
 /// Records and loads transcripts. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Transcripts {
@@ -58,6 +74,54 @@ pub struct Transcripts {
     bound: Bound,
     retention_seconds: u64,
     queue: WriteBehind<Queued>,
+    load: LoadBound,
+    /// Places for loads at once in this process (each holds its bytes and a connection).
+    loads: Arc<Semaphore>,
+}
+
+/// How much one load reads.
+#[derive(Debug, Clone, Copy)]
+struct LoadBound {
+    max_parts: u32,
+    max_bytes: u64,
+}
+
+/// A transcript's size and shape, read without its entries (for `export_transcript` and the
+/// transcripts page): what a load of it would hold and what it would leave out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outline {
+    /// The conversation, when the subject is one (or the sandbox was bound to one).
+    pub conversation_id: Option<String>,
+    /// The sandboxes a load holds, oldest first.
+    pub parts: Vec<PartOutline>,
+    /// The oldest sandboxes a load leaves out.
+    pub omitted: Omitted,
+}
+
+/// One sandbox's part of an [`Outline`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartOutline {
+    /// `sbx_…`.
+    pub sandbox_id: String,
+    /// Calls kept.
+    pub calls: u64,
+    /// Stored bytes kept.
+    pub bytes: u64,
+    /// Calls not kept.
+    pub dropped: u64,
+    /// Of those, not kept for the tenant's byte budget.
+    pub over_budget: u64,
+}
+
+impl Outline {
+    /// A short title: the conversation, else the sandbox.
+    pub fn title(&self) -> String {
+        match (&self.conversation_id, self.parts.first()) {
+            (Some(c), _) => format!("Conversation {c}"),
+            (None, Some(p)) => format!("Sandbox {}", p.sandbox_id),
+            (None, None) => "Empty transcript".to_owned(),
+        }
+    }
 }
 
 /// An entry waiting to be written.
@@ -154,6 +218,24 @@ pub enum TranscriptError {
     /// Postgres failed.
     #[error("transcripts are temporarily unavailable; retry in a moment")]
     Store(#[from] StoreError),
+    /// This process already runs its most transcript loads at once.
+    #[error(
+        "limit reached: transcript exports at once on this gateway; retry in {LOAD_RETRY_SECONDS} s"
+    )]
+    Busy,
+}
+
+impl From<TranscriptError> for ServiceError {
+    fn from(err: TranscriptError) -> Self {
+        match err {
+            TranscriptError::NotFound { .. } => ServiceError::NotFound(err.to_string()),
+            TranscriptError::Store(store) => ServiceError::from(store),
+            TranscriptError::Busy => ServiceError::Busy {
+                what: "transcript exports at once on this gateway".into(),
+                retry_after_seconds: LOAD_RETRY_SECONDS,
+            },
+        }
+    }
 }
 
 impl Transcripts {
@@ -168,12 +250,14 @@ impl Transcripts {
         let bound = Bound {
             max_entries: config.transcript_max_entries,
             max_bytes: config.transcript_max_bytes,
+            tenant_max_bytes: config.transcript_tenant_max_bytes,
         };
         let sink = EntrySink {
             db: db.clone(),
             bound: store::Bound {
                 max_entries: i32::try_from(bound.max_entries).unwrap_or(i32::MAX),
                 max_bytes: i64::try_from(bound.max_bytes).unwrap_or(i64::MAX),
+                tenant_max_bytes: i64::try_from(bound.tenant_max_bytes).unwrap_or(i64::MAX),
             },
         };
         let bounds = Bounds {
@@ -189,6 +273,11 @@ impl Transcripts {
             bound,
             retention_seconds: config.transcripts_seconds,
             queue: WriteBehind::start(sink, bounds, lost, stop, tasks),
+            load: LoadBound {
+                max_parts: config.transcript_load_max_parts,
+                max_bytes: config.transcript_load_max_bytes,
+            },
+            loads: Arc::new(Semaphore::new(config.transcript_loads_at_once as usize)),
         }
     }
 
@@ -227,8 +316,8 @@ impl Transcripts {
              - Files in a sandbox live only in its container and are deleted when the sandbox ends.\n\
              - A transcript of each sandbox (code, output, charts, errors, file names, sizes and \
                hashes; never the files) is kept for {days} days after the sandbox ends, then deleted. \
-               It keeps the first {entries} calls and at most {bytes} per sandbox and says so when it \
-               dropped some.\n\
+               It keeps the first {entries} calls and at most {bytes} per sandbox, at most {tenant} \
+               over all your tenant's transcripts, and says so when it dropped some.\n\
              - Only your tenant can read its transcripts: through export_transcript, these resources, \
                download links (15 minutes; they stop when the app that made them is disconnected) and \
                your users' page at /transcripts.\n\
@@ -237,25 +326,115 @@ impl Transcripts {
             days = seconds / 86_400,
             entries = bound.max_entries,
             bytes = sandgate_transcript::human_bytes(bound.max_bytes),
+            tenant = sandgate_transcript::human_bytes(bound.tenant_max_bytes),
         ))
     }
 
-    /// A tenant's transcript of a sandbox or conversation.
+    /// A tenant's transcript of a sandbox or conversation, rendered in `format`: loaded and
+    /// rendered in one of this process's places for loads at once (see [`Self::load`]).
+    pub async fn render(
+        &self,
+        tenant: Uuid,
+        subject: &Subject,
+        format: Format,
+    ) -> Result<String, TranscriptError> {
+        let place = self.place().await?;
+        let transcript = self.load_in_place(tenant, subject).await?;
+        let rendered = format.render(&transcript);
+        drop(place);
+        Ok(rendered)
+    }
+
+    /// A tenant's transcript of a sandbox or conversation: a conversation's newest sandboxes
+    /// up to `retention.transcript_load_max_parts` and `transcript_load_max_bytes` (the newest
+    /// always), oldest first, with what was left out in [`Transcript::omitted`]. At most
+    /// `retention.transcript_loads_at_once` loads run at once in this process; one more waits
+    /// a little, then is [`TranscriptError::Busy`].
     pub async fn load(
         &self,
         tenant: Uuid,
         subject: &Subject,
     ) -> Result<Transcript, TranscriptError> {
-        // What this process's calls queued is written first: the person who takes over sees
-        // every call that answered. (Another replica's last few milliseconds may still be on
-        // their way.)
+        let _place = self.place().await?;
+        self.load_in_place(tenant, subject).await
+    }
+
+    /// What a load of the transcript would hold and leave out, read without its entries.
+    pub async fn outline(
+        &self,
+        tenant: Uuid,
+        subject: &Subject,
+    ) -> Result<Outline, TranscriptError> {
+        self.flush_queued().await;
+        let mut conn = sandgate_store::acquire(&self.db).await?;
+        let (summaries, conversation_id, omitted) = self.chosen(&mut conn, tenant, subject).await?;
+        drop(conn);
+        Ok(Outline {
+            conversation_id,
+            parts: summaries
+                .into_iter()
+                .map(|s| PartOutline {
+                    sandbox_id: s.sandbox_id,
+                    calls: s.entries.max(0) as u64,
+                    bytes: s.bytes.max(0) as u64,
+                    dropped: s.dropped.max(0) as u64,
+                    over_budget: s.over_budget.max(0) as u64,
+                })
+                .collect(),
+            omitted,
+        })
+    }
+
+    /// A place among the loads at once, waited for a little.
+    async fn place(&self) -> Result<tokio::sync::OwnedSemaphorePermit, TranscriptError> {
+        tokio::time::timeout(LOAD_PLACE_WAIT, self.loads.clone().acquire_owned())
+            .await
+            .map_err(|_| TranscriptError::Busy)?
+            .map_err(|_| TranscriptError::Busy)
+    }
+
+    /// What this process's calls queued is written first: the person who takes over sees
+    /// every call that answered. (Another replica's last few milliseconds may still be on
+    /// their way.)
+    async fn flush_queued(&self) {
         if !self.queue.flush(FLUSH_BEFORE_LOAD).await {
             tracing::warn!("transcript entries still queued; loading what is written");
         }
+    }
+
+    async fn load_in_place(
+        &self,
+        tenant: Uuid,
+        subject: &Subject,
+    ) -> Result<Transcript, TranscriptError> {
+        self.flush_queued().await;
         let mut conn = sandgate_store::acquire(&self.db).await?;
-        let (summaries, conversation_id) = match subject {
+        let (summaries, conversation_id, omitted) = self.chosen(&mut conn, tenant, subject).await?;
+        let mut parts = Vec::with_capacity(summaries.len());
+        for summary in summaries {
+            let rows = store::entries(&mut conn, &summary.sandbox_id).await?;
+            parts.push(part_of(summary, rows));
+        }
+        Ok(Transcript {
+            conversation_id,
+            parts,
+            bound: self.bound,
+            omitted,
+            exported_at: Utc::now(),
+        })
+    }
+
+    /// The sandboxes a load of `subject` reads (oldest first), its conversation, and what it
+    /// leaves out; `NotFound` when there is nothing.
+    async fn chosen(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        tenant: Uuid,
+        subject: &Subject,
+    ) -> Result<(Vec<store::Summary>, Option<String>, Omitted), TranscriptError> {
+        let (mut summaries, conversation_id) = match subject {
             Subject::Sandbox(id) => {
-                let found = store::of_sandbox(&mut conn, tenant, id).await?;
+                let found = store::of_sandbox(conn, tenant, id).await?;
                 // A legacy MCP session standing in for the conversation is not shown.
                 let conversation = found
                     .as_ref()
@@ -263,10 +442,11 @@ impl Transcripts {
                     .filter(|c| !c.starts_with("mcp-session:"));
                 (found.into_iter().collect::<Vec<_>>(), conversation)
             }
-            Subject::Conversation(id) => (
-                store::of_conversation(&mut conn, tenant, id).await?,
-                Some(id.clone()),
-            ),
+            Subject::Conversation(id) => {
+                let limit = i64::from(self.load.max_parts);
+                let newest = store::of_conversation(conn, tenant, id, limit).await?;
+                (newest, Some(id.clone()))
+            }
         };
         if summaries.is_empty() {
             let seconds = self.retention_seconds(tenant).await?;
@@ -275,37 +455,60 @@ impl Transcripts {
                 days: seconds / 86_400,
             });
         }
-        let mut parts = Vec::with_capacity(summaries.len());
-        for summary in summaries {
-            let rows = store::entries(&mut conn, &summary.sandbox_id).await?;
-            let records = rows
-                .into_iter()
-                .filter_map(|row| match serde_json::from_value::<Entry>(row.body) {
-                    Ok(entry) => Some(Record {
-                        seq: row.seq,
-                        at: row.at,
-                        entry,
-                    }),
-                    Err(err) => {
-                        tracing::warn!(error = %err, sandbox_id = %summary.sandbox_id, seq = row.seq, "skipping an unreadable transcript entry");
-                        None
-                    }
-                })
-                .collect();
-            parts.push(Part {
-                sandbox_id: summary.sandbox_id,
-                started_at: summary.leased_at,
-                closed_at: summary.closed_at,
-                records,
-                dropped: summary.dropped.max(0) as u32,
-            });
+        // Newest first: keep while the bytes fit (the newest whatever its size).
+        let mut bytes = 0u64;
+        let mut kept = 0;
+        for summary in &summaries {
+            let size = summary.bytes.max(0) as u64;
+            if kept > 0 && bytes + size > self.load.max_bytes {
+                break;
+            }
+            bytes += size;
+            kept += 1;
         }
-        Ok(Transcript {
-            conversation_id,
-            parts,
-            bound: self.bound,
-            exported_at: Utc::now(),
+        let mut omitted = Omitted::default();
+        for left in summaries.drain(kept..) {
+            omitted.parts += 1;
+            omitted.calls += left.entries.max(0) as u64;
+            omitted.bytes += left.bytes.max(0) as u64;
+        }
+        if let Subject::Conversation(id) = subject {
+            let skip = i64::from(self.load.max_parts);
+            let (parts, calls, older) =
+                store::older_of_conversation(conn, tenant, id, skip).await?;
+            omitted.parts += parts.max(0) as u32;
+            omitted.calls += calls.max(0) as u64;
+            omitted.bytes += older.max(0) as u64;
+        }
+        summaries.reverse();
+        Ok((summaries, conversation_id, omitted))
+    }
+}
+
+/// A stored sandbox transcript as a part of a [`Transcript`] (an unreadable entry is skipped
+/// and logged).
+fn part_of(summary: store::Summary, rows: Vec<store::EntryRow>) -> Part {
+    let records = rows
+        .into_iter()
+        .filter_map(|row| match serde_json::from_value::<Entry>(row.body) {
+            Ok(entry) => Some(Record {
+                seq: row.seq,
+                at: row.at,
+                entry,
+            }),
+            Err(err) => {
+                tracing::warn!(error = %err, sandbox_id = %summary.sandbox_id, seq = row.seq, "skipping an unreadable transcript entry");
+                None
+            }
         })
+        .collect();
+    Part {
+        sandbox_id: summary.sandbox_id,
+        started_at: summary.leased_at,
+        closed_at: summary.closed_at,
+        records,
+        dropped: summary.dropped.max(0) as u32,
+        over_budget: summary.over_budget.max(0) as u32,
     }
 }
 
@@ -380,6 +583,14 @@ impl EntrySink {
         sandgate_store::commit(tx).await?;
         if appended.is_empty() {
             tracing::info!(sandbox_id = %first.sandbox_id, entries = entries.len(), "the tenant's content was purged; late transcript entries not written");
+        }
+        let over_budget = appended
+            .iter()
+            .filter(|a| matches!(a, Appended::OverBudget))
+            .count();
+        if over_budget > 0 {
+            over_budget_counter().inc_by(over_budget as u64);
+            tracing::info!(sandbox_id = %first.sandbox_id, tenant_id = %first.tenant_id, entries = over_budget, "the tenant's transcripts are at their byte budget; entries counted, not kept");
         }
         let full = appended
             .iter()

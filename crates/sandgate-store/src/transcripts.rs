@@ -19,6 +19,8 @@ pub struct Bound {
     pub max_entries: i32,
     /// Most bytes of entry JSON.
     pub max_bytes: i64,
+    /// Most bytes of entry JSON over all of the tenant's transcripts.
+    pub tenant_max_bytes: i64,
 }
 
 /// Whose transcript entries are appended: a sandbox and its owner.
@@ -52,12 +54,17 @@ pub enum Appended {
     Kept(i32),
     /// Not kept: the transcript is at its bound (it counts one more dropped entry).
     Dropped,
+    /// Not kept: the tenant's transcripts are at their byte budget (counted as dropped, and
+    /// as over budget).
+    OverBudget,
 }
 
 /// Appends entries, in order, to a sandbox's transcript; an entry that does not fit the bound
-/// is counted as dropped instead (a later, smaller one may still fit). Takes the transcript's
-/// row lock, so appends from several processes get consecutive positions; run it in a
-/// transaction. Two statements however many entries.
+/// (the sandbox's, or the tenant's byte budget over all its transcripts) is counted as dropped
+/// instead (a later, smaller one may still fit). Takes the transcript's row lock, so appends
+/// from several processes get consecutive positions, and the tenant's transcript lock (a
+/// transaction-scoped advisory lock), so appends to several of its sandboxes at once do not
+/// pass the budget together; run it in a transaction. Four statements however many entries.
 ///
 /// Entries are written behind the calls that made them, so they may arrive after an
 /// operator's purge of the tenant (`sandgate admin tenant purge`, which closes the live
@@ -71,7 +78,16 @@ pub async fn append_all(
     new: &[NewEntry<'_>],
     bound: Bound,
 ) -> Result<Vec<Appended>, StoreError> {
-    // The no-op update takes the row lock and returns the counts as they are.
+    // The tenant's bytes under its lock (namespaced by the table's oid, so no other advisory
+    // lock of this database shares the key), then this transcript's row: the no-op update
+    // takes the row lock and returns the counts as they are.
+    sqlx::query(
+        "SELECT 1 FROM pg_advisory_xact_lock('transcripts'::regclass::oid::int4, hashtext($1::text))",
+    )
+    .bind(owner.tenant_id)
+    .execute(&mut *conn)
+    .await?;
+    let tenant_bytes = tenant_bytes(conn, owner.tenant_id).await?;
     let counts: Option<(i32, i64)> = sqlx::query_as(
         "WITH sandbox AS (SELECT id FROM sandboxes
                            WHERE id = $1 AND close_reason IS DISTINCT FROM 'purged'
@@ -86,45 +102,89 @@ pub async fn append_all(
     .bind(owner.conversation_id)
     .fetch_optional(&mut *conn)
     .await?;
-    let Some((mut entries, mut bytes)) = counts else {
+    let Some((entries, bytes)) = counts else {
         return Ok(Vec::new());
     };
-    let mut appended = Vec::with_capacity(new.len());
-    let (mut seqs, mut ats, mut kinds, mut bodies) = (vec![], vec![], vec![], vec![]);
-    let mut dropped = 0i32;
-    for entry in new {
-        if entries >= bound.max_entries || bytes + entry.bytes > bound.max_bytes {
-            dropped += 1;
-            appended.push(Appended::Dropped);
-            continue;
-        }
-        entries += 1;
-        bytes += entry.bytes;
-        seqs.push(entries);
-        ats.push(entry.at);
-        kinds.push(entry.kind);
-        bodies.push(entry.body);
-        appended.push(Appended::Kept(entries));
-    }
+    let plan = plan(new, bound, entries, bytes, tenant_bytes);
     sqlx::query(
         "WITH e AS (INSERT INTO transcript_entries (sandbox_id, seq, at, kind, body)
                     SELECT $1, u.seq, u.at, u.kind, u.body
                       FROM UNNEST($2::int4[], $3::timestamptz[], $4::text[], $5::jsonb[])
                            AS u(seq, at, kind, body))
-         UPDATE transcripts SET entries = $6, bytes = $7, dropped = dropped + $8
+         UPDATE transcripts SET entries = $6, bytes = $7, dropped = dropped + $8,
+                                over_budget = over_budget + $9
           WHERE sandbox_id = $1",
     )
     .bind(owner.sandbox_id)
-    .bind(seqs)
-    .bind(ats)
-    .bind(kinds)
-    .bind(bodies)
-    .bind(entries)
-    .bind(bytes)
-    .bind(dropped)
+    .bind(plan.seqs)
+    .bind(plan.ats)
+    .bind(plan.kinds)
+    .bind(plan.bodies)
+    .bind(plan.entries)
+    .bind(plan.bytes)
+    .bind(plan.dropped)
+    .bind(plan.over_budget)
     .execute(conn)
     .await?;
-    Ok(appended)
+    Ok(plan.appended)
+}
+
+/// Which of a batch are kept, and the columns to insert.
+struct Plan<'a> {
+    appended: Vec<Appended>,
+    seqs: Vec<i32>,
+    ats: Vec<DateTime<Utc>>,
+    kinds: Vec<&'a str>,
+    bodies: Vec<&'a JsonValue>,
+    entries: i32,
+    bytes: i64,
+    dropped: i32,
+    over_budget: i32,
+}
+
+/// Decides entry by entry what fits: the sandbox's bound first, then the tenant's budget.
+fn plan<'a>(
+    new: &[NewEntry<'a>],
+    bound: Bound,
+    mut entries: i32,
+    mut bytes: i64,
+    mut tenant_bytes: i64,
+) -> Plan<'a> {
+    let mut plan = Plan {
+        appended: Vec::with_capacity(new.len()),
+        seqs: vec![],
+        ats: vec![],
+        kinds: vec![],
+        bodies: vec![],
+        entries,
+        bytes,
+        dropped: 0,
+        over_budget: 0,
+    };
+    for entry in new {
+        if entries >= bound.max_entries || bytes + entry.bytes > bound.max_bytes {
+            plan.dropped += 1;
+            plan.appended.push(Appended::Dropped);
+            continue;
+        }
+        if tenant_bytes + entry.bytes > bound.tenant_max_bytes {
+            plan.dropped += 1;
+            plan.over_budget += 1;
+            plan.appended.push(Appended::OverBudget);
+            continue;
+        }
+        entries += 1;
+        bytes += entry.bytes;
+        tenant_bytes += entry.bytes;
+        plan.seqs.push(entries);
+        plan.ats.push(entry.at);
+        plan.kinds.push(entry.kind);
+        plan.bodies.push(entry.body);
+        plan.appended.push(Appended::Kept(entries));
+    }
+    plan.entries = entries;
+    plan.bytes = bytes;
+    plan
 }
 
 /// A sandbox's transcript, without its entries.
@@ -144,9 +204,13 @@ pub struct Summary {
     pub bytes: i64,
     /// Entries not kept.
     pub dropped: i32,
+    /// Of those, entries not kept for the tenant's byte budget.
+    pub over_budget: i32,
 }
 
-const SUMMARY: &str = "SELECT t.sandbox_id, t.conversation_id, s.leased_at, s.closed_at, t.entries, t.bytes, t.dropped
+const SUMMARY: &str =
+    "SELECT t.sandbox_id, t.conversation_id, s.leased_at, s.closed_at, t.entries, t.bytes,
+            t.dropped, t.over_budget
      FROM transcripts t JOIN sandboxes s ON s.id = t.sandbox_id";
 
 /// The transcript of one of the tenant's sandboxes.
@@ -165,19 +229,55 @@ pub async fn of_sandbox(
     .await?)
 }
 
-/// The transcripts of a tenant's conversation, one per sandbox it had, oldest first.
+/// The transcripts of a tenant's conversation, one per sandbox it had, newest first, at most
+/// `limit` of them (a conversation's sandboxes are unbounded over time).
 #[tracing::instrument(skip_all)]
 pub async fn of_conversation(
     conn: &mut PgConnection,
     tenant: Uuid,
     conversation_id: &str,
+    limit: i64,
 ) -> Result<Vec<Summary>, StoreError> {
     Ok(sqlx::query_as::<_, Summary>(sqlx::AssertSqlSafe(format!(
-        "{SUMMARY} WHERE t.tenant_id = $1 AND t.conversation_id = $2 ORDER BY s.leased_at, t.created_at"
+        "{SUMMARY} WHERE t.tenant_id = $1 AND t.conversation_id = $2
+         ORDER BY s.leased_at DESC NULLS LAST, t.created_at DESC LIMIT $3"
     )))
     .bind(tenant)
     .bind(conversation_id)
+    .bind(limit)
     .fetch_all(conn)
+    .await?)
+}
+
+/// What a tenant's conversation holds beyond its newest `skip` sandboxes: how many, their
+/// kept entries and bytes (for the note of an export that leaves them out).
+#[tracing::instrument(skip_all)]
+pub async fn older_of_conversation(
+    conn: &mut PgConnection,
+    tenant: Uuid,
+    conversation_id: &str,
+    skip: i64,
+) -> Result<(i64, i64, i64), StoreError> {
+    Ok(sqlx::query_as(
+        "SELECT count(*), COALESCE(sum(entries), 0)::int8, COALESCE(sum(bytes), 0)::int8 FROM (
+             SELECT t.entries, t.bytes FROM transcripts t JOIN sandboxes s ON s.id = t.sandbox_id
+              WHERE t.tenant_id = $1 AND t.conversation_id = $2
+              ORDER BY s.leased_at DESC NULLS LAST, t.created_at DESC OFFSET $3) older",
+    )
+    .bind(tenant)
+    .bind(conversation_id)
+    .bind(skip)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Bytes of every transcript a tenant keeps (what its budget counts).
+pub async fn tenant_bytes(conn: &mut PgConnection, tenant: Uuid) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT COALESCE(sum(bytes), 0)::int8 FROM transcripts WHERE tenant_id = $1",
+    )
+    .bind(tenant)
+    .fetch_one(conn)
     .await?)
 }
 

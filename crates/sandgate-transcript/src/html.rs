@@ -38,6 +38,9 @@ pub fn render(transcript: &Transcript) -> String {
                     "Exported from sandgate at " (transcript.exported_at.format("%Y-%m-%d %H:%M:%S UTC"))
                     ". Output is shown as text; nothing on this page runs."
                 }
+                @if let Some(note) = transcript.omitted.note() {
+                    p.note.omitted { (note) }
+                }
                 @if transcript.parts.is_empty() {
                     p { "Nothing ran in this conversation's sandboxes." }
                 }
@@ -74,6 +77,9 @@ fn render_part(transcript: &Transcript, part: &Part) -> Markup {
             }
             @if part.dropped > 0 {
                 p.note.truncated { (transcript.bound.truncation_note(part.dropped)) }
+                @if part.over_budget > 0 {
+                    p.note.over-budget { (transcript.bound.budget_note(part.over_budget)) }
+                }
             }
         }
     }

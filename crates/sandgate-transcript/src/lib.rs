@@ -153,8 +153,12 @@ pub struct Part {
     pub closed_at: Option<DateTime<Utc>>,
     /// What was kept, in order.
     pub records: Vec<Record>,
-    /// Entries that were not kept because the sandbox's transcript was full.
+    /// Entries that were not kept because the sandbox's transcript was full, or its tenant's
+    /// transcripts were at their byte budget (those are also in `over_budget`).
     pub dropped: u32,
+    /// Of `dropped`, the entries not kept because the tenant's transcripts were at their byte
+    /// budget.
+    pub over_budget: u32,
 }
 
 /// How much of a sandbox's activity a transcript keeps.
@@ -164,6 +168,8 @@ pub struct Bound {
     pub max_entries: u32,
     /// Most bytes (of stored JSON) kept per sandbox.
     pub max_bytes: u64,
+    /// Most bytes (of stored JSON) kept over all of a tenant's transcripts.
+    pub tenant_max_bytes: u64,
 }
 
 impl Bound {
@@ -176,6 +182,46 @@ impl Bound {
             human_bytes(self.max_bytes)
         )
     }
+
+    /// The sentence a reader sees where entries were dropped because the tenant's transcripts
+    /// were at their byte budget.
+    pub fn budget_note(&self, over_budget: u32) -> String {
+        format!(
+            "[{over_budget} of them were not kept because your tenant's stored transcripts \
+             reached their budget of {}; they free as older transcripts reach the end of their \
+             retention]",
+            human_bytes(self.tenant_max_bytes)
+        )
+    }
+}
+
+/// What one load of a conversation's transcript left out: its oldest sandboxes beyond the
+/// load's bound in parts or bytes (the newest are kept).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Omitted {
+    /// Sandboxes left out.
+    pub parts: u32,
+    /// Their calls.
+    pub calls: u64,
+    /// Their stored bytes.
+    pub bytes: u64,
+}
+
+impl Omitted {
+    /// The sentence a reader sees at the top of an export that left sandboxes out; `None`
+    /// when nothing was left out.
+    pub fn note(&self) -> Option<String> {
+        (self.parts > 0).then(|| {
+            format!(
+                "[this export leaves out the conversation's {} oldest sandbox(es) ({} call(s), {} \
+                 stored): one export holds only its newest sandboxes; export an older one by its \
+                 sandbox id]",
+                self.parts,
+                self.calls,
+                human_bytes(self.bytes)
+            )
+        })
+    }
 }
 
 /// A conversation's transcript: its sandboxes' parts, oldest first.
@@ -187,6 +233,8 @@ pub struct Transcript {
     pub parts: Vec<Part>,
     /// The bound each part was kept under.
     pub bound: Bound,
+    /// The oldest sandboxes this export left out.
+    pub omitted: Omitted,
     /// When this export was made.
     pub exported_at: DateTime<Utc>,
 }
@@ -308,10 +356,17 @@ pub(crate) mod sample {
                     })
                     .collect(),
                 dropped: 2,
+                over_budget: 1,
             }],
             bound: Bound {
                 max_entries: 7,
                 max_bytes: 1 << 20,
+                tenant_max_bytes: 1 << 30,
+            },
+            omitted: Omitted {
+                parts: 3,
+                calls: 12,
+                bytes: 4096,
             },
             exported_at: at,
         }

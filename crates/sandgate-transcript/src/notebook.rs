@@ -30,6 +30,12 @@ pub fn render(transcript: &Transcript) -> Value {
                 &transcript.bound.truncation_note(part.dropped),
             ));
         }
+        if part.over_budget > 0 {
+            cells.push(markdown(
+                &format!("{}-over-budget", part.sandbox_id),
+                &transcript.bound.budget_note(part.over_budget),
+            ));
+        }
     }
     json!({
         "nbformat": 4,
@@ -54,6 +60,10 @@ fn header(t: &Transcript) -> String {
         md_escape(&t.title()),
         t.exported_at.format("%Y-%m-%d %H:%M:%S UTC")
     );
+    if let Some(note) = t.omitted.note() {
+        text.push_str("\n\n");
+        text.push_str(&note);
+    }
     if t.parts.is_empty() {
         text.push_str("\n\nNothing ran in this conversation's sandboxes.");
     }
@@ -280,11 +290,22 @@ mod tests {
                 .as_str()
                 .is_some_and(|s| s.starts_with("%%bash\n"))
         );
-        let last = cells.last().expect("a last cell");
+        let (truncated, budget) = (&cells[cells.len() - 2], cells.last().expect("a last cell"));
         assert!(
-            last["source"]
+            truncated["source"]
                 .as_str()
                 .is_some_and(|s| s.contains("2 later call(s)"))
+        );
+        assert!(
+            budget["source"]
+                .as_str()
+                .is_some_and(|s| s.contains("1 of them") && s.contains("budget of 1.0 GiB")),
+            "{budget}"
+        );
+        let header = cells[0]["source"].as_str().expect("a header");
+        assert!(
+            header.contains("leaves out the conversation's 3 oldest sandbox(es) (12 call(s)"),
+            "the export says what it left out: {header}"
         );
         for cell in cells {
             let id = cell["id"].as_str().expect("an id");

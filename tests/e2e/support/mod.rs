@@ -207,6 +207,11 @@ impl Gateway {
         }
     }
 
+    /// The gateway process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
     /// The MCP endpoint.
     pub fn mcp_url(&self) -> String {
         format!("{}/mcp", self.base_url)
@@ -409,6 +414,22 @@ impl TcpProxy {
     pub async fn stop(mut self) {
         self.tasks.shutdown().await;
     }
+}
+
+/// A process's resident memory now and at its peak (`VmRSS`, `VmHWM` of `/proc/<pid>/status`),
+/// bytes.
+pub fn memory_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status is readable: {e}"));
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+            .unwrap_or_else(|| panic!("{name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:"), field("VmHWM:"))
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `deadline`.

@@ -369,6 +369,11 @@ impl NodeProcess {
         &self.engine.id
     }
 
+    /// The node process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
     /// The node's latest warnings and errors, oldest first, one log line each.
     pub fn warnings(&self) -> Vec<String> {
         self.warnings

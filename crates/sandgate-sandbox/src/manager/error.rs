@@ -61,6 +61,18 @@ pub enum SandboxError {
         /// How long the start waited.
         waited: Duration,
     },
+    /// The sandbox node holds as many bytes for calls as its budget allows (`node.reads_*`):
+    /// the call is refused before the node reads anything; retrying shortly may work.
+    #[error(
+        "the sandbox node is at its bound of {what}; retry in {} s",
+        retry_after.as_secs().max(1)
+    )]
+    NodeBusy {
+        /// What is at its bound.
+        what: String,
+        /// When a retry may fit.
+        retry_after: Duration,
+    },
     /// No pool serves the named profile.
     #[error("no sandbox profile is named {0:?}")]
     UnknownProfile(String),

@@ -41,6 +41,9 @@ pub struct LimitsConfig {
     pub max_file_bytes: u64,
     /// Largest file get_file returns inline; bigger ones come as a resource link, bytes.
     pub inline_file_bytes: u64,
+    /// Largest file `resources/read` returns inline; a bigger one is refused with its download
+    /// link (so no read holds a whole large file in the gateway twice, raw and base64), bytes.
+    pub inline_resource_bytes: u64,
     /// Most open MCP sessions (2025-11-25 era) per tenant.
     #[validate(range(min = 1, message = "must be at least 1"))]
     pub max_sessions: u32,

@@ -34,9 +34,28 @@ pub struct NodeConfig {
     pub slots: u32,
     /// A draining node gets no new leases; its sandboxes run out.
     pub drain: bool,
+    /// Most bytes the node holds at once for whole-file reads, over every gateway and tenant;
+    /// a read beyond is refused with a retryable `capacity` error.
+    #[validate(range(min = 1048576, message = "must be at least 1048576 (1 MiB)"))]
+    pub read_bytes_in_flight: u64,
+    /// Most bytes one whole-file read holds on the node (a bigger file is refused as too large).
+    #[validate(range(min = 1024, message = "must be at least 1024"))]
+    pub read_bytes_per_call: u64,
+    /// Most bytes of images (decoded PNG) the node keeps from one cell.
+    #[validate(range(min = 1024, message = "must be at least 1024"))]
+    pub display_bytes_per_call: u64,
 }
 
 impl NodeConfig {
+    /// The node's bounds on what it holds for calls.
+    pub fn read_limits(&self) -> sandgate_node::ReadLimits {
+        sandgate_node::ReadLimits {
+            in_flight_bytes: self.read_bytes_in_flight,
+            per_call_bytes: self.read_bytes_per_call,
+            display_bytes_per_call: self.display_bytes_per_call,
+        }
+    }
+
     /// The RPC address, when one is configured.
     pub fn listen_addr(&self) -> Option<SocketAddr> {
         if self.listen.is_empty() {

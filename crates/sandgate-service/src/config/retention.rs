@@ -46,4 +46,19 @@ pub struct RetentionConfig {
     /// Most bytes one sandbox's transcript keeps.
     #[validate(range(min = 1024, max = I64_MAX, message = "must be at least 1024"))]
     pub transcript_max_bytes: u64,
+    /// Most bytes all of one tenant's stored transcripts keep together (an override per tenant
+    /// is not offered yet); entries beyond are counted, not kept.
+    #[validate(range(min = 1024, max = I64_MAX, message = "must be at least 1024"))]
+    pub transcript_tenant_max_bytes: u64,
+    /// Most sandboxes one transcript load (export, resource, link, page) reads, newest first.
+    #[validate(range(min = 1, max = 10_000, message = "must be between 1 and 10000"))]
+    pub transcript_load_max_parts: u32,
+    /// Most stored bytes one transcript load reads (its newest sandbox is read whatever its
+    /// size, up to `transcript_max_bytes`), newest first.
+    #[validate(range(min = 1024, max = I64_MAX, message = "must be at least 1024"))]
+    pub transcript_load_max_bytes: u64,
+    /// Most transcript loads this process runs at once; more wait a little, then are refused
+    /// with a retryable `capacity` error.
+    #[validate(range(min = 1, max = 1024, message = "must be between 1 and 1024"))]
+    pub transcript_loads_at_once: u32,
 }

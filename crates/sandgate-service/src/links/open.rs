@@ -206,15 +206,15 @@ impl LinkService {
             Some(c) => (Subject::Conversation(c.clone()), "conversation".to_owned()),
             None => (Subject::Sandbox(claims.s.clone()), claims.s.clone()),
         };
-        let transcript =
-            self.transcripts
-                .load(claims.t, &subject)
-                .await
-                .map_err(|err| match err {
-                    TranscriptError::NotFound { .. } => LinkError::TranscriptGone,
-                    TranscriptError::Store(_) => LinkError::Service(ServiceError::DatabaseAway),
-                })?;
-        let body = format.render(&transcript);
+        let body = self
+            .transcripts
+            .render(claims.t, &subject, format)
+            .await
+            .map_err(|err| match err {
+                TranscriptError::NotFound { .. } => LinkError::TranscriptGone,
+                TranscriptError::Store(_) => LinkError::Service(ServiceError::DatabaseAway),
+                busy @ TranscriptError::Busy => LinkError::Service(busy.into()),
+            })?;
         audit.record(DownloadOutcome::Ok, None, None);
         Ok(Download::Transcript(TranscriptDownload {
             format,

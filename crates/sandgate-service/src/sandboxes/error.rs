@@ -84,6 +84,18 @@ pub enum ServiceError {
         /// How long the start waited.
         waited: Duration,
     },
+    /// A shared resource is at its bound for the moment (transcript loads at once in this
+    /// process, bytes in flight on the sandbox node); retrying after `retry_after_seconds` may
+    /// work.
+    #[error(
+        "limit reached: {what} is at its bound for the moment; retry in {retry_after_seconds} s"
+    )]
+    Busy {
+        /// What is busy.
+        what: String,
+        /// When a retry may fit, seconds.
+        retry_after_seconds: u32,
+    },
     /// The sandbox has no background job by that id.
     #[error(
         "There is no background job \"{job_id}\" in this sandbox; list_jobs shows its jobs and \
@@ -124,6 +136,11 @@ impl From<SandboxError> for ServiceError {
             // A start that waited too long for its place is a capacity refusal the caller
             // retries, not a failure of the sandbox.
             SandboxError::StartQueue { waited } => ServiceError::StartQueue { waited },
+            SandboxError::NodeBusy { what, retry_after } => ServiceError::Busy {
+                what,
+                retry_after_seconds: u32::try_from(retry_after.as_secs().max(1))
+                    .unwrap_or(u32::MAX),
+            },
             SandboxError::Channel(ChannelError::Agent(refusal)) => ServiceError::Refused(refusal),
             SandboxError::Channel(err @ ChannelError::Unresponsive { .. }) => {
                 ServiceError::Unresponsive(err)

@@ -25,7 +25,8 @@ pub enum ErrorKind {
     /// A limit refused the call (sandboxes per tenant, file size, idle timeout, jobs, an
     /// answer too large); retrying the same call does not help.
     Limit,
-    /// The sandbox node is busy starting other sandboxes; retry later.
+    /// The sandbox node is busy starting other sandboxes, or a shared bound (transcript loads,
+    /// bytes in flight on a node) is reached for the moment; retry after `retry_after_seconds`.
     Capacity,
     /// A call quota (calls per minute, in flight, per sandbox) refused the call; retry after
     /// `retry_after_seconds`.
@@ -139,7 +140,7 @@ impl ServiceError {
             ServiceError::NodeAway { .. } => ErrorKind::NodeAway,
             ServiceError::Limit { .. } => ErrorKind::Limit,
             ServiceError::Quota { .. } => ErrorKind::QuotaExceeded,
-            ServiceError::StartQueue { .. } => ErrorKind::Capacity,
+            ServiceError::StartQueue { .. } | ServiceError::Busy { .. } => ErrorKind::Capacity,
             ServiceError::NoSuchJob { .. } => ErrorKind::NoSuchJob,
             ServiceError::Refused(refusal) => refusal_kind(refusal),
             ServiceError::Unresponsive(_) => ErrorKind::Timeout,
@@ -163,6 +164,10 @@ impl ServiceError {
                 ..
             } => Some(*retry_after_seconds),
             ServiceError::StartQueue { .. } => Some(START_QUEUE_RETRY_SECONDS),
+            ServiceError::Busy {
+                retry_after_seconds,
+                ..
+            } => Some(*retry_after_seconds),
             _ => None,
         }
     }
@@ -183,6 +188,7 @@ impl ServiceError {
             | ServiceError::Limit { .. }
             | ServiceError::Quota { .. }
             | ServiceError::StartQueue { .. }
+            | ServiceError::Busy { .. }
             | ServiceError::NoSuchJob { .. }
             | ServiceError::Refused(_)
             | ServiceError::Unresponsive(_)
@@ -210,7 +216,7 @@ fn sandbox_kind(err: &SandboxError) -> ErrorKind {
     match err {
         SandboxError::Died { .. } => ErrorKind::Lost,
         SandboxError::ConnectionLost { .. } => ErrorKind::ConnectionLost,
-        SandboxError::StartQueue { .. } => ErrorKind::Capacity,
+        SandboxError::StartQueue { .. } | SandboxError::NodeBusy { .. } => ErrorKind::Capacity,
         SandboxError::Channel(ChannelError::Agent(refusal)) => refusal_kind(refusal),
         SandboxError::Channel(ChannelError::Unresponsive { .. }) => ErrorKind::Timeout,
         SandboxError::Channel(ChannelError::FrameTooLarge { .. }) => ErrorKind::Limit,
@@ -252,7 +258,7 @@ fn sandbox_message(inner: &SandboxError) -> String {
             "starting a sandbox failed; retry in a few seconds".into()
         }
         // Mapped to its own variant by `From`; a stray one still reads as what it is.
-        SandboxError::StartQueue { .. } => inner.to_string(),
+        SandboxError::StartQueue { .. } | SandboxError::NodeBusy { .. } => inner.to_string(),
         SandboxError::UnknownProfile(_)
         | SandboxError::InvalidProfile { .. }
         | SandboxError::NotOurs { .. }

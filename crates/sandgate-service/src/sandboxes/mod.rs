@@ -34,7 +34,7 @@ pub use error::{Quota, ServiceError, describe_fate};
 pub use kind::ErrorKind;
 pub use limits::{Caller, Limits};
 pub use nodes::{NodeSet, OwnNode};
-pub use ops::Target;
+pub use ops::{BoundedRead, Target};
 pub use quota::CallPermit;
 pub use run::{CommandLine, OutputSink, RunLimits};
 

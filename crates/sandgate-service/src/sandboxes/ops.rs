@@ -20,6 +20,18 @@ pub struct Target<'a> {
     pub keep_alive: Option<u32>,
 }
 
+/// What a bounded read of a file found.
+#[derive(Debug)]
+pub enum BoundedRead {
+    /// The file, whole.
+    Read(Vec<u8>, FileInfo),
+    /// The file is bigger than the bound; its size when the sandbox said it.
+    TooLarge {
+        /// The file's size, bytes.
+        size: Option<u64>,
+    },
+}
+
 impl SandboxService {
     /// The sandbox a call is for (see [`Target`]), its idle clock refreshed.
     pub async fn resolve_target(
@@ -78,6 +90,23 @@ impl SandboxService {
             .await;
         let (data, info) = self.checked(&resolved, read).await?;
         Ok((resolved, data, info))
+    }
+
+    /// Reads `path` from a resolved sandbox if it is at most `max_bytes`; a bigger file is
+    /// [`BoundedRead::TooLarge`] (its size, when the sandbox said it), never read whole.
+    pub async fn read_file_bounded(
+        &self,
+        resolved: &Resolved,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<BoundedRead, ServiceError> {
+        match resolved.sandbox.read_file(path, max_bytes).await {
+            Ok((data, info)) => Ok(BoundedRead::Read(data, info)),
+            Err(SandboxError::Channel(sandgate_sandbox::ChannelError::Agent(
+                AgentError::TooLarge { size, .. },
+            ))) => Ok(BoundedRead::TooLarge { size }),
+            Err(err) => Err(self.check_death(resolved, err).await),
+        }
     }
 
     /// Streams `path` (absolute, under /home/user) from a tenant's live sandbox, for a download

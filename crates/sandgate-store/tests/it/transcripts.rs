@@ -44,6 +44,7 @@ async fn a_batch_gets_consecutive_positions_and_late_entries_after_a_purge_are_n
     let bound = Bound {
         max_entries: 4,
         max_bytes: 1_000,
+        tenant_max_bytes: 10_000,
     };
     let first = transcripts::append_all(&mut conn, owner, &entries, bound)
         .await

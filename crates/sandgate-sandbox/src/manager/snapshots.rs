@@ -8,6 +8,9 @@ use crate::channel::AgentChannel;
 use crate::faults::SnapshotStep;
 use crate::snapshot::{Snapshot, SnapshotError};
 
+/// How long a sandbox whose checkpoint failed has to answer a ping to count as serving.
+const SERVING_PROBE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// 32 bytes of fresh randomness for a restored agent's re-seed (two v4 UUIDs: the OS generator).
 fn seed() -> Vec<u8> {
     let mut seed = uuid::Uuid::new_v4().as_bytes().to_vec();
@@ -99,11 +102,16 @@ impl SandboxManager {
                 // Running or cleanly gone, never half: a container the failed checkpoint stopped
                 // (its image is gone with the failure) is removed, and calls on the sandbox then
                 // say its container is gone rather than that a snapshot holds its state.
-                let running = matches!(sandbox.fate().await, Ok(ContainerFate::Running));
-                if !running && let Err(err) = backend.remove(sandbox.container_id()).await {
+                // Whether it serves is the agent's answer, not the engine's state: the runtime
+                // may have stopped the agent a moment before the engine records the exit.
+                sandbox.set_checkpointed(false);
+                let serving = matches!(
+                    tokio::time::timeout(SERVING_PROBE, sandbox.ping()).await,
+                    Ok(Ok(_))
+                );
+                if !serving && let Err(err) = backend.remove(sandbox.container_id()).await {
                     tracing::warn!(error = %err, "removing a sandbox whose checkpoint failed failed");
                 }
-                sandbox.set_checkpointed(false);
                 Err(SandboxError::Checkpoint {
                     sandbox_id: sandbox.id().to_owned(),
                     source: Box::new(source),

@@ -23,6 +23,7 @@ use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotRoute, SnapshotUnava
 
 mod runsc;
 mod snapshot;
+pub(crate) use snapshot::fs_type;
 
 pub use runsc::RESTORE_ENV;
 pub use snapshot::CHECKPOINT_RUNTIMES;

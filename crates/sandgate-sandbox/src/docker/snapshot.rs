@@ -62,8 +62,9 @@ pub(super) fn files(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -
     move |source| SnapshotError::Files { what, path, source }
 }
 
-/// The file system type of the mount `path` is on (from /proc/self/mountinfo).
-fn fs_type(path: &Path) -> Option<String> {
+/// The file system type of the mount `path` is on (from /proc/self/mountinfo): where plaintext
+/// images may go (a tmpfs only), for the engine's checkpoints and for unsealing.
+pub(crate) fn fs_type(path: &Path) -> Option<String> {
     let path = std::fs::canonicalize(path).ok()?;
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     mounts

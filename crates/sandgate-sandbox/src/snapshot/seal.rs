@@ -706,7 +706,7 @@ fn tree_size(dir: &Path) -> io::Result<u64> {
 
 /// Refuses a directory that is not on a tmpfs (from /proc/self/mountinfo).
 fn require_tmpfs(path: &Path) -> Result<(), SealError> {
-    let found = fs_type(path);
+    let found = crate::docker::fs_type(path);
     match found {
         Some(kind) if kind == "tmpfs" => Ok(()),
         other => Err(SealError::NotTmpfs {
@@ -714,23 +714,6 @@ fn require_tmpfs(path: &Path) -> Result<(), SealError> {
             fs_type: other.unwrap_or_else(|| "nothing known (does it exist?)".into()),
         }),
     }
-}
-
-/// The file system type of the mount `path` is on.
-fn fs_type(path: &Path) -> Option<String> {
-    let path = std::fs::canonicalize(path).ok()?;
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mounts
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let point = *fields.get(4)?;
-            let dash = fields.iter().position(|f| *f == "-")?;
-            Some((PathBuf::from(point), (*fields.get(dash + 1)?).to_owned()))
-        })
-        .filter(|(point, _)| path.starts_with(point))
-        .max_by_key(|(point, _)| point.as_os_str().len())
-        .map(|(_, kind)| kind)
 }
 
 #[cfg(test)]

@@ -109,6 +109,9 @@ impl SnapEngine {
             max_ready: 0,
             max_concurrent_starts: 2,
         };
+        // These tests checkpoint by hand and search the plaintext tmpfs for their image's bytes:
+        // a template of the same profile (same image, same imported stack) would share them.
+        config.templates.enabled = false;
         let image = std::env::var("SANDGATE_SANDBOX__IMAGE")
             .or_else(|_| std::env::var("SANDGATE_SANDBOX_IMAGE"))
             .expect("SANDGATE_SANDBOX_IMAGE is not set (source the stack's environment)");

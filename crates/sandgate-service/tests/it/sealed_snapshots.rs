@@ -41,6 +41,15 @@ struct ImagePrint {
     samples: Vec<Vec<u8>>,
 }
 
+/// How many different byte values `bytes` holds.
+fn distinct(bytes: &[u8]) -> usize {
+    let mut seen = [false; 256];
+    for b in bytes {
+        seen[usize::from(*b)] = true;
+    }
+    seen.iter().filter(|s| **s).count()
+}
+
 impl ImagePrint {
     async fn of(sealed: &[u8], key: &DataKey, aad: &SnapshotAad) -> Self {
         let scratch = PathBuf::from("/dev/shm").join(format!(
@@ -56,7 +65,17 @@ impl ImagePrint {
             let bytes = std::fs::read(&path).unwrap();
             if bytes.len() >= 4096 {
                 for at in [bytes.len() / 4, bytes.len() / 2, 3 * bytes.len() / 4] {
-                    samples.push(bytes[at..at + 32].to_vec());
+                    // An uncompressed image (runsc's direct route) is mostly zero pages and
+                    // small structures that any database file also holds: take the first run
+                    // from here whose bytes are varied enough to be this image's own.
+                    if let Some(sample) = bytes[at..]
+                        .windows(32)
+                        .step_by(8)
+                        .take(1 << 16)
+                        .find(|w| distinct(w) >= 24)
+                    {
+                        samples.push(sample.to_vec());
+                    }
                 }
             }
         }

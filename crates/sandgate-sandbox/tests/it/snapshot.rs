@@ -140,6 +140,28 @@ impl SnapEnv {
             .expect("a lease")
     }
 
+    /// A checkpoint of `sandbox` within [`LIMIT`].
+    pub(crate) async fn checkpoint(
+        &self,
+        sandbox: &Sandbox,
+        leave_running: bool,
+    ) -> Result<sandgate_sandbox::Snapshot, SandboxError> {
+        support::within(
+            LIMIT,
+            "a checkpoint",
+            self.manager.checkpoint(sandbox, leave_running),
+        )
+        .await
+    }
+
+    /// A restore of `snapshot` within [`LIMIT`].
+    pub(crate) async fn restore(
+        &self,
+        snapshot: &sandgate_sandbox::Snapshot,
+    ) -> Result<Sandbox, SandboxError> {
+        support::within(LIMIT, "a restore", self.manager.restore(snapshot)).await
+    }
+
     pub(crate) async fn cleanup(self) {
         self.manager.shutdown().await;
         remove_instance(&self.backend, &self.instance).await;

@@ -90,13 +90,10 @@ async fn a_checkpoint_that_fails_at_any_step_leaves_the_sandbox_running_or_clean
             let sandbox = env.lease().await;
             run(&sandbox, "x = 1").await;
             env.faults.arm(step);
-            let err = support::within(
-                LIMIT,
-                "a checkpoint",
-                env.manager.checkpoint(&sandbox, leave_running),
-            )
-            .await
-            .expect_err("the injected fault fails the checkpoint");
+            let err = env
+                .checkpoint(&sandbox, leave_running)
+                .await
+                .expect_err("the injected fault fails the checkpoint");
             assert_eq!(injected(&err), Some(step), "{step}: {err:?}");
             assert!(!env.faults.pending(), "{step}: the fault fired");
             let after = after_failure(&env, &sandbox, step).await;
@@ -147,13 +144,7 @@ async fn a_restore_that_fails_at_any_step_leaves_no_container_and_no_copy_behind
         "x = 1\nopen('/home/user/kept.txt', 'w').write('kept')",
     )
     .await;
-    let snapshot = support::within(
-        LIMIT,
-        "a checkpoint",
-        env.manager.checkpoint(&sandbox, false),
-    )
-    .await
-    .expect("a checkpoint");
+    let snapshot = env.checkpoint(&sandbox, false).await.expect("a checkpoint");
     let source = sandbox.container_id().to_owned();
     sandbox
         .close()
@@ -161,7 +152,8 @@ async fn a_restore_that_fails_at_any_step_leaves_no_container_and_no_copy_behind
         .expect("the stopped source is removed");
     for step in SnapshotStep::RESTORE {
         env.faults.arm(step);
-        let err = support::within(LIMIT, "a restore", env.manager.restore(&snapshot))
+        let err = env
+            .restore(&snapshot)
             .await
             .expect_err("the injected fault fails the restore");
         assert_eq!(injected(&err), Some(step), "{step}: {err:?}");
@@ -184,7 +176,8 @@ async fn a_restore_that_fails_at_any_step_leaves_no_container_and_no_copy_behind
             "{step}: the snapshot's own image is untouched"
         );
     }
-    let restored = support::within(LIMIT, "a restore", env.manager.restore(&snapshot))
+    let restored = env
+        .restore(&snapshot)
         .await
         .expect("with no fault armed, the same snapshot restores");
     let state = run(&restored, "(x, open('/home/user/kept.txt').read())").await;
@@ -309,14 +302,10 @@ async fn a_restored_clone_keeps_installed_packages_and_the_hardening_of_a_fresh_
         .await
         .expect("pip runs");
     assert_eq!(pip.exit_code, Some(0), "pip installs the wheel: {pip:?}");
-    let snapshot = support::within(LIMIT, "a checkpoint", env.manager.checkpoint(&fresh, false))
-        .await
-        .expect("a checkpoint");
+    let snapshot = env.checkpoint(&fresh, false).await.expect("a checkpoint");
     fresh.close().await.expect("closed");
 
-    let clone = support::within(LIMIT, "a restore", env.manager.restore(&snapshot))
-        .await
-        .expect("a restore");
+    let clone = env.restore(&snapshot).await.expect("a restore");
     // A new import in the clone: the installed files themselves came back, not just a module
     // object in memory.
     let installed = value(
@@ -366,13 +355,10 @@ async fn fifty_restores_at_once_all_succeed_while_another_sandbox_runs_cells() {
     };
     let template = env.lease().await;
     run(&template, "x = 41").await;
-    let snapshot = support::within(
-        LIMIT,
-        "a checkpoint",
-        env.manager.checkpoint(&template, false),
-    )
-    .await
-    .expect("a checkpoint");
+    let snapshot = env
+        .checkpoint(&template, false)
+        .await
+        .expect("a checkpoint");
     template.close().await.expect("closed");
     let other = support::within(LIMIT, "a lease", env.manager.lease("runc"))
         .await

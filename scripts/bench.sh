@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # sandgate's benchmark, side by side with the alternatives, in one run (docs/benchmarks.md):
 #
-#   scripts/bench.sh [--quick] [--no-peers] [--no-150] [--no-series | --series-only | --exec-only]
+#   scripts/bench.sh [--quick] [--no-peers] [--no-150] [--no-snapshots]
+#                    [--no-series | --series-only | --exec-only]
 #
 # Brings the local stack up (Docker engine, Postgres, the sandbox image), installs the peers
 # (bench/peers/requirements.txt) into $SANDGATE_CACHE/bench-venv, builds the image llm-sandbox
@@ -15,6 +16,8 @@
 # conversations per minute with the CPU by component) alone; --no-series skips the series.
 # --exec-only runs only the rows that time one call (execute_code 1+1 through MCP, through a
 # node, through the sandbox crate), for before/after comparisons (docs/benchmarks.md).
+# --no-snapshots skips issue 26's rows (template restores, checkpoint and restore, the series on
+# runsc2024 restored from a template), which run where the engine has runsc2024.
 set -euo pipefail
 
 for arg in "$@"; do
@@ -81,6 +84,23 @@ if ! docker image inspect "$llm_image" >/dev/null 2>&1; then
 		-t "$llm_image" - <"$repo/bench/peers/llm-sandbox.Dockerfile" >/dev/null
 fi
 export BENCH_LLM_SANDBOX_IMAGE=$llm_image
+
+# ---- the engine's whole CPU -----------------------------------------------------------------
+# A cgroup v1 cpuacct group holding the engine's dockerd and containerd: everything they start
+# from now on outside the containers (shims, runc, runsc's commands) is counted there, and the
+# series reports it as one component (containers have cgroups of their own). Accounting only:
+# cpuacct sets no limit. Skipped where cgroup v1's cpuacct is not mounted.
+engine_cg=/sys/fs/cgroup/cpuacct/sandgate-engine
+dockerd_pid="$(cat "$SANDGATE_CACHE/docker/dockerd.pid" 2>/dev/null || true)"
+if [[ -n $dockerd_pid && -w /sys/fs/cgroup/cpuacct/cgroup.procs ]]; then
+	mkdir -p "$engine_cg"
+	for pid in "$dockerd_pid" $(pgrep -P "$dockerd_pid" -x containerd || true); do
+		echo "$pid" >"$engine_cg/cgroup.procs"
+	done
+	export BENCH_ENGINE_CPUACCT=$engine_cg/cpuacct.usage
+else
+	log "no cgroup v1 cpuacct for the engine: the series counts dockerd, containerd and shims by process"
+fi
 
 # ---- build and run --------------------------------------------------------------------------
 mkdir -p "$repo/bench/results"

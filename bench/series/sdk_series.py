@@ -12,7 +12,9 @@ configuration:
   conversation's time runs from its scheduled arrival (so a client that falls behind counts), and
   the pool is never waited for between conversations. For each rate it also takes the CPU time
   spent meanwhile by component: dockerd, containerd and the runc shims, the sandbox containers
-  (their cgroups), the gateway, Postgres, and this client.
+  (their cgroups), the gateway, Postgres, and this client; with ``--engine-cpuacct`` also the
+  engine as a whole (a cgroup v1 ``cpuacct.usage`` holding dockerd, containerd and everything they
+  start outside the containers: shims, runc, runsc's commands).
 
 Prints one JSON object: ``{"rows": [...], "levels": [...]}`` (rows like the peers' scripts).
 Network traffic goes to the given loopback URL only.
@@ -214,9 +216,10 @@ class CpuSampler:
     of the instance and runc shims), keeping each one's last value; long-lived processes are read
     at the start and the end."""
 
-    def __init__(self, instance: str, gateway_pid: int):
+    def __init__(self, instance: str, gateway_pid: int, engine_cpuacct: str = ""):
         self.instance = instance
         self.gateway_pid = gateway_pid
+        self.engine_cpuacct = engine_cpuacct
         self.ours: dict[str, bool] = {}
         # container id -> [CPU seconds when first seen (0 if started during the level), last seen]
         self.containers: dict[str, list[float]] = {}
@@ -249,6 +252,9 @@ class CpuSampler:
             elif name == "postgres" and ppid in postmasters:
                 totals["postgres"] += proc_cpu(pid)  # live backends
         totals["gateway"] = proc_cpu(self.gateway_pid)
+        if self.engine_cpuacct:
+            with open(self.engine_cpuacct) as f:
+                totals["engine"] = int(f.read()) / 1e9
         usage = resource.getrusage(resource.RUSAGE_SELF)
         totals["client"] = usage.ru_utime + usage.ru_stime
         return totals
@@ -310,7 +316,7 @@ async def open_loop_level(args, rate: float, csv: str) -> tuple[dict, dict]:
         if t >= args.duration:
             break
         arrivals.append(t)
-    sampler = CpuSampler(args.instance, args.gateway_pid)
+    sampler = CpuSampler(args.instance, args.gateway_pid, args.engine_cpuacct)
     start = time.perf_counter()
     times: list[float] = []
     errors: list[str] = []
@@ -363,6 +369,7 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=180.0, help="give up on a conversation after this")
     p.add_argument("--seed", type=int, default=16)
     p.add_argument("--instance", default="")
+    p.add_argument("--engine-cpuacct", default="", help="a cgroup v1 cpuacct.usage holding the engine")
     p.add_argument("--gateway-pid", type=int, default=0)
     args = p.parse_args()
     rows: list[dict] = []

@@ -22,7 +22,11 @@
 //!   against a gateway in the default configuration): 30 conversations created and closed back to
 //!   back, and an open-loop load of whole analyst conversations at 30/60/120/240 per minute
 //!   (seeded Poisson arrivals) with the CPU each took by component; plus the start path step by
-//!   step (container, agent ready, first cell, data stack).
+//!   step (container, agent ready, first cell, data stack);
+//! - **snapshots** (issue 26, where the engine has `runsc2024` and a plaintext tmpfs): cold
+//!   `create_sandbox` restoring a template beside an ordinary runc start, each with the
+//!   sandbox's CPU until pandas is loaded; checkpoint and restore at the sandbox crate; and the
+//!   SDK series again on a `runsc2024` profile whose pool restores its template.
 //!
 //! Every loop is bounded in count and in time. The result is printed as a table (medians, p99 and
 //! ratios) and written as JSON.
@@ -31,7 +35,9 @@
 //! `BENCH_PYTHON` (the peers' virtualenv python; peers are skipped without it),
 //! `BENCH_LLM_SANDBOX_IMAGE` (the image llm-sandbox runs), `BENCH_SDK_PYTHON` (a python with the
 //! MCP SDK; the series is skipped without it). Arguments: `--out FILE`, `--quick` (fewer
-//! iterations), `--no-peers`, `--no-150`, `--no-series`, `--series-only`.
+//! iterations), `--no-peers`, `--no-150`, `--no-series`, `--series-only`, `--no-snapshots`.
+//! `BENCH_ENGINE_CPUACCT` (a cgroup v1 `cpuacct.usage` holding the engine, which
+//! `scripts/bench.sh` makes) adds the engine's whole CPU to the series.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -81,6 +87,7 @@ mod report;
 mod samples;
 mod sandbox_crate;
 mod series;
+mod snapshots;
 mod through_mcp;
 mod through_node;
 mod via_node;
@@ -94,6 +101,7 @@ use report::*;
 use samples::*;
 use sandbox_crate::*;
 use series::*;
+use snapshots::*;
 use through_mcp::*;
 use through_node::*;
 use via_node::*;
@@ -151,6 +159,8 @@ struct Options {
     series: bool,
     /// Only the SDK series and the cold start rows.
     series_only: bool,
+    /// Whether to run the snapshot rows and the series on a template (issue 26).
+    snapshots: bool,
 }
 
 fn options() -> Result<Options> {
@@ -161,6 +171,7 @@ fn options() -> Result<Options> {
     let mut exec_only = false;
     let mut series = true;
     let mut series_only = false;
+    let mut snapshots = true;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -171,6 +182,7 @@ fn options() -> Result<Options> {
             "--exec-only" => exec_only = true,
             "--no-series" => series = false,
             "--series-only" => series_only = true,
+            "--no-snapshots" => snapshots = false,
             // What `cargo bench` passes to every bench target.
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
@@ -189,6 +201,7 @@ fn options() -> Result<Options> {
         exec_only,
         series,
         series_only,
+        snapshots,
     })
 }
 
@@ -223,11 +236,25 @@ async fn run(opts: Options) -> Result<()> {
         eprintln!("[bench] through a separate node (serve --gateway-only + sandgate node)");
         rows.push(bench_via_node(&opts, &docker).await);
     }
+    let plain = match opts.snapshots && !opts.exec_only {
+        true => snapshot_plain_dir(&docker).await,
+        false => None,
+    };
+    if let Some(plain) = &plain {
+        eprintln!("[bench] snapshots: template restores, checkpoint and restore");
+        rows.extend(bench_snapshots(&opts, &docker, plain).await?);
+    }
     if opts.series && !opts.exec_only {
         eprintln!("[bench] the SDK series (back to back, open loop)");
-        let series = bench_series(&opts, &docker).await?;
+        let series = bench_series(&opts, &docker, SeriesProfile::Default).await?;
         rows.extend(series.rows);
         levels = series.levels;
+        if let Some(plain) = plain {
+            eprintln!("[bench] the SDK series again, on runsc2024 restored from a template");
+            let series = bench_series(&opts, &docker, SeriesProfile::Template(plain)).await?;
+            rows.extend(series.rows);
+            levels.extend(series.levels);
+        }
     }
     if opts.exec_only {
         eprintln!("[bench] the sandbox crate directly (exec only)");

@@ -83,6 +83,12 @@ pub(crate) struct Goal {
 }
 
 pub(crate) fn goals(rows: &[Row]) -> Vec<Goal> {
+    let mut goals = earlier_goals(rows);
+    goals.extend(snapshot_goals(rows));
+    goals
+}
+
+fn earlier_goals(rows: &[Row]) -> Vec<Goal> {
     let get = |id: &str| rows.iter().find(|r| r.id == id);
     let p50 = |id: &str| get(id).and_then(|r| r.p50);
     let p99 = |id: &str| get(id).and_then(|r| r.p99);
@@ -181,7 +187,7 @@ pub(crate) fn goals(rows: &[Row]) -> Vec<Goal> {
         },
         Goal {
             what: "highest open-loop rate with 0 errors and p99 < 2 s (SDK)",
-            value: highest_sustained(rows).or_else(|| {
+            value: highest_sustained(rows, "sdk.").or_else(|| {
                 rows.iter()
                     .any(|r| r.id.starts_with("sdk.open_loop_"))
                     .then_some(0.0)

@@ -164,3 +164,45 @@ async fn official_python_sdk_installs_packages_from_the_loopback_index() {
         "the wheel came from the test's index, once"
     );
 }
+
+/// The first ```python block of the README, as printed there.
+fn readme_python_example() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README.md is readable");
+    let start = readme
+        .find("```python\n")
+        .expect("the README has a ```python block")
+        + "```python\n".len();
+    let len = readme[start..]
+        .find("\n```")
+        .expect("the README's python block ends");
+    readme[start..start + len + 1].to_owned()
+}
+
+#[tokio::test]
+async fn the_readmes_python_example_runs_as_printed() {
+    let python = python();
+    let dir = crate::wheels::TempDir::new("sandgate-test-readme-example");
+    let script = dir.path().join("readme_example.py");
+    std::fs::write(&script, readme_python_example()).expect("the example is written");
+    let database = support::fresh_database().await;
+    let gateway = Gateway::start(&database, &[]).await;
+    let tenant = gateway.create_tenant().await;
+    let output = Command::new(&python)
+        .arg(&script)
+        .env("SANDGATE_MCP_URL", gateway.mcp_url())
+        .env("TOKEN", gateway.token(&tenant).await)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(120), output)
+        .await
+        .expect("the README's example finished within 2 min")
+        .expect("the example runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.trim() == "2",
+        "the README's example should print 2:\n--- stdout\n{stdout}\n--- stderr\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sandgate's benchmark, side by side with the alternatives, in one run (docs/benchmarks.md):
 #
-#   scripts/bench.sh [--quick] [--no-peers] [--no-150] [--no-snapshots]
+#   scripts/bench.sh [--quick] [--no-peers] [--no-150] [--no-snapshots | --snapshots-only]
 #                    [--no-series | --series-only | --exec-only]
 #
 # Brings the local stack up (Docker engine, Postgres, the sandbox image), installs the peers
@@ -17,7 +17,8 @@
 # --exec-only runs only the rows that time one call (execute_code 1+1 through MCP, through a
 # node, through the sandbox crate), for before/after comparisons (docs/benchmarks.md).
 # --no-snapshots skips issue 26's rows (template restores, checkpoint and restore, the series on
-# runsc2024 restored from a template), which run where the engine has runsc2024.
+# runsc2024 restored from a template), which run where the engine has runsc2024;
+# --snapshots-only runs only those (with --quick: a few of each, to try them).
 set -euo pipefail
 
 for arg in "$@"; do

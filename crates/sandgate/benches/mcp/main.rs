@@ -35,7 +35,8 @@
 //! `BENCH_PYTHON` (the peers' virtualenv python; peers are skipped without it),
 //! `BENCH_LLM_SANDBOX_IMAGE` (the image llm-sandbox runs), `BENCH_SDK_PYTHON` (a python with the
 //! MCP SDK; the series is skipped without it). Arguments: `--out FILE`, `--quick` (fewer
-//! iterations), `--no-peers`, `--no-150`, `--no-series`, `--series-only`, `--no-snapshots`.
+//! iterations), `--no-peers`, `--no-150`, `--no-series`, `--series-only`, `--no-snapshots`,
+//! `--snapshots-only`.
 //! `BENCH_ENGINE_CPUACCT` (a cgroup v1 `cpuacct.usage` holding the engine, which
 //! `scripts/bench.sh` makes) adds the engine's whole CPU to the series.
 
@@ -161,6 +162,8 @@ struct Options {
     series_only: bool,
     /// Whether to run the snapshot rows and the series on a template (issue 26).
     snapshots: bool,
+    /// Only the snapshot rows and the series on a template.
+    snapshots_only: bool,
 }
 
 fn options() -> Result<Options> {
@@ -172,6 +175,7 @@ fn options() -> Result<Options> {
     let mut series = true;
     let mut series_only = false;
     let mut snapshots = true;
+    let mut snapshots_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -183,6 +187,7 @@ fn options() -> Result<Options> {
             "--no-series" => series = false,
             "--series-only" => series_only = true,
             "--no-snapshots" => snapshots = false,
+            "--snapshots-only" => snapshots_only = true,
             // What `cargo bench` passes to every bench target.
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
@@ -202,7 +207,25 @@ fn options() -> Result<Options> {
         series,
         series_only,
         snapshots,
+        snapshots_only,
     })
+}
+
+/// `--snapshots-only`: the snapshot rows and the series on a template, printed and written as JSON.
+async fn snapshots_only(opts: &Options, docker: &Docker) -> Result<()> {
+    let plain = snapshot_plain_dir(docker)
+        .await
+        .context("the snapshot rows cannot run on this engine")?;
+    let mut rows = bench_snapshots(opts, docker, &plain).await?;
+    let series = bench_series(opts, docker, SeriesProfile::Template(plain)).await?;
+    rows.extend(series.rows);
+    println!("{}", table(&rows));
+    println!("{}", levels_table(&rows, &series.levels));
+    println!("{}", goal_table(&snapshot_goals(&rows)));
+    let report = json!({"rows": rows, "series_levels": series.levels, "snapshots_only": true});
+    std::fs::write(&opts.out, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", opts.out.display()))?;
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -227,6 +250,9 @@ async fn run(opts: Options) -> Result<()> {
 
     let mut rows = Vec::new();
     let mut levels = Vec::new();
+    if opts.snapshots_only {
+        return snapshots_only(&opts, &docker).await;
+    }
     if opts.series_only {
         eprintln!("[bench] cold starts");
         rows.extend(bench_cold(&opts, &docker, &backend, &image).await?);
@@ -242,7 +268,11 @@ async fn run(opts: Options) -> Result<()> {
     };
     if let Some(plain) = &plain {
         eprintln!("[bench] snapshots: template restores, checkpoint and restore");
-        rows.extend(bench_snapshots(&opts, &docker, plain).await?);
+        // A failure here is reported, and the rest of the run goes on.
+        match bench_snapshots(&opts, &docker, plain).await {
+            Ok(snapshot_rows) => rows.extend(snapshot_rows),
+            Err(err) => eprintln!("[bench] the snapshot rows failed: {err:#}"),
+        }
     }
     if opts.series && !opts.exec_only {
         eprintln!("[bench] the SDK series (back to back, open loop)");
@@ -251,9 +281,13 @@ async fn run(opts: Options) -> Result<()> {
         levels = series.levels;
         if let Some(plain) = plain {
             eprintln!("[bench] the SDK series again, on runsc2024 restored from a template");
-            let series = bench_series(&opts, &docker, SeriesProfile::Template(plain)).await?;
-            rows.extend(series.rows);
-            levels.extend(series.levels);
+            match bench_series(&opts, &docker, SeriesProfile::Template(plain)).await {
+                Ok(series) => {
+                    rows.extend(series.rows);
+                    levels.extend(series.levels);
+                }
+                Err(err) => eprintln!("[bench] the series on a template failed: {err:#}"),
+            }
         }
     }
     if opts.exec_only {

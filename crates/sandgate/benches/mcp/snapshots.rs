@@ -13,7 +13,7 @@
 use super::*;
 use sandgate_sandbox::{OciRuntime, Sandbox, Snapshot};
 
-const SECTION: &str = "snapshots (issue 26)";
+const SECTION: &str = "snapshots";
 /// The cell after a create: the data stack loaded, as the analyst's first cells need it.
 const STACK_CELL: &str = "import numpy, pandas, matplotlib.pyplot\n1 + 1";
 

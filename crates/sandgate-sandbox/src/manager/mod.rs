@@ -148,6 +148,8 @@ impl SandboxManager {
             }),
         };
         let names: Vec<String> = manager.inner.pools.keys().cloned().collect();
+        // A tmpfs of a few directories: a blocking sweep here takes microseconds.
+        manager.sweep_leftover_templates();
         for name in names {
             manager.refill(&name)?;
             manager.spawn_template_keeper(name);

@@ -112,6 +112,38 @@ pub enum TemplateError {
 }
 
 /// An error with its causes, on one line (for the status and the log).
+/// The start of the ids of this instance's templates (`snap_t<8 hex of the instance>_`): a
+/// restarted process finds by it the images a killed one left on the tmpfs, and no other
+/// instance's.
+pub(super) fn template_prefix(instance: &str) -> String {
+    let tag = hex::encode(&Sha256::digest(instance.as_bytes())[..4]);
+    format!("snap_t{tag}_")
+}
+
+/// Deletes the template images of `instance` left in `images` (by a process that was killed
+/// before it could delete them: they are plaintext, if never tenant data); returns how many.
+/// One process per engine holds an instance's pools, so none of these is in use.
+pub(super) fn sweep_templates(images: &Path, instance: &str) -> usize {
+    let prefix = template_prefix(instance);
+    let Ok(entries) = std::fs::read_dir(images) else {
+        return 0;
+    };
+    let mut swept = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        match std::fs::remove_dir_all(entry.path()) {
+            Ok(()) => swept += 1,
+            Err(err) => {
+                tracing::warn!(error = %err, image = %entry.path().display(), "deleting a leftover template image failed")
+            }
+        }
+    }
+    swept
+}
+
 fn chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
@@ -384,6 +416,26 @@ impl SandboxManager {
         Some(pool.template.status(self.inner.config.templates.enabled))
     }
 
+    /// The start of every template id (and image directory name) of `instance`'s pools.
+    pub fn template_id_prefix(instance: &str) -> String {
+        template_prefix(instance)
+    }
+
+    /// Deletes the template images a killed process of this instance left on the engine's
+    /// tmpfs. Called once at start, before any keeper builds a template.
+    pub(super) fn sweep_leftover_templates(&self) {
+        let Some(images) = self.inner.launcher.backend.snapshot_images_dir() else {
+            return;
+        };
+        let swept = sweep_templates(&images, &self.inner.config.instance);
+        if swept > 0 {
+            tracing::info!(
+                swept,
+                "deleted template images a previous process of this instance left on the tmpfs"
+            );
+        }
+    }
+
     /// Keeps `profile`'s template for as long as the manager lives: checks the capability, builds,
     /// checks and rebuilds it (see the module's documentation).
     pub(super) fn spawn_template_keeper(&self, profile: String) {
@@ -516,7 +568,12 @@ impl SandboxManager {
         if self.inner.stop.is_cancelled() {
             return Err(TemplateError::Stopped);
         }
-        self.checkpoint(sandbox, false)
+        let id = format!(
+            "{}{}",
+            template_prefix(&self.inner.config.instance),
+            uuid::Uuid::now_v7().simple()
+        );
+        self.checkpoint_as(sandbox, &id, false)
             .await
             .map_err(TemplateError::Checkpoint)
     }

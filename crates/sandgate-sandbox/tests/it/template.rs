@@ -279,3 +279,55 @@ async fn a_changed_template_is_refused_and_the_pool_starts_afresh() {
     fresh.close().await.expect("close");
     env.cleanup().await;
 }
+
+/// A process killed before it could delete its template leaves the plaintext image on the tmpfs:
+/// the next start of the same instance deletes it, and leaves another instance's alone.
+#[tokio::test]
+async fn a_start_deletes_the_template_images_its_instance_left_and_no_others() {
+    support::init_tracing();
+    let host = std::env::var("SANDGATE_TEST_SNAPSHOT_DOCKER").unwrap_or_default();
+    let plain = std::env::var("SANDGATE_TEST_SNAPSHOT_PLAIN")
+        .unwrap_or_else(|_| "/var/cache/sandgate/docker/plain".into());
+    let backend = DockerBackend::connect(&host)
+        .expect("a Docker client")
+        .with_snapshots(&plain);
+    let Some(images) = backend.snapshot_images_dir() else {
+        panic!("a backend with snapshots names its images directory");
+    };
+    let ours = format!("sandgate-test-sweep-{}", uuid::Uuid::new_v4().simple());
+    let theirs = format!("sandgate-test-sweep-{}", uuid::Uuid::new_v4().simple());
+    let leftover = |instance: &str| {
+        let dir = images.join(format!(
+            "{}{}",
+            SandboxManager::template_id_prefix(instance),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).expect("a leftover image directory");
+        std::fs::write(dir.join("checkpoint.img"), b"pages").expect("a leftover image file");
+        dir
+    };
+    let (our_left, their_left) = (leftover(&ours), leftover(&theirs));
+    let mut config = ManagerConfig::new(&ours);
+    config.pool = PoolConfig {
+        min_ready: 0,
+        max_ready: 0,
+        max_concurrent_starts: 1,
+    };
+    let runc = SandboxProfile {
+        name: "runc".into(),
+        runtime: OciRuntime::Runc,
+        ..support::profile()
+    };
+    let manager =
+        SandboxManager::start(Arc::new(backend), vec![runc], config).expect("valid configuration");
+    let (swept, kept) = (!our_left.exists(), their_left.exists());
+    let _ = std::fs::remove_dir_all(&their_left);
+    let _ = std::fs::remove_dir_all(&our_left);
+    assert!(
+        swept,
+        "the instance's leftover template image {} is still there after its start",
+        our_left.display()
+    );
+    assert!(kept, "another instance's template image was deleted");
+    drop(manager);
+}

@@ -147,7 +147,11 @@ pub(crate) async fn bench_series(
 
 fn series_row(r: &Value, profile: &SeriesProfile) -> Row {
     let name = r["name"].as_str().unwrap_or("?");
-    let id = format!("{}{}", profile.prefix(), name.strip_prefix("sdk.").unwrap_or(name));
+    let id = format!(
+        "{}{}",
+        profile.prefix(),
+        name.strip_prefix("sdk.").unwrap_or(name)
+    );
     let samples = script_samples(r);
     let what = match name {
         "sdk.b2b_create" => "create_sandbox, 30 conversations back to back".to_owned(),

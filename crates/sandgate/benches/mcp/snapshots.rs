@@ -20,7 +20,9 @@ const STACK_CELL: &str = "import numpy, pandas, matplotlib.pyplot\n1 + 1";
 /// Where the engine keeps plaintext checkpoint images, if snapshots can be benchmarked here.
 pub(crate) async fn snapshot_plain_dir(docker: &Docker) -> Option<String> {
     let Ok(plain) = std::env::var("SANDGATE_SNAPSHOTS__PLAIN_DIR") else {
-        eprintln!("[bench] SANDGATE_SNAPSHOTS__PLAIN_DIR is not set: the snapshot rows are skipped");
+        eprintln!(
+            "[bench] SANDGATE_SNAPSHOTS__PLAIN_DIR is not set: the snapshot rows are skipped"
+        );
         return None;
     };
     let info = docker.info().await.ok()?;
@@ -129,8 +131,12 @@ async fn cold_with_cpu(opts: &Options, docker: &Docker, plain: Option<&str>) -> 
         let client = Client::connect(&gateway.mcp_url, &token, Era::Sessions)
             .await
             .map_err(|e| anyhow!(e))?;
-        let (mut create, mut ready, mut cpu, mut memory) =
-            (Samples::default(), Samples::default(), Vec::new(), Vec::new());
+        let (mut create, mut ready, mut cpu, mut memory) = (
+            Samples::default(),
+            Samples::default(),
+            Vec::new(),
+            Vec::new(),
+        );
         let budget = Budget::secs(300);
         for i in 0..opts.counts.cold_creates {
             let args = json!({"conversation_id": format!("snap-cold-{i}")});
@@ -142,15 +148,13 @@ async fn cold_with_cpu(opts: &Options, docker: &Docker, plain: Option<&str>) -> 
             };
             let id = sandbox_id(&created)?;
             let cell = json!({"sandbox_id": id, "code": STACK_CELL});
-            if ready
+            let answered = ready
                 .time(&budget, call_ok(&client, "execute_code", cell))
                 .await
-                .is_some()
-            {
-                if let Some(container) = container_of(docker, &gateway, &id).await {
-                    cpu.extend(container_cpu_s(&container).map(|s| s * 1000.0));
-                    memory.extend(container_memory_mb(&container).map(|(usage, _)| usage));
-                }
+                .is_some();
+            if answered && let Some(container) = container_of(docker, &gateway, &id).await {
+                cpu.extend(container_cpu_s(&container).map(|s| s * 1000.0));
+                memory.extend(container_memory_mb(&container).map(|(usage, _)| usage));
             }
             call_ok(&client, "close_sandbox", json!({"sandbox_id": id})).await?;
         }
@@ -263,7 +267,9 @@ async fn crate_rows(opts: &Options, plain: &str) -> Result<Vec<Row>> {
     let mut last = None;
     for _ in 0..n {
         if let Some(snapshot) = checkpoint
-            .time(&budget, async { Ok(manager.checkpoint(&source, true).await?) })
+            .time(&budget, async {
+                Ok(manager.checkpoint(&source, true).await?)
+            })
             .await
         {
             sizes.push(snapshot.size_bytes() as f64 / 1e6);
@@ -272,7 +278,9 @@ async fn crate_rows(opts: &Options, plain: &str) -> Result<Vec<Row>> {
     }
     if let Some(snapshot) = &last {
         for _ in 0..n {
-            restore.time(&budget, restore_once(&manager, snapshot)).await;
+            restore
+                .time(&budget, restore_once(&manager, snapshot))
+                .await;
         }
         let all = (0..16).map(|_| async {
             let t0 = Instant::now();
@@ -362,7 +370,13 @@ pub(crate) fn snapshot_goals(rows: &[Row]) -> Vec<Goal> {
         ),
         goal(
             "open loop at 120/min: p99 with 0 errors (SDK, template)",
-            open_loop(120).and_then(|r| if r.errors == 0 { r.p99 } else { Some(f64::INFINITY) }),
+            open_loop(120).and_then(|r| {
+                if r.errors == 0 {
+                    r.p99
+                } else {
+                    Some(f64::INFINITY)
+                }
+            }),
             2000.0,
             true,
             "ms",

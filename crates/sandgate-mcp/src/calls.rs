@@ -341,6 +341,27 @@ impl McpServer {
         ))
     }
 
+    /// Tells the bot when people acted in its sandbox from the console since its last call
+    /// (once per action; a failure to read the mark only costs the note).
+    async fn add_people_note(&self, caller: &Caller, sandbox_id: &str, text: &mut String) {
+        if caller.person.is_some() {
+            return;
+        }
+        match self
+            .inner
+            .sandboxes
+            .take_people_note(caller.tenant, sandbox_id)
+            .await
+        {
+            Ok(Some(note)) => {
+                text.push('\n');
+                text.push_str(&note.text());
+            }
+            Ok(None) => {}
+            Err(err) => tracing::warn!(error = %err, "reading whether people acted failed"),
+        }
+    }
+
     /// The limits of a cell or command that may run for `timeout`.
     fn run_limits(&self, timeout: Duration) -> RunLimits {
         RunLimits {
@@ -422,7 +443,8 @@ impl McpServer {
             duration_ms: outcome.duration.as_millis() as u64,
         };
         let is_error = out.error.is_some() || out.timed_out;
-        let text = render_cell(&out, timeout);
+        let mut text = render_cell(&out, timeout);
+        self.add_people_note(caller, &sandbox_id, &mut text).await;
         Ok(Answer {
             sandbox_id: Some(sandbox_id),
             result: structured(&out, text, is_error, blocks),
@@ -476,6 +498,8 @@ impl McpServer {
             (None, Some(sig)) => text.push_str(&format!("[killed by signal {sig}]")),
             (None, None) => text.push_str("[no exit code]"),
         }
+        self.add_people_note(caller, &out.sandbox_id, &mut text)
+            .await;
         Ok(Answer {
             sandbox_id: Some(out.sandbox_id.clone()),
             result: structured(&out, text, is_error, vec![]),

@@ -36,6 +36,15 @@ pub enum Entry {
 }
 
 impl Entry {
+    /// Who ran it: the person's email for a console run, `None` for the bot.
+    pub fn by(&self) -> Option<&str> {
+        match self {
+            Entry::Cell(c) => c.by.as_deref(),
+            Entry::Command(c) => c.by.as_deref(),
+            Entry::Upload(_) | Entry::Fetch(_) => None,
+        }
+    }
+
     /// The entry's kind as stored beside it (for queries that need no JSON).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -79,6 +88,9 @@ pub struct Cell {
     pub state_lost: bool,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+    /// The person who ran it from the console (their email); `None`: the bot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// An exception raised by a cell.
@@ -118,6 +130,9 @@ pub struct Command {
     pub truncated: bool,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+    /// The person who ran it from the console (their email); `None`: the bot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// A file that went into or out of the sandbox: what it was, not what it held.

@@ -144,7 +144,7 @@ fn code_cell(id: &str, when: &str, cell: &Cell) -> Value {
         "cell_type": "code",
         "id": cell_id(id),
         "execution_count": cell.execution_count,
-        "metadata": {"sandgate": {"ran_at": when, "duration_ms": cell.duration_ms}},
+        "metadata": {"sandgate": {"ran_at": when, "duration_ms": cell.duration_ms, "by": cell.by}},
         "source": cell.code,
         "outputs": outputs,
     })
@@ -177,7 +177,7 @@ fn command_cell(id: &str, when: &str, command: &Command) -> Value {
         "cell_type": "code",
         "id": cell_id(id),
         "execution_count": null,
-        "metadata": {"sandgate": {"ran_at": when, "duration_ms": command.duration_ms, "exit_code": command.exit_code}},
+        "metadata": {"sandgate": {"ran_at": when, "duration_ms": command.duration_ms, "exit_code": command.exit_code, "by": command.by}},
         "source": format!("%%bash\n{cd}{}", command.command),
         "outputs": outputs,
     })

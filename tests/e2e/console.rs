@@ -40,7 +40,9 @@ async fn remote_server() -> (String, Arc<AtomicUsize>) {
 async fn takeover(stack: &Stack, email: &str) {
     let out = stack
         .gateway
-        .cli(&["admin", "user", "role", "--email", email, "--role", "takeover"])
+        .cli(&[
+            "admin", "user", "role", "--email", email, "--role", "takeover",
+        ])
         .await;
     assert!(out.contains("takeover"), "the role is set: {out}");
 }
@@ -80,7 +82,14 @@ async fn a_person_takes_over_the_bots_sandbox_in_the_browser() {
     bot(
         &stack,
         &token,
-        &["--phase", "work", "--conversation", &conversation, "--remote", &remote],
+        &[
+            "--phase",
+            "work",
+            "--conversation",
+            &conversation,
+            "--remote",
+            &remote,
+        ],
     )
     .await;
 
@@ -97,7 +106,10 @@ async fn a_person_takes_over_the_bots_sandbox_in_the_browser() {
         .click(&format!("tr[data-conversation='{conversation}'] a"))
         .await;
     let notebook = text_with(&chromium, "#notebook", "groupby").await;
-    assert!(notebook.contains("by the bot"), "the bot's cells are marked: {notebook}");
+    assert!(
+        notebook.contains("by the bot"),
+        "the bot's cells are marked: {notebook}"
+    );
     assert!(
         notebook.contains("<script>document.title = \"pwned-print\"</script>"),
         "a printed script shows as text: {notebook}"
@@ -117,7 +129,12 @@ async fn a_person_takes_over_the_bots_sandbox_in_the_browser() {
     text_with(&chromium, "#run-state", "finished").await;
 
     // A slow cell streams its output, and the interrupt stops it.
-    chromium.goto(&stack.url(&format!("/console/conversation?id={}", url_encode(&conversation)))).await;
+    chromium
+        .goto(&stack.url(&format!(
+            "/console/conversation?id={}",
+            url_encode(&conversation)
+        )))
+        .await;
     chromium
         .type_into(
             "#code",
@@ -128,19 +145,31 @@ async fn a_person_takes_over_the_bots_sandbox_in_the_browser() {
     text_with(&chromium, "#live-output", "tick 2").await;
     chromium.click("#interrupt").await;
     let state = text_with(&chromium, "#run-state", "KeyboardInterrupt").await;
-    assert!(state.contains("a person"), "the interrupt names a person: {state}");
+    assert!(
+        state.contains("a person"),
+        "the interrupt names a person: {state}"
+    );
 
     // The notebook marks the person's cells, and the file is there to download.
-    chromium.goto(&stack.url(&format!("/console/conversation?id={}", url_encode(&conversation)))).await;
+    chromium
+        .goto(&stack.url(&format!(
+            "/console/conversation?id={}",
+            url_encode(&conversation)
+        )))
+        .await;
     let notebook = text_with(&chromium, "#notebook", &format!("by {}", stack.email)).await;
     assert!(notebook.contains("human_total"), "{notebook}");
     let files = text_with(&chromium, "#files", "/home/user/human.csv").await;
     assert!(files.contains("human.csv"), "{files}");
     let title = chromium.title().await;
-    assert!(!title.contains("pwned"), "no output's script ran: {title:?}");
+    assert!(
+        !title.contains("pwned"),
+        "no output's script ran: {title:?}"
+    );
+    chromium.resize(1280, 1600).await;
     let png = chromium.screenshot().await;
     std::fs::write(crate::webdriver::artifacts_dir().join("console.png"), &png).unwrap();
-    if std::env::var_os("SANDGATE_UPDATE_SCREENSHOTS").is_some() {
+    if std::env::var_os("UPDATE_DOCS_SCREENSHOTS").is_some() {
         let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/console.png");
         std::fs::write(docs, &png).unwrap();
     }
@@ -152,8 +181,16 @@ async fn a_person_takes_over_the_bots_sandbox_in_the_browser() {
     );
 
     // The bot's next call finds the person's variable and file, and is told a person acted.
-    let text = bot(&stack, &token, &["--phase", "check", "--conversation", &conversation]).await;
-    assert!(text.contains("22 total,22"), "the bot sees the human's work: {text}");
+    let text = bot(
+        &stack,
+        &token,
+        &["--phase", "check", "--conversation", &conversation],
+    )
+    .await;
+    assert!(
+        text.contains("22 total,22"),
+        "the bot sees the human's work: {text}"
+    );
     assert!(
         text.contains(&format!("a person ({})", stack.email)),
         "the bot is told a person acted: {text}"
@@ -166,9 +203,14 @@ async fn a_person_takes_over_the_bots_sandbox_in_the_browser() {
         .await;
     let mine: Vec<&str> = audit
         .lines()
-        .filter(|l| l.contains("console_execute_code") && l.contains(&format!("user:{}", stack.email)))
+        .filter(|l| {
+            l.contains("console_execute_code") && l.contains(&format!("user:{}", stack.email))
+        })
         .collect();
-    assert!(mine.len() >= 2, "both of the person's cells are audited under them:\n{audit}");
+    assert!(
+        mine.len() >= 2,
+        "both of the person's cells are audited under them:\n{audit}"
+    );
 }
 
 /// Signs `email` in and returns the browser and the console's CSRF token.
@@ -185,11 +227,16 @@ async fn signed_in(stack: &Stack, email: &str) -> (HttpBrowser, String) {
 }
 
 async fn new_user(stack: &Stack, tenant: &str) -> String {
-    let email = format!("agent-{}@example.com", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let email = format!(
+        "agent-{}@example.com",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
     stack
         .gateway
         .cli_stdin(
-            &["admin", "user", "create", "--tenant", tenant, "--email", &email],
+            &[
+                "admin", "user", "create", "--tenant", tenant, "--email", &email,
+            ],
             &format!("{PASSWORD}\n"),
         )
         .await;
@@ -233,13 +280,18 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
         .get(&stack.url("/console/conversation?id=no-such-conversation"))
         .await;
     assert_eq!(nowhere.status, StatusCode::NOT_FOUND);
-    assert_eq!(nowhere.body, missing.body, "foreign and missing look the same");
+    assert_eq!(
+        nowhere.body, missing.body,
+        "foreign and missing look the same"
+    );
     let listed = them
         .get(&stack.url(&format!("/console?q={}", url_encode(&conversation))))
         .await;
     assert!(
         listed.body.contains("id=\"no-conversations\"")
-            && !listed.body.contains(&format!("data-conversation=\"{conversation}\"")),
+            && !listed
+                .body
+                .contains(&format!("data-conversation=\"{conversation}\"")),
         "not listed for them: {}",
         listed.body
     );
@@ -271,16 +323,33 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
     let (mut owner, csrf) = signed_in(&stack, &stack.email).await;
     let shown = owner.get(&stack.url(&page)).await;
     assert_eq!(shown.status, StatusCode::OK);
-    for h in ["content-security-policy", "x-frame-options", "cache-control"] {
+    for h in [
+        "content-security-policy",
+        "x-frame-options",
+        "cache-control",
+    ] {
         assert!(shown.headers.contains_key(h), "the page carries {h}");
     }
     let csp = shown.headers["content-security-policy"].to_str().unwrap();
-    assert!(csp.contains("default-src 'none'") && csp.contains("img-src data:") && csp.contains("frame-ancestors 'none'"), "{csp}");
-    assert!(!shown.body.contains(" onclick=") && !shown.body.contains(" onsubmit="), "no inline handlers");
+    assert!(
+        csp.contains("default-src 'none'")
+            && csp.contains("img-src data:")
+            && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    assert!(
+        !shown.body.contains(" onclick=") && !shown.body.contains(" onsubmit="),
+        "no inline handlers"
+    );
     let form = run_form("");
     let pairs = refs(&form);
     let forged = owner.post(&stack.url("/console/run"), &pairs[1..]).await;
-    assert_eq!(forged.status, StatusCode::FORBIDDEN, "no token: {}", forged.body);
+    assert_eq!(
+        forged.status,
+        StatusCode::FORBIDDEN,
+        "no token: {}",
+        forged.body
+    );
     let cross_site = reqwest::Client::new()
         .post(stack.url("/console/run"))
         .header("cookie", them_cookie(&mut owner, &stack).await)
@@ -289,10 +358,16 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
         .send()
         .await
         .unwrap();
-    assert_eq!(cross_site.status(), StatusCode::FORBIDDEN, "a cross-site origin");
+    assert_eq!(
+        cross_site.status(),
+        StatusCode::FORBIDDEN,
+        "a cross-site origin"
+    );
 
     // A stale sign-in must confirm the password first.
-    let mut db = sqlx::PgConnection::connect(&stack.gateway.database_url).await.unwrap();
+    let mut db = sqlx::PgConnection::connect(&stack.gateway.database_url)
+        .await
+        .unwrap();
     sqlx::query("UPDATE user_sessions SET authenticated_at = now() - interval '1 hour'")
         .execute(&mut db)
         .await
@@ -301,21 +376,38 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
     let pairs = refs(&form);
     let stale = owner.post(&stack.url("/console/run"), &pairs).await;
     assert_eq!(stale.status, StatusCode::FORBIDDEN);
-    assert!(stale.body.contains("Confirm your password"), "{}", stale.body);
+    assert!(
+        stale.body.contains("Confirm your password"),
+        "{}",
+        stale.body
+    );
     let wrong = owner
         .post(
             &stack.url("/console/confirm"),
-            &[("csrf", &csrf), ("conversation", &conversation), ("password", "wrong")],
+            &[
+                ("csrf", &csrf),
+                ("conversation", &conversation),
+                ("password", "wrong"),
+            ],
         )
         .await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     let confirmed = owner
         .post(
             &stack.url("/console/confirm"),
-            &[("csrf", &csrf), ("conversation", &conversation), ("password", PASSWORD)],
+            &[
+                ("csrf", &csrf),
+                ("conversation", &conversation),
+                ("password", PASSWORD),
+            ],
         )
         .await;
-    assert_eq!(confirmed.status, StatusCode::SEE_OTHER, "{}", confirmed.body);
+    assert_eq!(
+        confirmed.status,
+        StatusCode::SEE_OTHER,
+        "{}",
+        confirmed.body
+    );
     let ran = owner.post(&stack.url("/console/run"), &pairs).await;
     assert_eq!(ran.status, StatusCode::OK, "{}", ran.body);
     assert!(ran.body.contains("event: done"), "{}", ran.body);
@@ -331,11 +423,61 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
     let refused = viewer.post(&stack.url("/console/run"), &pairs).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
 
+    // The person's interrupt stops the bot's running cell too, and the bot is told who did.
+    let slow = {
+        let (url, token, conversation) =
+            (stack.gateway.mcp_url(), token.clone(), conversation.clone());
+        tokio::spawn(async move {
+            let bot = Client::connect(&url, &token, Era::Stateless)
+                .await
+                .expect("connects");
+            bot.call(
+                "execute_code",
+                json!({"conversation_id": conversation, "code": "import time\ntime.sleep(120)"}),
+            )
+            .await
+            .expect("the interrupted call answers")
+        })
+    };
+    let cookie = owner.cookies();
+    let http = reqwest::Client::new();
+    eventually(
+        Duration::from_secs(60),
+        "the interrupt to end the bot's cell",
+        || async {
+            let stopped = http
+                .post(stack.url("/console/interrupt"))
+                .header("cookie", &cookie)
+                .form(&[("csrf", &csrf), ("conversation", &conversation)])
+                .send()
+                .await
+                .expect("the gateway answers");
+            assert!(stopped.status().is_success() || stopped.status().is_redirection());
+            slow.is_finished().then_some(())
+        },
+    )
+    .await;
+    let interrupted = slow.await.unwrap();
+    assert!(
+        interrupted
+            .text
+            .contains(&format!("a person ({}) interrupted", stack.email)),
+        "the bot's result says a person interrupted it: {}",
+        interrupted.text
+    );
+
     // The bot's variable was touched only by the owner's confirmed run.
     let seen = bot
-        .ok("execute_code", json!({"conversation_id": conversation, "code": "secret"}))
+        .ok(
+            "execute_code",
+            json!({"conversation_id": conversation, "code": "secret"}),
+        )
         .await;
-    assert_eq!(seen.structured["result"]["text/plain"], "0", "{:?}", seen.structured);
+    assert_eq!(
+        seen.structured["result"]["text/plain"], "0",
+        "{:?}",
+        seen.structured
+    );
 
     // Revoking the user's sessions signs them out everywhere.
     stack

@@ -156,6 +156,14 @@ impl Browser {
             .unwrap_or_else(|err| panic!("the text of {css}: {err}"))
     }
 
+    /// Resizes the window (e.g. a desktop size for a screenshot).
+    pub async fn resize(&self, width: u32, height: u32) {
+        self.client
+            .set_window_size(width, height)
+            .await
+            .expect("the window resizes");
+    }
+
     /// A PNG screenshot of the viewport.
     pub async fn screenshot(&self) -> Vec<u8> {
         self.client.screenshot().await.expect("a screenshot")

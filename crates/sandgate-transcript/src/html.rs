@@ -81,6 +81,7 @@ fn render_part(transcript: &Transcript, part: &Part, html_results: HtmlResults) 
                 @if let Some(t) = part.started_at { "Started " (t.format("%Y-%m-%d %H:%M:%S UTC")) ". " }
                 @match part.closed_at {
                     Some(t) => { "Ended " (t.format("%Y-%m-%d %H:%M:%S UTC")) "." }
+                    None if html_results == HtmlResults::SandboxedFrame => { "Live." }
                     None => { "Still running at export." }
                 }
             }

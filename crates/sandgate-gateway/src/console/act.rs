@@ -27,7 +27,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::pages::{Found, conversation_url, find};
-use super::{error_page, may_act, same_origin, signed_in, unavailable};
+use super::{error_page, refusal_to_act, same_origin, signed_in, unavailable};
 use crate::AppState;
 use crate::oauth::html::see_other;
 use crate::oauth::ratelimit::ClientAddress;
@@ -84,8 +84,8 @@ pub async fn run(
             Ok(ok) => ok,
             Err(r) => return r,
         };
-    if let Err(r) = may_act(&session) {
-        return r;
+    if let Some(refusal) = refusal_to_act(&session) {
+        return refusal;
     }
     let kind = match form.kind.as_str() {
         "cell" => Kind::Cell,
@@ -329,8 +329,8 @@ pub async fn interrupt(
             Ok(ok) => ok,
             Err(r) => return r,
         };
-    if let Err(r) = may_act(&session) {
-        return r;
+    if let Some(refusal) = refusal_to_act(&session) {
+        return refusal;
     }
     let Some(row) = found.live else {
         return see_other(&conversation_url(&conversation));
@@ -389,8 +389,8 @@ pub async fn upload(
         Ok(ok) => ok,
         Err(r) => return r,
     };
-    if let Err(r) = may_act(&session) {
-        return r;
+    if let Some(refusal) = refusal_to_act(&session) {
+        return refusal;
     }
     let name = query.name.trim();
     if name.is_empty() || name.contains('/') || name.starts_with('.') || name.len() > 255 {

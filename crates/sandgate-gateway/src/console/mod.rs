@@ -211,10 +211,10 @@ pub fn same_origin(state: &AppState, headers: &HeaderMap) -> bool {
     site_ok && origin_ok
 }
 
-/// Whether the user may act now; the refusal otherwise (role, then a recent sign-in).
-pub fn may_act(session: &Session) -> Result<(), Response> {
+/// Why the user may not act now (the role, then a recent sign-in); `None` when they may.
+pub fn refusal_to_act(session: &Session) -> Option<Response> {
     if session.role != crate::admin::UserRole::Takeover {
-        return Err(error_page(
+        return Some(error_page(
             StatusCode::FORBIDDEN,
             "Read only",
             "Your account may read conversations but not run code in them; an operator can \
@@ -222,12 +222,12 @@ pub fn may_act(session: &Session) -> Result<(), Response> {
         ));
     }
     if chrono::Utc::now() - session.authenticated_at > RECENT_SIGN_IN {
-        return Err(error_page(
+        return Some(error_page(
             StatusCode::FORBIDDEN,
             "Confirm your password",
             "Running code needs a recent sign-in: confirm your password on the conversation's \
              page, then try again.",
         ));
     }
-    Ok(())
+    None
 }

@@ -26,6 +26,9 @@ fn parse_args<T: DeserializeOwned>(args: Option<JsonObject>) -> Result<T, CallEr
         .map_err(|e| CallError::InvalidParams(format!("invalid arguments: {e}")))
 }
 
+/// Longest wait for the note saying people acted in the sandbox (see `add_people_note`).
+const PEOPLE_NOTE_WAIT: Duration = Duration::from_millis(500);
+
 impl McpServer {
     pub(super) fn call_timeout(&self, asked: Option<u32>) -> Result<Duration, CallError> {
         let limits = &self.inner.limits;
@@ -347,18 +350,20 @@ impl McpServer {
         if caller.person.is_some() {
             return;
         }
-        match self
+        // One statement on the answer's path; with Postgres slow or away the answer goes
+        // without the note rather than wait (the mark stays for the next call).
+        let take = self
             .inner
             .sandboxes
-            .take_people_note(caller.tenant, sandbox_id)
-            .await
-        {
-            Ok(Some(note)) => {
+            .take_people_note(caller.tenant, sandbox_id);
+        match tokio::time::timeout(PEOPLE_NOTE_WAIT, take).await {
+            Ok(Ok(Some(note))) => {
                 text.push('\n');
                 text.push_str(&note.text());
             }
-            Ok(None) => {}
-            Err(err) => tracing::warn!(error = %err, "reading whether people acted failed"),
+            Ok(Ok(None)) => {}
+            Ok(Err(err)) => tracing::warn!(error = %err, "reading whether people acted failed"),
+            Err(_) => tracing::warn!("reading whether people acted took too long; no note"),
         }
     }
 

@@ -53,7 +53,8 @@ async fn text_with(browser: &Browser, css: &str, needle: &str) -> String {
         Duration::from_secs(90),
         &format!("{css} to show {needle:?}"),
         || async {
-            let text = browser.text(css).await;
+            // The page may be reloading (after an upload): a stale element is read again.
+            let text = browser.find(css).await.text().await.ok()?;
             text.contains(needle).then_some(text)
         },
     )
@@ -150,6 +151,23 @@ async fn a_person_takes_over_the_bots_sandbox_in_the_browser() {
         "the interrupt names a person: {state}"
     );
 
+    // A file uploaded from the page lands in /home/user.
+    let upload = std::env::temp_dir().join(format!("notes-{}.txt", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&upload, "from the person\n").unwrap();
+    chromium
+        .goto(&stack.url(&format!(
+            "/console/conversation?id={}",
+            url_encode(&conversation)
+        )))
+        .await;
+    chromium
+        .type_into("#upload-file", upload.to_str().unwrap())
+        .await;
+    chromium.click("#upload").await;
+    let name = upload.file_name().unwrap().to_str().unwrap().to_owned();
+    text_with(&chromium, "#files", &name).await;
+    let _ = std::fs::remove_file(&upload);
+
     // The notebook marks the person's cells, and the file is there to download.
     chromium
         .goto(&stack.url(&format!(
@@ -166,7 +184,8 @@ async fn a_person_takes_over_the_bots_sandbox_in_the_browser() {
         !title.contains("pwned"),
         "no output's script ran: {title:?}"
     );
-    chromium.resize(1280, 1600).await;
+    chromium.resize(1280, 1400).await;
+    chromium.scroll_to(".entry:not([data-by=bot])").await;
     let png = chromium.screenshot().await;
     std::fs::write(crate::webdriver::artifacts_dir().join("console.png"), &png).unwrap();
     if std::env::var_os("UPDATE_DOCS_SCREENSHOTS").is_some() {

@@ -669,6 +669,7 @@ pub fn file_entry(info: &FileInfo, fetched: bool) -> Entry {
         path: info.path.clone(),
         size: info.size,
         sha256: info.sha256.clone(),
+        by: None,
     };
     if fetched {
         Entry::Fetch(event)

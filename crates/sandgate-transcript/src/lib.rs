@@ -41,7 +41,17 @@ impl Entry {
         match self {
             Entry::Cell(c) => c.by.as_deref(),
             Entry::Command(c) => c.by.as_deref(),
-            Entry::Upload(_) | Entry::Fetch(_) => None,
+            Entry::Upload(f) | Entry::Fetch(f) => f.by.as_deref(),
+        }
+    }
+
+    /// Marks the entry as a person's (their email).
+    pub fn set_by(&mut self, person: &str) {
+        let by = Some(person.to_owned());
+        match self {
+            Entry::Cell(c) => c.by = by,
+            Entry::Command(c) => c.by = by,
+            Entry::Upload(f) | Entry::Fetch(f) => f.by = by,
         }
     }
 
@@ -144,6 +154,9 @@ pub struct FileEvent {
     pub size: u64,
     /// Hex SHA-256 of the content.
     pub sha256: String,
+    /// The person who moved it from the console (their email); `None`: the bot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// An entry with its place and time.
@@ -299,6 +312,7 @@ pub(crate) mod sample {
                 path: "/home/user/orders.csv".into(),
                 size: 39,
                 sha256: "c9a2".into(),
+                by: None,
             }),
             Entry::Cell(Cell {
                 code: "print('hi')\n1 + 1".into(),
@@ -353,6 +367,7 @@ pub(crate) mod sample {
                 path: "/home/user/outputs/figure-2-1.png".into(),
                 size: 68,
                 sha256: "ab12".into(),
+                by: None,
             }),
         ];
         Transcript {

@@ -419,7 +419,8 @@ pub async fn upload(
     drop(permit);
     match uploaded {
         Ok((resolved, info)) => {
-            let entry = sandgate_service::transcripts::file_entry(&info, false);
+            let mut entry = sandgate_service::transcripts::file_entry(&info, false);
+            entry.set_by(&session.email);
             state.transcripts.record(&resolved.row, entry);
             let took = started.elapsed();
             let sandbox = Some(resolved.row.id.clone());

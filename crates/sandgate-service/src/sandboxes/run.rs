@@ -113,11 +113,7 @@ impl SandboxService {
         let Some(person) = &caller.person else {
             return;
         };
-        match entry {
-            Entry::Cell(cell) => cell.by = Some(person.clone()),
-            Entry::Command(command) => command.by = Some(person.clone()),
-            Entry::Upload(_) | Entry::Fetch(_) => {}
-        }
+        entry.set_by(person);
         self.people_acted(&resolved.row.id, person).await;
     }
 }
@@ -129,7 +125,7 @@ fn interrupted_cell(by: &str, ran: Duration) -> ExecOutcome {
         error: Some(CellError {
             name: "KeyboardInterrupt".to_owned(),
             value: interrupted_by(by),
-            traceback: vec![format!("KeyboardInterrupt: {}", interrupted_by(by))],
+            traceback: Vec::new(),
         }),
         duration: ran,
         ..ExecOutcome::default()

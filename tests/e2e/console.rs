@@ -103,6 +103,11 @@ async fn a_person_takes_over_the_bots_sandbox_in_the_browser() {
     chromium.click("#console").await;
     chromium.type_into("#q", &conversation).await;
     chromium.click("#search").await;
+    // The search's page, not the list it replaces (whose row would go stale under the click).
+    eventually(Duration::from_secs(30), "the search's page", || async {
+        chromium.url().await.contains("q=").then_some(())
+    })
+    .await;
     chromium
         .click(&format!("tr[data-conversation='{conversation}'] a"))
         .await;

@@ -194,7 +194,9 @@ mod tests {
     #[test]
     fn inside_the_console_html_results_are_sandboxed_frames_and_entries_name_who_ran_them() {
         let mut transcript = sample::transcript();
-        transcript.parts[0].records[1].entry.set_by("ana@example.com");
+        transcript.parts[0].records[1]
+            .entry
+            .set_by("ana@example.com");
         let parts = render_parts(&transcript, HtmlResults::SandboxedFrame).into_string();
         assert!(
             parts.contains("<iframe class=\"html\" sandbox=\"\""),
@@ -204,7 +206,10 @@ mod tests {
             parts.contains("srcdoc=\"&lt;script&gt;"),
             "its source is an escaped attribute"
         );
-        assert!(!parts.to_ascii_lowercase().contains("<script"), "no script element");
+        assert!(
+            !parts.to_ascii_lowercase().contains("<script"),
+            "no script element"
+        );
         assert!(parts.contains("by ana@example.com") && parts.contains("by the bot"));
         let page = render(&transcript);
         assert!(!page.contains("<iframe"), "the exported page has no frame");

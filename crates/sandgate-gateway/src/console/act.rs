@@ -26,7 +26,7 @@ use sandgate_service::sandboxes::{Caller, CommandLine, RunLimits, ServiceError, 
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use super::pages::{Found, conversation_url, find};
+use super::pages::{Found, Read, conversation_url, find};
 use super::{error_page, refusal_to_act, same_origin, signed_in, unavailable};
 use crate::AppState;
 use crate::oauth::html::see_other;
@@ -66,7 +66,7 @@ async fn admitted(
     if !same_origin(state, headers) || !session::csrf_ok(&session, csrf) {
         return Err(session::form_expired());
     }
-    let found = find(state, &session, conversation.trim()).await?;
+    let found = find(state, &session, conversation.trim(), Read::Existence).await?;
     Ok((session, found))
 }
 
@@ -103,6 +103,8 @@ pub async fn run(
         Ok(p) => p,
         Err(err) => return refused(&err),
     };
+    // Within the connection's idle timeout (validated longer than this), as /mcp's streams.
+    let keep_alive = Duration::from_secs(state.config.mcp.sse_keep_alive_seconds.max(1));
     let (events, stream) = mpsc::channel::<Event>(64);
     let live = found.live.map(|row| row.id);
     tokio::spawn(async move {
@@ -120,7 +122,7 @@ pub async fn run(
         rx.recv().await.map(|e| (Ok::<_, Infallible>(e), rx))
     });
     Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(Duration::from_secs(10)))
+        .keep_alive(KeepAlive::new().interval(keep_alive))
         .into_response()
 }
 

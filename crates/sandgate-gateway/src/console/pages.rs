@@ -112,9 +112,23 @@ pub struct Found {
     pub live: Option<SandboxRow>,
 }
 
+/// How much of a conversation [`find`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// Its transcript too (the page).
+    Transcript,
+    /// Only whether it is the tenant's, and its live sandbox (an action).
+    Existence,
+}
+
 /// The tenant's conversation `id`, or the missing-conversation page (also for another
 /// tenant's).
-pub async fn find(state: &AppState, session: &Session, id: &str) -> Result<Found, Response> {
+pub async fn find(
+    state: &AppState,
+    session: &Session,
+    id: &str,
+    read: Read,
+) -> Result<Found, Response> {
     if id.is_empty() || id.len() > MAX_CONVERSATION_BYTES {
         return Err(missing_conversation());
     }
@@ -125,14 +139,22 @@ pub async fn find(state: &AppState, session: &Session, id: &str) -> Result<Found
         .await
         .map_err(|_| unavailable())?;
     let subject = Subject::Conversation(id.to_owned());
-    let transcript = match state.transcripts.load(tenant, &subject).await {
-        Ok(t) => Some(t),
-        Err(TranscriptError::NotFound { .. }) => None,
-        Err(TranscriptError::Store(_) | TranscriptError::Busy) => return Err(unavailable()),
+    let transcript = match read {
+        Read::Existence if live.is_some() => None,
+        // No live sandbox: it is the tenant's if it has a transcript (its outline reads no
+        // entries).
+        Read::Existence => match state.transcripts.outline(tenant, &subject).await {
+            Ok(_) => None,
+            Err(TranscriptError::NotFound { .. }) => return Err(missing_conversation()),
+            Err(TranscriptError::Store(_) | TranscriptError::Busy) => return Err(unavailable()),
+        },
+        Read::Transcript => match state.transcripts.load(tenant, &subject).await {
+            Ok(t) => Some(t),
+            Err(TranscriptError::NotFound { .. }) if live.is_some() => None,
+            Err(TranscriptError::NotFound { .. }) => return Err(missing_conversation()),
+            Err(TranscriptError::Store(_) | TranscriptError::Busy) => return Err(unavailable()),
+        },
     };
-    if transcript.is_none() && live.is_none() {
-        return Err(missing_conversation());
-    }
     Ok(Found { transcript, live })
 }
 
@@ -149,7 +171,7 @@ pub async fn conversation(
         Err(r) => return r,
     };
     let id = query.id.trim();
-    let found = match find(&state, &session, id).await {
+    let found = match find(&state, &session, id, Read::Transcript).await {
         Ok(f) => f,
         Err(r) => return r,
     };

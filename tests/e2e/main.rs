@@ -3,6 +3,7 @@
 
 mod cli;
 mod connection_flood;
+mod console;
 mod deploy;
 mod error_kinds;
 mod gateway_share;

@@ -156,6 +156,24 @@ impl Browser {
             .unwrap_or_else(|err| panic!("the text of {css}: {err}"))
     }
 
+    /// Resizes the window (e.g. a desktop size for a screenshot).
+    pub async fn resize(&self, width: u32, height: u32) {
+        self.client
+            .set_window_size(width, height)
+            .await
+            .expect("the window resizes");
+    }
+
+    /// Scrolls the first element matching `css` into view (through WebDriver, not the page).
+    pub async fn scroll_to(&self, css: &str) {
+        let element = self.find(css).await;
+        let arg = serde_json::to_value(&element).expect("an element reference");
+        self.client
+            .execute("arguments[0].scrollIntoView();", vec![arg])
+            .await
+            .unwrap_or_else(|err| panic!("scrolling to {css}: {err}"));
+    }
+
     /// A PNG screenshot of the viewport.
     pub async fn screenshot(&self) -> Vec<u8> {
         self.client.screenshot().await.expect("a screenshot")

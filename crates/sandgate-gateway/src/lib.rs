@@ -9,6 +9,7 @@
 //! - [`metrics`]: Prometheus metrics at `/metrics`.
 //! - [`files`]: expiring download links for files in sandboxes (and transcripts).
 //! - [`handoff`]: transcript downloads and the logged-in users' transcripts page.
+//! - [`console`]: where a tenant's users take over the bot's live sandbox.
 //! - [`headers`]: the headers every download carries.
 //! - [`error`]: the mapping of errors to HTTP answers.
 //! - [`oauth`]: the OAuth 2.1 authorization server (the `sandgate-oauth` crate).
@@ -32,6 +33,7 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::TraceLayer;
 
 pub mod connections;
+pub mod console;
 pub mod error;
 pub mod files;
 pub mod handoff;
@@ -194,7 +196,7 @@ impl AppState {
     }
 
     /// The part of the state the authorization server's routes use.
-    fn oauth_app(&self) -> oauth::AppState {
+    pub fn oauth_app(&self) -> oauth::AppState {
         oauth::AppState {
             config: self.config.clone(),
             keys: self.keys.clone(),
@@ -223,6 +225,8 @@ impl AppState {
 /// The router with every route and the cross-cutting layers (request ids, tracing).
 pub fn router(state: AppState) -> Router {
     let mcp = state.mcp_app();
+    let console_upload_bytes =
+        usize::try_from(state.config.limits.max_file_bytes).unwrap_or(usize::MAX);
     let body_timeout = std::time::Duration::from_secs(state.config.http.body_read_timeout_seconds);
     let mcp_routes = mcp::routes::endpoint(mcp.clone(), state.shutdown.child_token())
         // Outside the bearer check: a body over the limit is answered (and audited) by it once
@@ -255,6 +259,16 @@ pub fn router(state: AppState) -> Router {
             },
             connections::body_deadline,
         ))
+        .merge(
+            console::routes(console_upload_bytes).layer(axum::middleware::from_fn_with_state(
+                connections::BodyLimits {
+                    timeout: body_timeout,
+                    max_bytes: console_upload_bytes,
+                    defer_too_large: false,
+                },
+                connections::body_deadline,
+            )),
+        )
         .with_state(state.clone())
         .merge(mcp_routes)
         .layer(axum::middleware::from_fn_with_state(

@@ -26,6 +26,9 @@ fn parse_args<T: DeserializeOwned>(args: Option<JsonObject>) -> Result<T, CallEr
         .map_err(|e| CallError::InvalidParams(format!("invalid arguments: {e}")))
 }
 
+/// Longest wait for the note saying people acted in the sandbox (see `add_people_note`).
+const PEOPLE_NOTE_WAIT: Duration = Duration::from_millis(500);
+
 impl McpServer {
     pub(super) fn call_timeout(&self, asked: Option<u32>) -> Result<Duration, CallError> {
         let limits = &self.inner.limits;
@@ -341,6 +344,29 @@ impl McpServer {
         ))
     }
 
+    /// Tells the bot when people acted in its sandbox from the console since its last call
+    /// (once per action; a failure to read the mark only costs the note).
+    async fn add_people_note(&self, caller: &Caller, sandbox_id: &str, text: &mut String) {
+        if caller.person.is_some() {
+            return;
+        }
+        // One statement on the answer's path; with Postgres slow or away the answer goes
+        // without the note rather than wait (the mark stays for the next call).
+        let take = self
+            .inner
+            .sandboxes
+            .take_people_note(caller.tenant, sandbox_id);
+        match tokio::time::timeout(PEOPLE_NOTE_WAIT, take).await {
+            Ok(Ok(Some(note))) => {
+                text.push('\n');
+                text.push_str(&note.text());
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(err)) => tracing::warn!(error = %err, "reading whether people acted failed"),
+            Err(_) => tracing::warn!("reading whether people acted took too long; no note"),
+        }
+    }
+
     /// The limits of a cell or command that may run for `timeout`.
     fn run_limits(&self, timeout: Duration) -> RunLimits {
         RunLimits {
@@ -422,7 +448,8 @@ impl McpServer {
             duration_ms: outcome.duration.as_millis() as u64,
         };
         let is_error = out.error.is_some() || out.timed_out;
-        let text = render_cell(&out, timeout);
+        let mut text = render_cell(&out, timeout);
+        self.add_people_note(caller, &sandbox_id, &mut text).await;
         Ok(Answer {
             sandbox_id: Some(sandbox_id),
             result: structured(&out, text, is_error, blocks),
@@ -476,6 +503,8 @@ impl McpServer {
             (None, Some(sig)) => text.push_str(&format!("[killed by signal {sig}]")),
             (None, None) => text.push_str("[no exit code]"),
         }
+        self.add_people_note(caller, &out.sandbox_id, &mut text)
+            .await;
         Ok(Answer {
             sandbox_id: Some(out.sandbox_id.clone()),
             result: structured(&out, text, is_error, vec![]),

@@ -211,6 +211,7 @@ impl McpServer {
             grant: claims.grant,
             limits: service.limits(claims.tenant).await?,
             read_at_admission: None,
+            person: None,
         };
         Ok(caller)
     }

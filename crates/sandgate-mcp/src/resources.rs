@@ -113,6 +113,7 @@ async fn caller_of(server: &McpServer, claims: &AccessClaims) -> Result<Caller, 
         grant: claims.grant,
         limits: service.limits(claims.tenant).await?,
         read_at_admission: None,
+        person: None,
     })
 }
 

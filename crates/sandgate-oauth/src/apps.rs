@@ -45,7 +45,8 @@ async fn page_handler(state: &AppState, headers: &HeaderMap, here: &str) -> Resp
         p.muted {
             "Signed in as " (session.email) ". Apps listed here can use sandgate for you. "
             "Disconnecting one stops its access at once and closes its sandboxes. "
-            a href=(paths::TRANSCRIPTS) { "Find a conversation's transcript" } "."
+            a href=(paths::TRANSCRIPTS) { "Find a conversation's transcript" } ", or "
+            a #console href=(paths::CONSOLE) { "open the console" } " to take over a conversation's sandbox."
         }
         @for c in &connections {
             div.app data-grant=(c.id) {

@@ -89,12 +89,24 @@ pub fn see_other(location: &str) -> Response {
 /// `router` with the headers every OAuth page, redirect and JSON answer carries (tower-http
 /// layers).
 pub fn with_security_headers<S: Clone + Send + Sync + 'static>(router: Router<S>) -> Router<S> {
+    with_security_headers_and_csp(router, HeaderValue::from_static(CSP))
+}
+
+/// [`with_security_headers`] with another Content-Security-Policy (the console's, which
+/// allows its one hashed script and `data:` images).
+pub fn with_security_headers_and_csp<S: Clone + Send + Sync + 'static>(
+    router: Router<S>,
+    csp: HeaderValue,
+) -> Router<S> {
     let set = |name: HeaderName, value: &'static str| {
         SetResponseHeaderLayer::overriding(name, HeaderValue::from_static(value))
     };
     router
         .layer(set(header::X_FRAME_OPTIONS, "DENY"))
-        .layer(set(header::CONTENT_SECURITY_POLICY, CSP))
+        .layer(SetResponseHeaderLayer::overriding(
+            header::CONTENT_SECURITY_POLICY,
+            csp,
+        ))
         // The metadata and JWKS say how long they may be cached; everything else: never.
         .layer(SetResponseHeaderLayer::if_not_present(
             header::CACHE_CONTROL,

@@ -65,6 +65,9 @@ pub mod paths {
     pub const DISCONNECT: &str = "/apps/disconnect";
     /// A signed-in user's transcripts page (served by the gateway's handoff module).
     pub const TRANSCRIPTS: &str = "/transcripts";
+    /// The console, where a tenant's users take over a conversation's sandbox (served by the
+    /// gateway's console module).
+    pub const CONSOLE: &str = "/console";
 }
 
 /// What the authorization server keeps beside the shared state.

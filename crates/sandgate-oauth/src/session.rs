@@ -349,6 +349,57 @@ pub async fn logout(
     (jar, see_other(paths::LOGIN)).into_response()
 }
 
+/// Why a password confirmation did not confirm.
+#[derive(Debug)]
+pub enum Unconfirmed {
+    /// A limit refused the attempt (or the account is locked).
+    Limited(Limited),
+    /// The password did not match (counted against the account).
+    Wrong,
+    /// Postgres failed.
+    Unavailable,
+}
+
+/// Checks `password` for the signed-in user of this request again, under the sign-in limits
+/// (per address, per account, the lockout, the hashing queue); on a match the session counts
+/// as freshly signed in (`user_sessions.authenticated_at`). For the console, whose runs need a
+/// recent sign-in.
+pub async fn reconfirm(
+    state: &AppState,
+    headers: &HeaderMap,
+    address: ClientAddress,
+    session: &Session,
+    password: String,
+) -> Result<(), Unconfirmed> {
+    let limits = &state.oauth.limits;
+    limits.login_from(address).map_err(Unconfirmed::Limited)?;
+    limits
+        .login_for(&session.email)
+        .map_err(Unconfirmed::Limited)?;
+    if password.len() > MAX_PASSWORD_BYTES {
+        return Err(Unconfirmed::Wrong);
+    }
+    let user = match state.grants.sign_in(&session.email).await {
+        Ok(SignIn::User(user)) => user,
+        Ok(SignIn::NoSuchUser) => return Err(Unconfirmed::Wrong),
+        Ok(SignIn::Locked(until)) => return Err(Unconfirmed::Limited(lockout(until))),
+        Err(_) => return Err(Unconfirmed::Unavailable),
+    };
+    let matches = check_password(state, Some(&user), password)
+        .await
+        .map_err(Unconfirmed::Limited)?;
+    if !matches {
+        let _ = state.grants.failed_sign_in(user.id).await;
+        return Err(Unconfirmed::Wrong);
+    }
+    let id = session_id(state, headers).ok_or(Unconfirmed::Wrong)?;
+    state
+        .grants
+        .reauthenticated(&id)
+        .await
+        .map_err(|_| Unconfirmed::Unavailable)
+}
+
 /// Whether a form's CSRF token is this session's (the form came from our page in this session).
 pub fn csrf_ok(session: &Session, presented: Option<&str>) -> bool {
     presented.is_some_and(|c| secret::constant_time_eq(c, &session.csrf_token))

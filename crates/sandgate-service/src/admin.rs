@@ -16,6 +16,8 @@ use crate::Config;
 use crate::keys::{self, KeyError, KeyRing, KeySettings};
 use crate::sandboxes::Limits;
 use sandgate_store::admin_tokens::{self, AdminToken};
+/// A user's console role (`sandgate admin user role`).
+pub use sandgate_store::users::Role as UserRole;
 
 /// What went wrong in an admin command.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,9 @@ pub enum AdminError {
     /// A user with that email exists.
     #[error("a user with email {0:?} exists already")]
     UserExists(String),
+    /// No user has that email.
+    #[error("no user with email {0:?}; `sandgate admin user create` makes one")]
+    NoSuchUser(String),
     /// The email is not plausible.
     #[error("{0:?} is not an email address")]
     BadEmail(String),
@@ -348,12 +353,12 @@ pub fn render_package_installs(installs: &[sandgate_store::packages::PackageInst
 /// Renders audit events as a table, one line each.
 pub fn render_audit(events: &[AuditEvent]) -> String {
     let mut out = format!(
-        "{:<24} {:<20} {:<10} {:<16} {:>8}  {:<40} {:<24} {}",
-        "AT", "TOOL", "OUTCOME", "ERROR", "MS", "SANDBOX", "CONVERSATION", "TOKEN"
+        "{:<24} {:<20} {:<10} {:<16} {:>8}  {:<40} {:<24} {:<40} {}",
+        "AT", "TOOL", "OUTCOME", "ERROR", "MS", "SANDBOX", "CONVERSATION", "TOKEN", "BY"
     );
     for e in events {
         out.push_str(&format!(
-            "\n{:<24} {:<20} {:<10} {:<16} {:>8}  {:<40} {:<24} {}",
+            "\n{:<24} {:<20} {:<10} {:<16} {:>8}  {:<40} {:<24} {:<40} {}",
             e.at.format("%Y-%m-%dT%H:%M:%S%.3fZ"),
             e.tool,
             e.outcome.as_str(),
@@ -362,6 +367,7 @@ pub fn render_audit(events: &[AuditEvent]) -> String {
             e.sandbox_id.as_deref().unwrap_or("-"),
             e.conversation_id.as_deref().unwrap_or("-"),
             e.token_id.as_deref().unwrap_or("-"),
+            e.subject.as_deref().unwrap_or("-"),
         ));
     }
     out
@@ -614,6 +620,32 @@ pub async fn create_user(
         Err(StoreError::Conflict(_)) => Err(AdminError::UserExists(email.to_owned())),
         Err(err) => Err(err.into()),
     }
+}
+
+/// Sets the console role of the user with `email`; returns the user's id and tenant.
+#[tracing::instrument(skip_all)]
+pub async fn set_user_role(
+    config: &Config,
+    email: &str,
+    role: users::Role,
+) -> Result<(Uuid, Uuid), AdminError> {
+    let db = config.migrated_pool().await?;
+    let mut conn = db.acquire().await?;
+    match users::set_role(&mut conn, email.trim(), role).await? {
+        Some(user) => Ok((user.id, user.tenant_id)),
+        None => Err(AdminError::NoSuchUser(email.trim().to_owned())),
+    }
+}
+
+/// Ends every browser session of the user with `email` (they must sign in again); returns how
+/// many ended.
+#[tracing::instrument(skip_all)]
+pub async fn revoke_user_sessions(config: &Config, email: &str) -> Result<u64, AdminError> {
+    let db = config.migrated_pool().await?;
+    let mut conn = db.acquire().await?;
+    users::revoke_sessions(&mut conn, email.trim())
+        .await?
+        .ok_or_else(|| AdminError::NoSuchUser(email.trim().to_owned()))
 }
 
 /// A confidential client made by `sandgate admin client create`.

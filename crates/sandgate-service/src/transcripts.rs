@@ -22,9 +22,7 @@ use sandgate_sandbox::{CommandOutcome, ExecOutcome, FileInfo};
 use sandgate_store::sandboxes::SandboxRow;
 use sandgate_store::transcripts::{self as store, Appended, NewEntry, Owner};
 use sandgate_store::{PgPool, StoreError};
-use sandgate_transcript::{
-    Bound, Cell, CellError, Command, Entry, FileEvent, Part, Record, Transcript,
-};
+use sandgate_transcript::{Bound, Cell, CellError, Command, Entry, FileEvent, Part, Record};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -38,6 +36,9 @@ pub use sandgate_transcript::Omitted;
 /// The `Content-Security-Policy` an HTML transcript must be served with: a sandboxed,
 /// script-less document in an opaque origin (its content came from untrusted code).
 pub use sandgate_transcript::html::CONTENT_SECURITY_POLICY;
+/// A loaded transcript and its rendering inside another page (the console), for the faces.
+pub use sandgate_transcript::html::{HtmlResults, render_parts};
+pub use sandgate_transcript::{Transcript, human_bytes};
 
 /// Most entries waiting to be written. Calls need Postgres to start, so the queue fills only
 /// when Postgres goes away with calls running; an entry can be large (output, charts).
@@ -642,6 +643,7 @@ pub fn cell_entry(code: &str, outcome: &ExecOutcome) -> Entry {
         timed_out: outcome.timed_out,
         state_lost: outcome.state_lost,
         duration_ms: outcome.duration.as_millis() as u64,
+        by: None,
     })
 }
 
@@ -657,6 +659,7 @@ pub fn command_entry(command: &str, cwd: Option<&str>, outcome: &CommandOutcome)
         timed_out: outcome.timed_out,
         truncated: outcome.truncated,
         duration_ms: outcome.duration.as_millis() as u64,
+        by: None,
     })
 }
 
@@ -666,6 +669,7 @@ pub fn file_entry(info: &FileInfo, fetched: bool) -> Entry {
         path: info.path.clone(),
         size: info.size,
         sha256: info.sha256.clone(),
+        by: None,
     };
     if fetched {
         Entry::Fetch(event)

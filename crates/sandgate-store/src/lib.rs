@@ -15,6 +15,7 @@ pub mod audit;
 pub mod call_marks;
 pub mod changes;
 pub mod clients;
+pub mod conversations;
 pub mod downloads;
 pub mod grants;
 pub mod hygiene;

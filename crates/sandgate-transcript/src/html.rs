@@ -21,6 +21,26 @@ h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid 
 pre.source{background:#eef3ff}pre.stderr,pre.error{background:#fff0f0}pre.html{background:#fffbe6}\
 img{max-width:100%;border:1px solid #eee}.note{color:#955;font-style:italic}";
 
+/// How an HTML result (`text/html`) is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HtmlResults {
+    /// As its escaped source (the exported page: it has no frames).
+    Source,
+    /// Rendered in a sandboxed frame (`sandbox=""`: no script, an opaque origin) whose
+    /// `srcdoc` inherits the embedding page's Content-Security-Policy, which must allow nothing
+    /// remote (the console's: `default-src 'none'; img-src data:`).
+    SandboxedFrame,
+}
+
+/// The parts of a transcript, for a page that has its own layout (the console).
+pub fn render_parts(transcript: &Transcript, html_results: HtmlResults) -> Markup {
+    html! {
+        @for part in &transcript.parts {
+            (render_part(transcript, part, html_results))
+        }
+    }
+}
+
 /// The page.
 pub fn render(transcript: &Transcript) -> String {
     let page = html! {
@@ -45,7 +65,7 @@ pub fn render(transcript: &Transcript) -> String {
                     p { "Nothing ran in this conversation's sandboxes." }
                 }
                 @for part in &transcript.parts {
-                    (render_part(transcript, part))
+                    (render_part(transcript, part, HtmlResults::Source))
                 }
             }
         }
@@ -53,7 +73,7 @@ pub fn render(transcript: &Transcript) -> String {
     page.into_string()
 }
 
-fn render_part(transcript: &Transcript, part: &Part) -> Markup {
+fn render_part(transcript: &Transcript, part: &Part, html_results: HtmlResults) -> Markup {
     html! {
         section.part data-sandbox=(part.sandbox_id) {
             h2 { "Sandbox " code { (part.sandbox_id) } }
@@ -61,14 +81,19 @@ fn render_part(transcript: &Transcript, part: &Part) -> Markup {
                 @if let Some(t) = part.started_at { "Started " (t.format("%Y-%m-%d %H:%M:%S UTC")) ". " }
                 @match part.closed_at {
                     Some(t) => { "Ended " (t.format("%Y-%m-%d %H:%M:%S UTC")) "." }
+                    None if html_results == HtmlResults::SandboxedFrame => { "Live." }
                     None => { "Still running at export." }
                 }
             }
             @for record in &part.records {
-                div.entry data-kind=(record.entry.kind()) data-seq=(record.seq) {
-                    p.meta { (record.at.format("%H:%M:%S UTC")) }
+                div.entry data-kind=(record.entry.kind()) data-seq=(record.seq)
+                    data-by=(record.entry.by().unwrap_or("bot")) {
+                    p.meta {
+                        (record.at.format("%H:%M:%S UTC")) " · "
+                        span.by { @match record.entry.by() { Some(p) => { "by " (p) }, None => { "by the bot" } } }
+                    }
                     @match &record.entry {
-                        Entry::Cell(cell) => (render_cell(cell)),
+                        Entry::Cell(cell) => (render_cell(cell, html_results)),
                         Entry::Command(command) => (render_command(command)),
                         Entry::Upload(file) => (render_file("Uploaded", file)),
                         Entry::Fetch(file) => (render_file("Fetched", file)),
@@ -85,7 +110,7 @@ fn render_part(transcript: &Transcript, part: &Part) -> Markup {
     }
 }
 
-fn render_cell(cell: &Cell) -> Markup {
+fn render_cell(cell: &Cell, html_results: HtmlResults) -> Markup {
     html! {
         p.meta {
             "In [" (cell.execution_count.map_or_else(|| " ".to_owned(), |n| n.to_string())) "] · "
@@ -93,9 +118,9 @@ fn render_cell(cell: &Cell) -> Markup {
         }
         pre.source { (cell.code) }
         (render_streams(&cell.stdout, &cell.stderr))
-        @for display in &cell.displays { (render_bundle(display)) }
+        @for display in &cell.displays { (render_bundle(display, html_results)) }
         @if let Some(result) = &cell.result {
-            div.result { (render_bundle(result)) }
+            div.result { (render_bundle(result, html_results)) }
         }
         @if let Some(error) = &cell.error {
             pre.error { (error.traceback.join("\n")) "\n" (error.name) ": " (error.value) }
@@ -137,7 +162,7 @@ fn render_streams(stdout: &str, stderr: &str) -> Markup {
 
 /// A PNG as an image (only base64 text gets into the `data:` URL); anything else as its text,
 /// HTML included, escaped.
-fn render_bundle(bundle: &MimeBundle) -> Markup {
+fn render_bundle(bundle: &MimeBundle, html_results: HtmlResults) -> Markup {
     let png = bundle
         .get("image/png")
         .and_then(|v| v.as_str())
@@ -149,8 +174,12 @@ fn render_bundle(bundle: &MimeBundle) -> Markup {
         @if let Some(b64) = png {
             img alt="chart" src={ "data:image/png;base64," (b64.replace('\n', "")) };
         } @else if let Some(source) = bundle.get("text/html").and_then(|v| v.as_str()) {
-            p.meta { "HTML output, shown as its source:" }
-            pre.html { (source) }
+            @if html_results == HtmlResults::SandboxedFrame {
+                iframe.html sandbox="" title="HTML output" referrerpolicy="no-referrer" srcdoc=(source) {}
+            } @else {
+                p.meta { "HTML output, shown as its source:" }
+                pre.html { (source) }
+            }
         } @else if let Some(text) = plain(bundle) {
             pre.result { (text) }
         }
@@ -161,6 +190,30 @@ fn render_bundle(bundle: &MimeBundle) -> Markup {
 mod tests {
     use super::*;
     use crate::sample;
+
+    #[test]
+    fn inside_the_console_html_results_are_sandboxed_frames_and_entries_name_who_ran_them() {
+        let mut transcript = sample::transcript();
+        transcript.parts[0].records[1]
+            .entry
+            .set_by("ana@example.com");
+        let parts = render_parts(&transcript, HtmlResults::SandboxedFrame).into_string();
+        assert!(
+            parts.contains("<iframe class=\"html\" sandbox=\"\""),
+            "an HTML result is a sandboxed frame: {parts}"
+        );
+        assert!(
+            parts.contains("srcdoc=\"&lt;script&gt;"),
+            "its source is an escaped attribute"
+        );
+        assert!(
+            !parts.to_ascii_lowercase().contains("<script"),
+            "no script element"
+        );
+        assert!(parts.contains("by ana@example.com") && parts.contains("by the bot"));
+        let page = render(&transcript);
+        assert!(!page.contains("<iframe"), "the exported page has no frame");
+    }
 
     #[test]
     fn hostile_output_is_text_and_the_page_has_no_script() {

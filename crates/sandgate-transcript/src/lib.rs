@@ -36,6 +36,25 @@ pub enum Entry {
 }
 
 impl Entry {
+    /// Who ran it: the person's email for a console run, `None` for the bot.
+    pub fn by(&self) -> Option<&str> {
+        match self {
+            Entry::Cell(c) => c.by.as_deref(),
+            Entry::Command(c) => c.by.as_deref(),
+            Entry::Upload(f) | Entry::Fetch(f) => f.by.as_deref(),
+        }
+    }
+
+    /// Marks the entry as a person's (their email).
+    pub fn set_by(&mut self, person: &str) {
+        let by = Some(person.to_owned());
+        match self {
+            Entry::Cell(c) => c.by = by,
+            Entry::Command(c) => c.by = by,
+            Entry::Upload(f) | Entry::Fetch(f) => f.by = by,
+        }
+    }
+
     /// The entry's kind as stored beside it (for queries that need no JSON).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -79,6 +98,9 @@ pub struct Cell {
     pub state_lost: bool,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+    /// The person who ran it from the console (their email); `None`: the bot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// An exception raised by a cell.
@@ -118,6 +140,9 @@ pub struct Command {
     pub truncated: bool,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+    /// The person who ran it from the console (their email); `None`: the bot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// A file that went into or out of the sandbox: what it was, not what it held.
@@ -129,6 +154,9 @@ pub struct FileEvent {
     pub size: u64,
     /// Hex SHA-256 of the content.
     pub sha256: String,
+    /// The person who moved it from the console (their email); `None`: the bot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// An entry with its place and time.
@@ -284,6 +312,7 @@ pub(crate) mod sample {
                 path: "/home/user/orders.csv".into(),
                 size: 39,
                 sha256: "c9a2".into(),
+                by: None,
             }),
             Entry::Cell(Cell {
                 code: "print('hi')\n1 + 1".into(),
@@ -338,6 +367,7 @@ pub(crate) mod sample {
                 path: "/home/user/outputs/figure-2-1.png".into(),
                 size: 68,
                 sha256: "ab12".into(),
+                by: None,
             }),
         ];
         Transcript {

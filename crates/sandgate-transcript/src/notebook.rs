@@ -144,7 +144,7 @@ fn code_cell(id: &str, when: &str, cell: &Cell) -> Value {
         "cell_type": "code",
         "id": cell_id(id),
         "execution_count": cell.execution_count,
-        "metadata": {"sandgate": {"ran_at": when, "duration_ms": cell.duration_ms}},
+        "metadata": {"sandgate": by_person(json!({"ran_at": when, "duration_ms": cell.duration_ms}), cell.by.as_deref())},
         "source": cell.code,
         "outputs": outputs,
     })
@@ -177,7 +177,7 @@ fn command_cell(id: &str, when: &str, command: &Command) -> Value {
         "cell_type": "code",
         "id": cell_id(id),
         "execution_count": null,
-        "metadata": {"sandgate": {"ran_at": when, "duration_ms": command.duration_ms, "exit_code": command.exit_code}},
+        "metadata": {"sandgate": by_person(json!({"ran_at": when, "duration_ms": command.duration_ms, "exit_code": command.exit_code}), command.by.as_deref())},
         "source": format!("%%bash\n{cd}{}", command.command),
         "outputs": outputs,
     })
@@ -246,6 +246,14 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// A cell's `sandgate` metadata, with `by` (the person's email) when a person ran it.
+fn by_person(mut metadata: Value, by: Option<&str>) -> Value {
+    if let (Some(by), Some(map)) = (by, metadata.as_object_mut()) {
+        map.insert("by".to_owned(), Value::String(by.to_owned()));
+    }
+    metadata
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +265,7 @@ mod tests {
             path: "/home/user/a`\n\n![x](http://127.0.0.1:9/p.png)\r\r# H".into(),
             size: 1,
             sha256: "00".into(),
+            by: None,
         };
         let note = file_note("Fetched", "now", &file);
         assert!(!note.contains('\n') && !note.contains('\r'), "{note:?}");

@@ -216,6 +216,26 @@ enum UserCommand {
         #[arg(long)]
         email: String,
     },
+    /// Set a user's console role: `viewer` reads the tenant's conversations, `takeover` may
+    /// also run code and move files in its sandboxes.
+    Role {
+        /// Login email.
+        #[arg(long)]
+        email: String,
+        /// `viewer` or `takeover`.
+        #[arg(long, value_parser = user_role)]
+        role: admin::UserRole,
+    },
+    /// End every browser session of a user (a stolen cookie stops working); they sign in again.
+    RevokeSessions {
+        /// Login email.
+        #[arg(long)]
+        email: String,
+    },
+}
+
+fn user_role(s: &str) -> Result<admin::UserRole, String> {
+    admin::UserRole::parse(s).ok_or_else(|| format!("{s:?}: give viewer or takeover"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -359,6 +379,14 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
             let password = password.trim_end_matches(['\r', '\n']);
             let id = admin::create_user(&config, tenant, &email, password).await?;
             println!("{id}");
+        }
+        Admin::User(UserCommand::Role { email, role }) => {
+            let (id, tenant) = admin::set_user_role(&config, &email, role).await?;
+            println!("user {id} of tenant {tenant} now has role {role}");
+        }
+        Admin::User(UserCommand::RevokeSessions { email }) => {
+            let ended = admin::revoke_user_sessions(&config, &email).await?;
+            println!("ended {ended} session(s) of {email}");
         }
         Admin::Client(ClientCommand::Create {
             tenant,

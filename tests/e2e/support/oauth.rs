@@ -252,6 +252,11 @@ impl Browser {
         }
     }
 
+    /// The cookies held, as a `Cookie` header.
+    pub fn cookies(&self) -> String {
+        self.cookie_header()
+    }
+
     fn cookie_header(&self) -> String {
         self.cookies
             .iter()

@@ -75,4 +75,11 @@ impl Grants {
         let mut conn = sandgate_store::acquire(&self.db).await?;
         Ok(users::delete_session(&mut conn, &secret::hash(id)).await?)
     }
+
+    /// Records that the user of the session `id` proved their password again.
+    #[tracing::instrument(skip_all)]
+    pub async fn reauthenticated(&self, id: &str) -> Result<(), GrantError> {
+        let mut conn = sandgate_store::acquire(&self.db).await?;
+        Ok(users::reauthenticated(&mut conn, &secret::hash(id)).await?)
+    }
 }

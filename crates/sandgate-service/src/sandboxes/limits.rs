@@ -24,6 +24,10 @@ pub struct Caller {
     /// ([`super::SandboxService::admit_naming`]); `None` when it named none or was admitted
     /// without it. Saves the lookup's read while the sandbox's idle clock needs no write.
     pub read_at_admission: Option<SandboxRow>,
+    /// The tenant's user acting from the console (their email); `None` for a token's caller
+    /// (the bot). A person's cells and commands are marked with it in the transcript, and the
+    /// bot is told of them.
+    pub person: Option<String>,
 }
 
 /// A tenant's limits in force: its own (Postgres) where set, else the gateway's defaults.

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use sandgate_node::SandboxHandle;
 use sandgate_sandbox::{ChannelError, ContainerFate, SandboxError, SandboxProfile};
 use sandgate_store::PgPool;
-use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
+use sandgate_store::sandboxes::{self, CloseReason, SandboxState};
 use uuid::Uuid;
 
 use crate::config::LimitsConfig;
@@ -23,6 +23,7 @@ pub mod lifecycle;
 mod limits;
 pub mod nodes;
 mod ops;
+mod people;
 mod quota;
 mod run;
 mod warm;
@@ -35,8 +36,11 @@ pub use kind::ErrorKind;
 pub use limits::{Caller, Limits};
 pub use nodes::{NodeSet, OwnNode};
 pub use ops::{BoundedRead, Target};
+pub use people::{ConversationLine, MAX_CONVERSATIONS_LISTED, PeopleNote};
 pub use quota::CallPermit;
 pub use run::{CommandLine, OutputSink, RunLimits};
+/// A sandbox's row, as the faces read it.
+pub use sandgate_store::sandboxes::SandboxRow;
 
 /// A sandbox resolved for a call: the live handle and its row.
 #[derive(Debug, Clone)]
@@ -65,6 +69,8 @@ pub struct SandboxService {
     pub(crate) live: Arc<Mutex<HashMap<String, SandboxHandle>>>,
     /// Sandboxes with calls in flight in this process.
     pub(crate) busy: BusyMap,
+    /// Calls running in this process, which a person may interrupt.
+    pub(crate) running: people::RunningCalls,
     /// Packages on demand, served to pip in cells and commands (none: installs are off).
     pub(crate) packages: Option<crate::packages::PackageIndex>,
     /// Container removals running behind closes that already answered; drained at shutdown.
@@ -88,6 +94,7 @@ impl SandboxService {
             limits,
             live: Arc::default(),
             busy: Arc::default(),
+            running: people::RunningCalls::default(),
             packages: None,
             removals: tokio_util::task::TaskTracker::new(),
             after_answer: tokio_util::task::TaskTracker::new(),

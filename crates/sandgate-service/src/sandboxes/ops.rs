@@ -71,6 +71,9 @@ impl SandboxService {
         tracing::Span::current().record("sandbox_id", &resolved.row.id);
         let written = resolved.sandbox.write_file(path, data, overwrite).await;
         let info = self.checked(&resolved, written).await?;
+        if let Some(person) = &caller.person {
+            self.people_acted(&resolved.row.id, person).await;
+        }
         Ok((resolved, info))
     }
 

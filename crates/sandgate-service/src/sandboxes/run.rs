@@ -3,11 +3,15 @@
 //! record and explain a sandbox that died underneath, and keep the transcript entry.
 //!
 //! Cancellation is the face's: dropping the returned future interrupts the cell or kills the
-//! command (the sandbox's kernel survives an interrupt).
+//! command (the sandbox's kernel survives an interrupt). A person may also interrupt a running
+//! call from the console (`people`): the call then answers that a person interrupted it.
 
 use std::time::Duration;
 
-use sandgate_sandbox::{CommandOptions, CommandOutcome, ExecOptions, ExecOutcome, OutputEvent};
+use sandgate_sandbox::{
+    CellError, CommandOptions, CommandOutcome, ExecOptions, ExecOutcome, OutputEvent,
+};
+use sandgate_transcript::Entry;
 use tokio::sync::mpsc;
 
 use super::{Caller, Resolved, SandboxService, ServiceError, Target};
@@ -56,9 +60,16 @@ impl SandboxService {
             ..ExecOptions::default()
         };
         let call = resolved.sandbox.exec(code, options, output);
-        let ran = self.with_package_index(&resolved, call).await;
-        let outcome = self.checked(&resolved, ran).await?;
-        transcripts.record(&resolved.row, transcripts::cell_entry(code, &outcome));
+        let registered = self.running.register(&resolved.row.id);
+        let started = std::time::Instant::now();
+        let outcome = tokio::select! {
+            ran = self.with_package_index(&resolved, call) => self.checked(&resolved, ran).await?,
+            by = registered.interrupt.wait() => interrupted_cell(&by, started.elapsed()),
+        };
+        drop(registered);
+        let mut entry = transcripts::cell_entry(code, &outcome);
+        self.mark_person(caller, &resolved, &mut entry).await;
+        transcripts.record(&resolved.row, entry);
         Ok((resolved, outcome))
     }
 
@@ -83,10 +94,57 @@ impl SandboxService {
             cwd: line.cwd.map(str::to_owned),
         };
         let call = resolved.sandbox.command(line.command, options, output);
-        let ran = self.with_package_index(&resolved, call).await;
-        let outcome = self.checked(&resolved, ran).await?;
-        let entry = transcripts::command_entry(line.command, line.cwd, &outcome);
+        let registered = self.running.register(&resolved.row.id);
+        let started = std::time::Instant::now();
+        let outcome = tokio::select! {
+            ran = self.with_package_index(&resolved, call) => self.checked(&resolved, ran).await?,
+            by = registered.interrupt.wait() => interrupted_command(&by, started.elapsed()),
+        };
+        drop(registered);
+        let mut entry = transcripts::command_entry(line.command, line.cwd, &outcome);
+        self.mark_person(caller, &resolved, &mut entry).await;
         transcripts.record(&resolved.row, entry);
         Ok((resolved, outcome))
     }
+
+    /// A person's run: its transcript entry names them, and its sandbox is marked so the bot
+    /// is told.
+    async fn mark_person(&self, caller: &Caller, resolved: &Resolved, entry: &mut Entry) {
+        let Some(person) = &caller.person else {
+            return;
+        };
+        entry.set_by(person);
+        self.people_acted(&resolved.row.id, person).await;
+    }
+}
+
+/// What an interrupted cell answers: a `KeyboardInterrupt` naming the person (its output so
+/// far went to the face's stream; the kernel and its variables are kept).
+fn interrupted_cell(by: &str, ran: Duration) -> ExecOutcome {
+    ExecOutcome {
+        error: Some(CellError {
+            name: "KeyboardInterrupt".to_owned(),
+            value: interrupted_by(by),
+            traceback: Vec::new(),
+        }),
+        duration: ran,
+        ..ExecOutcome::default()
+    }
+}
+
+/// What an interrupted command answers: killed (SIGINT's number), saying by whom.
+fn interrupted_command(by: &str, ran: Duration) -> CommandOutcome {
+    CommandOutcome {
+        stderr: format!("{}\n", interrupted_by(by)),
+        signal: Some(2),
+        duration: ran,
+        ..CommandOutcome::default()
+    }
+}
+
+fn interrupted_by(by: &str) -> String {
+    format!(
+        "a person ({by}) interrupted this call from the sandgate console; the sandbox, its \
+         variables and files are kept"
+    )
 }

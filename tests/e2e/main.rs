@@ -3,6 +3,7 @@
 
 mod cli;
 mod connection_flood;
+mod db_tls;
 mod deploy;
 mod error_kinds;
 mod gateway_share;

@@ -20,6 +20,9 @@ use sandgate_store::admin_tokens::{self, AdminToken};
 /// What went wrong in an admin command.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
+    /// The database's schema is not one this binary can run against.
+    #[error(transparent)]
+    Schema(#[from] sandgate_store::schema::SchemaError),
     /// Postgres failed.
     #[error("database error (is Postgres running at database.url, and migrated?)")]
     Store(#[from] StoreError),

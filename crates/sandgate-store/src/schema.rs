@@ -1,0 +1,115 @@
+//! The schema a binary runs against: applying the migrations embedded in it (`sandgate migrate`)
+//! and checking, without changing anything, that a database has every one of them
+//! (`sandgate serve` and `sandgate node` in a deployment).
+//!
+//! Migrations only add (expand, then contract: docs/scale-out.md, "Upgrades"), so a database
+//! with migrations this binary does not know was migrated by a newer binary and still holds
+//! everything this one uses: both the check and [`migrate`] accept it (sqlx's `Migrator`
+//! refuses it by default, which would stop an older replica from restarting mid-rollout or
+//! after a rollback).
+
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+
+use crate::StoreError;
+
+/// The migrations embedded in this binary (the repository's `migrations/` folder), accepting
+/// applied migrations it does not know.
+fn migrator() -> Migrator {
+    let mut migrator = sqlx::migrate!("../../migrations");
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+/// Why the database's schema is not one this binary can run against.
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// The database could not be asked.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No migration was ever applied.
+    #[error(
+        "the database has no sandgate schema yet: run `sandgate migrate` (as the migrator role) first"
+    )]
+    Empty,
+    /// Migrations of this binary are not applied yet.
+    #[error(
+        "the database schema is older than this binary ({missing} migration(s) missing, the first \
+         {first}): run `sandgate migrate` of this version first"
+    )]
+    Behind {
+        /// How many are missing.
+        missing: usize,
+        /// The first missing version.
+        first: i64,
+    },
+    /// A migration failed half-way (sqlx records it as not successful).
+    #[error(
+        "migration {0} is recorded as failed in _sqlx_migrations: repair it, then run `sandgate migrate`"
+    )]
+    Dirty(i64),
+    /// An applied migration differs from the one of the same version in this binary.
+    #[error(
+        "migration {0} applied to the database differs from this binary's: a migration was edited \
+         after it was applied (never do that: add a new one)"
+    )]
+    Changed(i64),
+}
+
+/// The migrations embedded in this binary, oldest first: (version, description).
+pub fn known() -> impl Iterator<Item = (i64, String)> {
+    migrator()
+        .iter()
+        .map(|m| (m.version, m.description.to_string()))
+        .collect::<Vec<_>>()
+        .into_iter()
+}
+
+/// Applies the pending migrations embedded in this binary. Migrations recorded in the database
+/// that this binary does not know (a newer binary applied them) are left as they are.
+#[tracing::instrument(skip_all)]
+pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
+    migrator().run(pool).await.map_err(StoreError::from_migrate)
+}
+
+/// Checks, changing nothing, that every migration of this binary is applied, successfully and
+/// unchanged. Later ones it does not know are fine (they only added).
+#[tracing::instrument(skip_all)]
+pub async fn check(pool: &PgPool) -> Result<(), SchemaError> {
+    let mut conn = crate::acquire(pool).await?;
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(StoreError::from)?;
+    if !exists {
+        return Err(SchemaError::Empty);
+    }
+    let applied: Vec<(i64, Vec<u8>, bool)> =
+        sqlx::query_as("SELECT version, checksum, success FROM _sqlx_migrations")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(StoreError::from)?;
+    if applied.is_empty() {
+        return Err(SchemaError::Empty);
+    }
+    if let Some((version, _, _)) = applied.iter().find(|(_, _, ok)| !ok) {
+        return Err(SchemaError::Dirty(*version));
+    }
+    let mut missing = Vec::new();
+    for migration in migrator().iter() {
+        match applied.iter().find(|(v, _, _)| *v == migration.version) {
+            None => missing.push(migration.version),
+            Some((_, checksum, _)) if checksum.as_slice() != migration.checksum.as_ref() => {
+                return Err(SchemaError::Changed(migration.version));
+            }
+            Some(_) => {}
+        }
+    }
+    match missing.first() {
+        None => Ok(()),
+        Some(first) => Err(SchemaError::Behind {
+            missing: missing.len(),
+            first: *first,
+        }),
+    }
+}

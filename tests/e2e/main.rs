@@ -3,6 +3,7 @@
 
 mod cli;
 mod connection_flood;
+mod db_roles;
 mod db_tls;
 mod deploy;
 mod error_kinds;

@@ -65,11 +65,75 @@ pub fn known() -> impl Iterator<Item = (i64, String)> {
         .into_iter()
 }
 
+/// The database role of gateways (`sandgate serve`) in a deployment (`deploy/postgres/roles.sql`).
+pub const GATEWAY_ROLE: &str = "sandgate_gateway";
+/// The database role of nodes (`sandgate node`) in a deployment.
+pub const NODE_ROLE: &str = "sandgate_node";
+
+/// Every table a node reads or writes, with what it may do there; nothing else is granted to
+/// [`NODE_ROLE`] (no `signing_keys`, grants, tokens, tenants, audit, transcripts).
+/// `nodes`: its registration and heartbeat; `sandboxes`: its warm rows, the reaper and
+/// reconciliation of its rows; `sandbox_call_marks`: expired marks purged by its lifecycle;
+/// `_sqlx_migrations`: the schema check.
+pub const NODE_TABLES: &[(&str, &str)] = &[
+    ("_sqlx_migrations", "SELECT"),
+    ("nodes", "SELECT, INSERT, UPDATE"),
+    ("sandboxes", "SELECT, INSERT, UPDATE, DELETE"),
+    ("sandbox_call_marks", "SELECT, DELETE"),
+];
+
 /// Applies the pending migrations embedded in this binary. Migrations recorded in the database
-/// that this binary does not know (a newer binary applied them) are left as they are.
+/// that this binary does not know (a newer binary applied them) are left as they are. Then the
+/// process roles' grants, when the deployment made the roles ([`grant_roles`]).
 #[tracing::instrument(skip_all)]
 pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-    migrator().run(pool).await.map_err(StoreError::from_migrate)
+    migrator()
+        .run(pool)
+        .await
+        .map_err(StoreError::from_migrate)?;
+    grant_roles(pool).await
+}
+
+/// Grants [`GATEWAY_ROLE`] reading and writing every table (the migrations' record read-only)
+/// and [`NODE_ROLE`] exactly [`NODE_TABLES`] (all else revoked), for each of the two roles that
+/// exists; run by the migrator (the tables' owner) after every migration, so that a new table
+/// is the gateway's and never the node's unless listed. Without the roles (one machine, one
+/// superuser) it does nothing.
+#[tracing::instrument(skip_all)]
+pub async fn grant_roles(pool: &PgPool) -> Result<(), StoreError> {
+    let mut tx = crate::begin(pool).await?;
+    let existing: Vec<String> =
+        sqlx::query_scalar("SELECT rolname::text FROM pg_roles WHERE rolname::text = ANY($1)")
+            .bind([GATEWAY_ROLE, NODE_ROLE])
+            .fetch_all(&mut *tx)
+            .await?;
+    let mut statements = Vec::new();
+    if existing.iter().any(|r| r == GATEWAY_ROLE) {
+        statements.extend([
+            format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {GATEWAY_ROLE}"
+            ),
+            format!("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {GATEWAY_ROLE}"),
+            format!("REVOKE INSERT, UPDATE, DELETE ON _sqlx_migrations FROM {GATEWAY_ROLE}"),
+        ]);
+    }
+    if existing.iter().any(|r| r == NODE_ROLE) {
+        statements.push(format!(
+            "REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {NODE_ROLE}"
+        ));
+        statements.push(format!(
+            "REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {NODE_ROLE}"
+        ));
+        for (table, privileges) in NODE_TABLES {
+            statements.push(format!("GRANT {privileges} ON {table} TO {NODE_ROLE}"));
+        }
+    }
+    for statement in statements {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&mut *tx)
+            .await?;
+    }
+    crate::commit(tx).await
 }
 
 /// Checks, changing nothing, that every migration of this binary is applied, successfully and

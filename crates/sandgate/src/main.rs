@@ -282,9 +282,10 @@ enum KeysCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // A node's configuration needs no secrets (it holds none).
+    // A node's and the migrator's configurations need no secrets (they hold none).
     let process = match cli.command {
         Command::Node => sandgate_gateway::config::Process::Node,
+        Command::Migrate => sandgate_gateway::config::Process::Migrator,
         _ => sandgate_gateway::config::Process::Gateway,
     };
     let config = match Config::load_for(cli.config.as_deref(), process) {

@@ -118,6 +118,22 @@ impl OwnPostgres {
         )
     }
 
+    /// The URL of `user` with `password` over TCP to `localhost`, database `db`, verified as
+    /// every example of the deployment connects: `sslmode=verify-full` with `ca_bundle`.
+    pub fn verify_full_url(
+        &self,
+        user: &str,
+        password: &str,
+        db: &str,
+        ca_bundle: &Path,
+    ) -> String {
+        format!(
+            "postgres://{user}:{password}@localhost:{}/{db}?sslmode=verify-full&sslrootcert={}",
+            self.port,
+            ca_bundle.display()
+        )
+    }
+
     /// The directory of the server's files (a test may put a CA bundle there).
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -181,6 +181,8 @@ pub enum Process {
     Gateway,
     /// A sandbox node (`sandgate node`): no keys and no secrets, so none are required.
     Node,
+    /// `sandgate migrate`: the schema only; no keys and no secrets required.
+    Migrator,
 }
 
 impl Config {

@@ -32,6 +32,7 @@ mod small_holes;
 mod support;
 mod templates;
 mod ts_sdk;
+mod upgrades;
 mod webdriver;
 #[path = "../shared/wheels.rs"]
 mod wheels;

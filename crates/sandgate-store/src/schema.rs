@@ -177,3 +177,163 @@ pub async fn check(pool: &PgPool) -> Result<(), SchemaError> {
         }),
     }
 }
+
+/// The expand/contract rule (docs/scale-out.md, "Upgrades"), checked for every migration after
+/// [`rule::FIRST_CHECKED`]: a migration only adds, so that the binary before it keeps running
+/// on the schema after it (a rollout runs both; a rollback runs the older one).
+#[cfg(test)]
+mod rule {
+    use std::path::Path;
+
+    /// Migrations up to this version predate the rule (they ran before any deployment was
+    /// rolled while serving) and are left as they are.
+    const FIRST_CHECKED: i64 = 20261204200001;
+
+    /// Contract steps: migrations allowed to remove or change what an older binary uses, each
+    /// only once no binary that uses it runs any more (a release after the one that stopped
+    /// using it). Empty so far.
+    const CONTRACT_STEPS: &[i64] = &[];
+
+    /// What an older binary would trip over: a table, column or type gone or renamed, a
+    /// column's type changed, a column it never fills made mandatory.
+    const NOT_ADDITIVE: &[&str] = &[
+        "DROP TABLE",
+        "DROP COLUMN",
+        "DROP TYPE",
+        "DROP FUNCTION",
+        "DROP VIEW",
+        "RENAME",
+        " TYPE ",
+        "SET NOT NULL",
+        "TRUNCATE",
+    ];
+
+    /// The SQL of `path` without comments, upper-cased, whitespace collapsed.
+    fn statements(sql: &str) -> String {
+        let text: String = sql
+            .lines()
+            .map(|l| l.split("--").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join(" ");
+        text.split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_uppercase()
+    }
+
+    /// Why `sql` (migration `version`) breaks the rule, if it does.
+    fn problems(sql: &str) -> Vec<String> {
+        let text = statements(sql);
+        let mut found = Vec::new();
+        for pattern in NOT_ADDITIVE {
+            // `ALTER TYPE … ADD VALUE` adds; `ALTER COLUMN … TYPE` changes.
+            if *pattern == " TYPE " {
+                if text.contains("ALTER COLUMN") && text.contains(" TYPE ") {
+                    found.push("ALTER COLUMN … TYPE".to_owned());
+                }
+                continue;
+            }
+            if text.contains(pattern) {
+                found.push((*pattern).to_owned());
+            }
+        }
+        // A NOT NULL column without a default: an older binary's INSERT fails.
+        for part in text.split("ADD COLUMN").skip(1) {
+            let column = part.split(',').next().unwrap_or_default();
+            let column = column.split(';').next().unwrap_or_default();
+            if column.contains("NOT NULL") && !column.contains("DEFAULT") {
+                found.push(format!("ADD COLUMN{column} (NOT NULL without DEFAULT)"));
+            }
+        }
+        // An index on a table that already has rows is built CONCURRENTLY, which Postgres
+        // allows only outside a transaction (sqlx: `-- no-transaction` as the first line).
+        let created: Vec<&str> = text
+            .match_indices("CREATE TABLE ")
+            .filter_map(|(i, _)| {
+                text[i + "CREATE TABLE ".len()..]
+                    .trim_start_matches("IF NOT EXISTS ")
+                    .split([' ', '('])
+                    .next()
+            })
+            .collect();
+        for (i, _) in text.match_indices(" INDEX ") {
+            let before = &text[..i];
+            if !before.ends_with("CREATE") && !before.ends_with("CREATE UNIQUE") {
+                continue;
+            }
+            let rest = &text[i..];
+            let table = rest
+                .split(" ON ")
+                .nth(1)
+                .and_then(|t| t.trim_start_matches("ONLY ").split([' ', '(']).next())
+                .unwrap_or_default();
+            if created.contains(&table) {
+                continue;
+            }
+            let concurrent = rest.starts_with(" INDEX CONCURRENTLY");
+            let no_tx = sql.trim_start().starts_with("-- no-transaction");
+            if !concurrent || !no_tx {
+                found.push(format!(
+                    "an index on the existing table {table} not built CONCURRENTLY in a \
+                     `-- no-transaction` migration"
+                ));
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn every_new_migration_only_adds_and_builds_indexes_concurrently() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).expect("the migrations folder") {
+            let path = entry.expect("an entry").path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let Some(version) = name.split('_').next().and_then(|v| v.parse::<i64>().ok()) else {
+                continue;
+            };
+            if version < FIRST_CHECKED || CONTRACT_STEPS.contains(&version) {
+                continue;
+            }
+            checked += 1;
+            let sql = std::fs::read_to_string(&path).expect("a migration");
+            let found = problems(&sql);
+            assert!(
+                found.is_empty(),
+                "migration {name} is not additive ({found:?}): split it into an expand step \
+                 now and a contract step (listed in CONTRACT_STEPS) a release later; see \
+                 docs/scale-out.md, Upgrades"
+            );
+        }
+        let _ = checked;
+    }
+
+    #[test]
+    fn the_rule_catches_what_an_older_binary_would_trip_over() {
+        for bad in [
+            "ALTER TABLE sandboxes DROP COLUMN node;",
+            "ALTER TABLE nodes RENAME COLUMN slots TO capacity;",
+            "ALTER TABLE nodes ALTER COLUMN slots TYPE bigint;",
+            "ALTER TABLE nodes ADD COLUMN zone text NOT NULL;",
+            "ALTER TABLE nodes ALTER COLUMN name SET NOT NULL;",
+            "DROP TABLE snapshots;",
+            "CREATE INDEX sandboxes_by_tenant ON sandboxes (tenant_id);",
+            "CREATE INDEX CONCURRENTLY sandboxes_by_tenant ON sandboxes (tenant_id);",
+        ] {
+            assert!(!problems(bad).is_empty(), "caught: {bad}");
+        }
+        for good in [
+            "ALTER TABLE nodes ADD COLUMN zone text;",
+            "ALTER TABLE nodes ADD COLUMN zone text NOT NULL DEFAULT '';",
+            "CREATE TABLE pauses (id text PRIMARY KEY); CREATE INDEX pauses_by_id ON pauses (id);",
+            "-- no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS s_t ON sandboxes (tenant_id);",
+            "ALTER TYPE sandbox_state ADD VALUE IF NOT EXISTS 'away';",
+        ] {
+            assert!(
+                problems(good).is_empty(),
+                "allowed: {good}: {:?}",
+                problems(good)
+            );
+        }
+    }
+}

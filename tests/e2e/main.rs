@@ -4,6 +4,8 @@
 mod cli;
 mod connection_flood;
 mod console;
+mod db_roles;
+mod db_tls;
 mod deploy;
 mod error_kinds;
 mod gateway_share;
@@ -31,6 +33,7 @@ mod small_holes;
 mod support;
 mod templates;
 mod ts_sdk;
+mod upgrades;
 mod webdriver;
 #[path = "../shared/wheels.rs"]
 mod wheels;

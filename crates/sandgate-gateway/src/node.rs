@@ -5,9 +5,8 @@
 
 use std::net::SocketAddr;
 
-use sandgate_service::Services;
+use sandgate_service::NodeServices;
 use sandgate_service::node_rpc::{NodeRpc, NodeRpcError};
-use sandgate_service::startup::Role;
 
 use crate::metrics::Metrics;
 use crate::private::{PrivateListener, PrivateState};
@@ -18,16 +17,19 @@ use sandgate_service::health::ReadinessProbe;
 #[derive(Debug)]
 pub struct Node {
     rpc: NodeRpc,
-    services: Services,
+    services: NodeServices,
     /// `/healthz`, `/readyz`, `/metrics`, when `metrics.listen` is set.
     private: Option<(PrivateListener, PrivateState)>,
 }
 
 impl Node {
-    /// Binds `node.listen` (required), then starts the service layer: migrations, the node's
-    /// registration in Postgres (refused while another live node serves the same engine) and
-    /// its heartbeat, the sandbox manager and its warm pool, the reaper and reconciliation.
-    pub async fn build(config: Config) -> Result<Self, StartError> {
+    /// Binds `node.listen` (required), then starts the node's service layer: the schema check
+    /// (a node never migrates), the node's registration in Postgres (refused while another live
+    /// node serves the same engine) and its heartbeat, the sandbox manager and its warm pool,
+    /// the reaper and reconciliation. A node holds no signing key and no secret: `keys.secret`
+    /// and `oauth.cookie_secret` are dropped unread.
+    pub async fn build(mut config: Config) -> Result<Self, StartError> {
+        drop_secrets(&mut config);
         let rpc = NodeRpc::bind(&config.node)
             .await
             .map_err(StartError::Node)?
@@ -40,10 +42,10 @@ impl Node {
             );
         }
         let advertise_url = advertise_url(&config, Some(&rpc));
-        let services = Services::start(&config, Role::Node { advertise_url }).await?;
+        let services = NodeServices::start(&config, advertise_url).await?;
         let private = private.map(|listener| {
             let state = PrivateState {
-                readiness: ReadinessProbe::of(&services, &config),
+                readiness: ReadinessProbe::of_node(&services, &config),
                 metrics: Metrics::new(),
                 db: services.db.clone(),
                 sandboxes: services.sandboxes.clone(),
@@ -60,7 +62,7 @@ impl Node {
 
     /// The node's id (its engine's).
     pub fn id(&self) -> &str {
-        self.services.node_id.as_deref().unwrap_or_default()
+        &self.services.node_id
     }
 
     /// The private listener's address (`metrics.listen`), when it serves one.
@@ -103,6 +105,18 @@ impl Node {
         services.background.close();
         services.background.wait().await;
         served.map_err(StartError::Node)
+    }
+}
+
+/// Empties the secrets a node never uses, so that it holds none even when its environment sets
+/// them (it should not: docs/scale-out.md), and says so.
+fn drop_secrets(config: &mut Config) {
+    for key in config.drop_gateway_secrets() {
+        tracing::warn!(
+            key,
+            "a node uses no signing key or cookie secret: this one is ignored; remove it from \
+             the node's environment"
+        );
     }
 }
 

@@ -22,6 +22,9 @@ pub use sandgate_store::users::Role as UserRole;
 /// What went wrong in an admin command.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
+    /// The database's schema is not one this binary can run against.
+    #[error(transparent)]
+    Schema(#[from] sandgate_store::schema::SchemaError),
     /// Postgres failed.
     #[error("database error (is Postgres running at database.url, and migrated?)")]
     Store(#[from] StoreError),

@@ -241,12 +241,36 @@ pub struct ReadinessProbe {
 impl ReadinessProbe {
     /// The probe of the running `services` under `config`.
     pub fn of(services: &crate::Services, config: &crate::Config) -> Self {
+        Self::new(
+            &services.db,
+            services.docker.clone(),
+            &services.sandboxes,
+            config,
+        )
+    }
+
+    /// The probe of a running node (`sandgate node`).
+    pub fn of_node(services: &crate::NodeServices, config: &crate::Config) -> Self {
+        Self::new(
+            &services.db,
+            Some(services.docker.clone()),
+            &services.sandboxes,
+            config,
+        )
+    }
+
+    fn new(
+        db: &PgPool,
+        docker: Option<DockerBackend>,
+        sandboxes: &crate::SandboxService,
+        config: &crate::Config,
+    ) -> Self {
         Self {
-            db: services.db.clone(),
-            docker: services.docker.clone(),
+            db: db.clone(),
+            docker,
             image: config.sandbox.image.clone(),
             lost_after_seconds: i64::try_from(config.node.lost_after_seconds).unwrap_or(i64::MAX),
-            manager: services.sandboxes.nodes().local().cloned(),
+            manager: sandboxes.nodes().local().cloned(),
             profiles: vec![config.sandbox.name.clone()],
         }
     }

@@ -66,4 +66,4 @@ pub mod domain {
         CommandOutcome, Display, EntryKind, ExecOutcome, FileInfo, Job, Listing, OutputEvent, Space,
     };
 }
-pub use startup::Services;
+pub use startup::{NodeServices, Services};

@@ -26,6 +26,9 @@ use crate::sandboxes::{NodeSet, ServiceError};
 /// Why a retention command (`sandgate admin tenant purge`, `… retention`) failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RetentionError {
+    /// The database's schema is not one this binary can run against.
+    #[error(transparent)]
+    Schema(#[from] sandgate_store::schema::SchemaError),
     /// Postgres failed.
     #[error("database error (is Postgres running at database.url, and migrated?)")]
     Store(#[from] StoreError),

@@ -1,4 +1,5 @@
-//! Starting the service layer: the Postgres pool and its migrations, the signing keys, the Docker
+//! Starting the service layer: the Postgres pool and its migrations (or the schema check), the
+//! signing keys, the Docker
 //! engine and the sandbox manager, and the background work (reaper, reconciliation, audit writer,
 //! retention purge). The HTTP faces are started on top of what [`Services::start`] returns.
 
@@ -28,6 +29,9 @@ pub enum StartError {
     /// Migrations failed (Postgres unreachable, or a migration error).
     #[error("cannot migrate the database; is Postgres running at the configured database.url?")]
     Migrate(#[source] StoreError),
+    /// The schema is not one this binary can run against (or Postgres could not be asked).
+    #[error("cannot run against the database at database.url")]
+    Schema(#[source] sandgate_store::schema::SchemaError),
     /// The signing keys could not be loaded.
     #[error("cannot load the token signing keys")]
     Keys(#[source] KeyError),
@@ -91,19 +95,21 @@ pub struct Services {
 }
 
 impl Services {
-    /// Connects to Postgres, migrates, loads keys; with a node of its own ([`Role::Node`])
-    /// connects to Docker, registers the node (before touching its containers), starts the
-    /// sandbox manager (which begins filling the warm pool) and the heartbeat; then the
-    /// background work.
+    /// Connects to Postgres, migrates (`database.auto_migrate`, else checks the schema), loads
+    /// keys; with a node of its own ([`Role::Node`]) connects to Docker, registers the node
+    /// (before touching its containers), starts the sandbox manager (which begins filling the
+    /// warm pool) and the heartbeat; then the background work.
     pub async fn start(config: &Config, role: Role) -> Result<Self, StartError> {
-        let db = sandgate_store::connect_lazy(
-            config.database.url.expose_secret(),
-            &config.pool_settings(),
-        )
-        .map_err(StartError::Database)?;
-        sandgate_store::migrate(&db)
-            .await
-            .map_err(StartError::Migrate)?;
+        let db = open_pool(config)?;
+        if config.database.auto_migrate {
+            sandgate_store::migrate(&db)
+                .await
+                .map_err(StartError::Migrate)?;
+        } else {
+            sandgate_store::schema::check(&db)
+                .await
+                .map_err(StartError::Schema)?;
+        }
         let keys = KeyRing::load(
             db.clone(),
             KeySettings::of(config),
@@ -114,6 +120,111 @@ impl Services {
         .map_err(StartError::Keys)?;
         let packages = crate::packages::PackageIndex::new(&config.packages, Some(db.clone()))
             .map_err(StartError::Packages)?;
+        let advertise_url = match role {
+            Role::Node { advertise_url } => Some(advertise_url),
+            Role::GatewayOnly => None,
+        };
+        let core = Core::start(config, db.clone(), advertise_url, Some(packages.clone())).await?;
+        let (background_stop, background) = (core.background_stop, core.background);
+        let audit = AuditLog::start(db.clone(), background_stop.clone(), &background);
+        crate::retention::start_purge(
+            db.clone(),
+            &config.retention,
+            background_stop.clone(),
+            &background,
+        );
+        let transcripts = Transcripts::start(
+            db.clone(),
+            &config.retention,
+            background_stop.clone(),
+            &background,
+        );
+        let snapshots = crate::snapshots::SnapshotCustody::new(
+            db.clone(),
+            crate::snapshots::SnapshotKeys::of(config),
+        );
+        Ok(Self {
+            db,
+            docker: core.docker,
+            node_id: core.node_id,
+            keys,
+            sandboxes: core.sandboxes,
+            audit,
+            transcripts,
+            packages,
+            snapshots,
+            background_stop,
+            background,
+        })
+    }
+}
+
+/// The service layer of `sandgate node`: a node and nothing of a gateway. It holds no signing
+/// key, no secret (`keys.secret`, `oauth.cookie_secret` are never read: a sealed snapshot's data
+/// key travels in the RPC that needs it), writes no audit trail or transcript, purges nothing,
+/// and never migrates: it checks that the schema is one it can run against, so it works with a
+/// database role that may read and write only the node's tables (`deploy/postgres/roles.sql`).
+#[derive(Debug, Clone)]
+pub struct NodeServices {
+    /// The Postgres pool.
+    pub db: PgPool,
+    /// The node's Docker engine.
+    pub docker: DockerBackend,
+    /// The node's registry id.
+    pub node_id: String,
+    /// The node's sandboxes (its own manager; reaper and reconciliation of its rows).
+    pub sandboxes: SandboxService,
+    /// Cancelled to end the background work.
+    pub background_stop: CancellationToken,
+    /// The background work, to wait for at shutdown.
+    pub background: TaskTracker,
+}
+
+impl NodeServices {
+    /// Connects to Postgres and checks the schema, connects to Docker, registers the node
+    /// (advertising `advertise_url`), starts the sandbox manager, the heartbeat, the reaper and
+    /// reconciliation.
+    pub async fn start(config: &Config, advertise_url: String) -> Result<Self, StartError> {
+        let db = open_pool(config)?;
+        sandgate_store::schema::check(&db)
+            .await
+            .map_err(StartError::Schema)?;
+        let core = Core::start(config, db.clone(), Some(advertise_url), None).await?;
+        let (Some(docker), Some(node_id)) = (core.docker, core.node_id) else {
+            unreachable!("Core::start with an advertise URL starts a node")
+        };
+        Ok(Self {
+            db,
+            docker,
+            node_id,
+            sandboxes: core.sandboxes,
+            background_stop: core.background_stop,
+            background: core.background,
+        })
+    }
+}
+
+/// What gateways and nodes share: the sandbox service over the registered nodes, with this
+/// process's own node when it has one, and the background work that keeps rows and containers
+/// in step.
+struct Core {
+    docker: Option<DockerBackend>,
+    node_id: Option<String>,
+    sandboxes: SandboxService,
+    background_stop: CancellationToken,
+    background: TaskTracker,
+}
+
+impl Core {
+    /// With `advertise_url` (a node of its own): Docker, the registration (before touching its
+    /// containers), the sandbox manager and the heartbeat. Then the lifecycle (reaper,
+    /// reconciliation) and the cache's invalidation listener.
+    async fn start(
+        config: &Config,
+        db: PgPool,
+        advertise_url: Option<String>,
+        packages: Option<crate::packages::PackageIndex>,
+    ) -> Result<Self, StartError> {
         let tls = if config.node.has_tls() {
             Some(
                 sandgate_node::NodeTls::from_files(
@@ -126,8 +237,8 @@ impl Services {
         } else {
             None
         };
-        let (docker, own, registration) = match role {
-            Role::Node { advertise_url } => {
+        let (docker, own, registration) = match advertise_url {
+            Some(advertise_url) => {
                 let mut docker =
                     DockerBackend::connect(&config.docker.host).map_err(StartError::Docker)?;
                 if let Some(plain) = config.snapshots.plain_dir() {
@@ -148,17 +259,19 @@ impl Services {
                 };
                 (Some(docker), Some(own), Some(registration))
             }
-            Role::GatewayOnly => (None, None, None),
+            None => (None, None, None),
         };
         let node_id = own.as_ref().map(|o| o.id.clone());
         let nodes = NodeSet::new(own, tls, config.node.lost_after_seconds);
-        let sandboxes = SandboxService::new(
+        let mut sandboxes = SandboxService::new(
             db.clone(),
             nodes,
             config.sandbox.clone(),
             config.limits.clone(),
-        )
-        .with_packages(packages.clone());
+        );
+        if let Some(packages) = packages {
+            sandboxes = sandboxes.with_packages(packages);
+        }
         let background_stop = CancellationToken::new();
         let background = TaskTracker::new();
         if let Some(registration) = registration {
@@ -180,45 +293,26 @@ impl Services {
             .await;
         sandboxes
             .cache()
-            .listen(db.clone(), background_stop.clone(), &background);
-        let audit = AuditLog::start(db.clone(), background_stop.clone(), &background);
-        crate::retention::start_purge(
-            db.clone(),
-            &config.retention,
-            background_stop.clone(),
-            &background,
-        );
-        let transcripts = Transcripts::start(
-            db.clone(),
-            &config.retention,
-            background_stop.clone(),
-            &background,
-        );
-        let snapshots = crate::snapshots::SnapshotCustody::new(
-            db.clone(),
-            crate::snapshots::SnapshotKeys::of(config),
-        );
+            .listen(db, background_stop.clone(), &background);
         Ok(Self {
-            db,
             docker,
             node_id,
-            keys,
             sandboxes,
-            audit,
-            transcripts,
-            packages,
-            snapshots,
             background_stop,
             background,
         })
     }
 }
 
-/// Runs the migrations embedded in the binary.
+/// The lazily connecting pool on `database.url`.
+fn open_pool(config: &Config) -> Result<PgPool, StartError> {
+    sandgate_store::connect_lazy(config.database.url.expose_secret(), &config.pool_settings())
+        .map_err(StartError::Database)
+}
+
+/// Runs the migrations embedded in the binary (`sandgate migrate`).
 pub async fn migrate(config: &Config) -> Result<(), StartError> {
-    let db =
-        sandgate_store::connect_lazy(config.database.url.expose_secret(), &config.pool_settings())
-            .map_err(StartError::Database)?;
+    let db = open_pool(config)?;
     sandgate_store::migrate(&db)
         .await
         .map_err(StartError::Migrate)

@@ -26,6 +26,7 @@ pub mod nodes;
 pub mod packages;
 pub mod quotas;
 pub mod sandboxes;
+pub mod schema;
 pub mod snapshots;
 pub mod tenants;
 pub mod transcripts;
@@ -37,6 +38,14 @@ pub enum StoreError {
     /// The database could not be reached (or stopped answering); retrying later may work.
     #[error("database unavailable")]
     Unavailable(#[source] sqlx::Error),
+    /// The TLS handshake with Postgres failed: its certificate is not trusted by the CA bundle
+    /// (`sslrootcert`), names another host than the URL's (`sslmode=verify-full`), or the
+    /// server does not speak TLS. Retrying will not help until the URL or the server changes.
+    #[error(
+        "the TLS handshake with Postgres failed (check database.url's sslmode and sslrootcert, \
+         and that the server's certificate names the URL's host)"
+    )]
+    Tls(#[source] sqlx::Error),
     /// A query failed for another reason.
     #[error("database query failed")]
     Query(#[source] sqlx::Error),
@@ -54,21 +63,43 @@ pub enum StoreError {
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         match err {
+            sqlx::Error::Tls(_) => StoreError::Tls(err),
+            // rustls reports a refused certificate as an I/O error of the handshake.
+            sqlx::Error::Io(ref io) if is_tls_refusal(io) => StoreError::Tls(err),
             sqlx::Error::Io(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
-            | sqlx::Error::Tls(_)
             | sqlx::Error::WorkerCrashed => StoreError::Unavailable(err),
             other => StoreError::Query(other),
         }
     }
 }
 
+/// Whether an I/O error is rustls refusing the server's certificate (or another TLS alert).
+fn is_tls_refusal(io: &std::io::Error) -> bool {
+    io.get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+}
+
 impl StoreError {
+    /// The error of applying migrations: the database's errors sorted as queries' are.
+    pub fn from_migrate(err: sqlx::migrate::MigrateError) -> Self {
+        match err {
+            sqlx::migrate::MigrateError::Execute(inner) => match StoreError::from(inner) {
+                StoreError::Query(inner) => {
+                    StoreError::Migrate(sqlx::migrate::MigrateError::Execute(inner))
+                }
+                other => other,
+            },
+            other => StoreError::Migrate(other),
+        }
+    }
+
     /// True when the failure is the database being away rather than the query being wrong:
     /// callers turn these into retryable errors.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        // A refused TLS handshake is Postgres out of reach too (a 503, not an internal error).
+        matches!(self, StoreError::Unavailable(_) | StoreError::Tls(_))
     }
 }
 
@@ -125,13 +156,10 @@ pub async fn commit(tx: Transaction<'_, Postgres>) -> Result<(), StoreError> {
     Ok(tx.commit().await?)
 }
 
-/// Applies the migrations in the repository's `migrations/` folder (embedded at build time).
-#[tracing::instrument(skip_all)]
+/// Applies the migrations in the repository's `migrations/` folder (embedded at build time);
+/// see [`schema::migrate`].
 pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-    sqlx::migrate!("../../migrations")
-        .run(pool)
-        .await
-        .map_err(StoreError::Migrate)
+    schema::migrate(pool).await
 }
 
 /// Checks that Postgres answers a trivial query.

@@ -22,8 +22,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the gateway with its in-process sandbox node (migrates the database first). With
-    /// `node.listen` set, the node also serves other gateways over the node RPC.
+    /// Run the gateway with its in-process sandbox node (migrates the database first unless
+    /// `database.auto_migrate` is false; then it only checks the schema). With `node.listen`
+    /// set, the node also serves other gateways over the node RPC.
     Serve {
         /// A gateway replica without a node of its own: no Docker, no warm pool; sandboxes are
         /// leased on the nodes registered in Postgres and reached over the node RPC (with the
@@ -32,9 +33,10 @@ enum Command {
         gateway_only: bool,
     },
     /// Run a sandbox node only: this host's containers, warm pool and attach channels, served
-    /// to gateways over the node RPC on `node.listen` (mutual TLS; docs/scale-out.md).
+    /// to gateways over the node RPC on `node.listen` (mutual TLS; docs/scale-out.md). It never
+    /// migrates (run `sandgate migrate` first) and holds no signing key or secret.
     Node,
-    /// Apply database migrations and exit.
+    /// Apply database migrations and exit (the only command that does in a deployment).
     Migrate,
     /// Operator commands: tenants, users, clients, tokens, keys.
     #[command(subcommand)]
@@ -300,7 +302,13 @@ enum KeysCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
+    // A node's and the migrator's configurations need no secrets (they hold none).
+    let process = match cli.command {
+        Command::Node => sandgate_gateway::config::Process::Node,
+        Command::Migrate => sandgate_gateway::config::Process::Migrator,
+        _ => sandgate_gateway::config::Process::Gateway,
+    };
+    let config = match Config::load_for(cli.config.as_deref(), process) {
         Ok(config) => config,
         Err(err) => {
             eprintln!("sandgate: {err}");

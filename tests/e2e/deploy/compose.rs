@@ -87,9 +87,13 @@ impl Project {
         let env = format!(
             "GATEWAY_IMAGE={gateway_image}\nPOSTGRES_IMAGE={postgres_image}\nSANDBOX_IMAGE={sandbox_image}\n\
              PORT={port}\nPUBLIC_URL=http://127.0.0.1:{port}\nDOCKER_GID={gid}\nDOCKER_SOCKET={}\n\
-             INSTANCE={instance}\nPKI_DIR={}\nPOSTGRES_PASSWORD={}\nKEYS_SECRET={}\nCOOKIE_SECRET={}\n",
+             INSTANCE={instance}\nPKI_DIR={}\nPOSTGRES_PASSWORD={}\nKEYS_SECRET={}\nCOOKIE_SECRET={}\n\
+             MIGRATOR_DB_PASSWORD={}\nGATEWAY_DB_PASSWORD={}\nNODE_DB_PASSWORD={}\n",
             socket.display(),
             pki.display(),
+            random_hex(),
+            random_hex(),
+            random_hex(),
             random_hex(),
             random_hex(),
             random_hex(),
@@ -273,6 +277,36 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
             name == "node",
             "{name}: only the node container has the Docker socket"
         );
+        // Only the gateway holds secrets; every sandgate service reaches Postgres as its own
+        // role over verified TLS.
+        let env: Vec<&str> = c["Config"]["Env"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let has = |key: &str| env.iter().any(|e| e.starts_with(&format!("{key}=")));
+        if name != "postgres" {
+            assert_eq!(
+                has("SANDGATE_KEYS__SECRET") || has("SANDGATE_OAUTH__COOKIE_SECRET"),
+                name == "gateway",
+                "{name}: only the gateway has keys.secret and the cookie secret"
+            );
+            let url = env
+                .iter()
+                .find_map(|e| e.strip_prefix("SANDGATE_DATABASE__URL="))
+                .unwrap_or_default();
+            let role = match name {
+                "migrate" => "sandgate_migrator",
+                "node" => "sandgate_node",
+                _ => "sandgate_gateway",
+            };
+            assert!(
+                url.starts_with(&format!("postgres://{role}:"))
+                    && url.contains("sslmode=verify-full"),
+                "{name} connects as {role} with sslmode=verify-full"
+            );
+        }
         // Each service mounts only its own TLS material, never the CA's key.
         for m in c["Mounts"].as_array().into_iter().flatten() {
             let source = m["Source"].as_str().unwrap_or_default();

@@ -13,6 +13,7 @@ use tokio::task::JoinSet;
 
 pub mod node;
 pub mod oauth;
+pub mod own_postgres;
 pub mod replicas;
 pub mod scale_out;
 

@@ -220,6 +220,7 @@ pub struct NodeStart {
     instance: String,
     engine: Engine,
     tls: bool,
+    migrate: bool,
     env: Vec<(String, String)>,
 }
 
@@ -230,6 +231,7 @@ impl NodeStart {
             instance: instance.to_owned(),
             engine: Engine::first(),
             tls: false,
+            migrate: true,
             env: Vec::new(),
         };
         let start = start.env([
@@ -254,6 +256,13 @@ impl NodeStart {
         } else {
             self.env([("SANDGATE_DOCKER__HOST", engine.host.as_str())])
         }
+    }
+
+    /// Leaves the database as it is: by default `sandgate migrate` runs first with the node's
+    /// settings (a node never migrates; a deployment migrates before its nodes start).
+    pub fn without_migrating(mut self) -> NodeStart {
+        self.migrate = false;
+        self
     }
 
     /// Serves the node RPC with mutual TLS with `tls`'s keys.
@@ -289,6 +298,19 @@ impl NodeStart {
     /// first (a node that must be refused).
     pub async fn try_start(self) -> Result<NodeProcess, String> {
         self.engine.ensure_image(&sandbox_image());
+        if self.migrate {
+            let migrated = sandgate_command()
+                .arg("migrate")
+                .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .output()
+                .await
+                .expect("sandgate migrate runs");
+            assert!(
+                migrated.status.success(),
+                "sandgate migrate before the node: {}",
+                String::from_utf8_lossy(&migrated.stderr)
+            );
+        }
         let mut child = sandgate_command()
             .arg("node")
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))

@@ -17,6 +17,9 @@ pub struct DatabaseConfig {
     pub max_connections: u32,
     /// How long a request waits for a connection, milliseconds.
     pub acquire_timeout_ms: u64,
+    /// Whether `serve` and the admin commands apply pending migrations (else they only check the
+    /// schema: [`sandgate_store::schema::check`]).
+    pub auto_migrate: bool,
 }
 
 impl DatabaseConfig {

@@ -174,10 +174,31 @@ pub enum ConfigError {
     },
 }
 
+/// Which kind of process a configuration is for: what it must hold differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Process {
+    /// A gateway (`serve`, `migrate`, `admin`): signing keys, cookies, download links.
+    Gateway,
+    /// A sandbox node (`sandgate node`): no keys and no secrets, so none are required.
+    Node,
+    /// `sandgate migrate`: the schema only; no keys and no secrets required.
+    Migrator,
+}
+
 impl Config {
     /// Loads the configuration: defaults, then `file` if given, then the process environment.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        Self::from_figment(Self::figment(file, Self::env()))
+        Self::load_for(file, Process::Gateway)
+    }
+
+    /// [`Config::load`] for a `process` of the given kind: a node's is valid without
+    /// `keys.secret` or `oauth.cookie_secret` wherever it listens.
+    pub fn load_for(file: Option<&Path>, process: Process) -> Result<Self, ConfigError> {
+        let config: Config = Self::figment(file, Self::env())
+            .extract()
+            .map_err(Box::new)?;
+        config.validate_for(process)?;
+        Ok(config)
     }
 
     /// The `SANDGATE_*` environment provider. Variables that belong to the scripts and the CLI
@@ -216,6 +237,11 @@ impl Config {
     /// (`#[validate(…)]`), then the checks that compare fields or sections, or read a secret;
     /// the first problem is reported with its key.
     fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_for(Process::Gateway)
+    }
+
+    /// [`Config::validate`] for a `process` of the given kind.
+    fn validate_for(&self, process: Process) -> Result<(), ConfigError> {
         // The most common mistake first: no database named at all.
         self.database.check_url()?;
         if let Err(errors) = Validate::validate(self)
@@ -224,15 +250,16 @@ impl Config {
             return Err(problem);
         }
         self.oauth.check_cookie_secret()?;
-        self.check_together()
+        self.check_together(process)
     }
 
     /// The checks that compare fields or sections with each other.
-    fn check_together(&self) -> Result<(), ConfigError> {
+    fn check_together(&self, process: Process) -> Result<(), ConfigError> {
         let invalid = |(key, message): (String, String)| ConfigError::Invalid { key, message };
+        let gateway = process == Process::Gateway;
         self.limits.check_together(self.sandbox.pids_limit)?;
         // A per-process random cookie key would log users out at every replica change.
-        if !self.only_loopback() && self.cookie_key().is_none() {
+        if gateway && !self.only_loopback() && self.cookie_key().is_none() {
             return Err(ConfigError::Invalid {
                 key: "oauth.cookie_secret".into(),
                 message: "is required when the public URL or the listen address is not loopback, unless keys.secret is \
@@ -255,9 +282,11 @@ impl Config {
                 key: format!("sandbox.{}", err.field()),
                 message: err.to_string(),
             })?;
-        self.keys
-            .check_secret(self.only_loopback())
-            .map_err(invalid)?;
+        if gateway {
+            self.keys
+                .check_secret(self.only_loopback())
+                .map_err(invalid)?;
+        }
         self.metrics.check()?;
         self.node.check_together()
     }
@@ -325,14 +354,35 @@ impl Config {
         self.is_loopback() && self.listen.ip().is_loopback()
     }
 
-    /// A pool on `database.url` with the migrations applied (the operator commands' way in).
+    /// A pool on `database.url` with the migrations applied (`database.auto_migrate`) or checked
+    /// to be (the operator commands' way in).
     pub async fn migrated_pool(
         &self,
-    ) -> Result<sandgate_store::PgPool, sandgate_store::StoreError> {
+    ) -> Result<sandgate_store::PgPool, sandgate_store::schema::SchemaError> {
         let db =
             sandgate_store::connect_lazy(self.database.url.expose_secret(), &self.pool_settings())?;
-        sandgate_store::migrate(&db).await?;
+        if self.database.auto_migrate {
+            sandgate_store::migrate(&db).await?;
+        } else {
+            sandgate_store::schema::check(&db).await?;
+        }
         Ok(db)
+    }
+
+    /// Empties the secrets only a gateway uses (`keys.secret`, `oauth.cookie_secret`), for a
+    /// process that must hold none (`sandgate node`); returns the keys of those that were set.
+    pub fn drop_gateway_secrets(&mut self) -> Vec<&'static str> {
+        let mut dropped = Vec::new();
+        for (key, secret) in [
+            ("keys.secret", &mut self.keys.secret),
+            ("oauth.cookie_secret", &mut self.oauth.cookie_secret),
+        ] {
+            if !secret.expose_secret().is_empty() {
+                *secret = secrecy::SecretString::from(String::new());
+                dropped.push(key);
+            }
+        }
+        dropped
     }
 
     /// The Postgres pool settings.

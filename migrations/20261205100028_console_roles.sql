@@ -10,7 +10,6 @@ ALTER TABLE users ADD COLUMN role text NOT NULL DEFAULT 'viewer'
 -- When the session's user last proved their password (sign-in, or the console's confirmation):
 -- running code needs a recent one, so a stolen cookie alone goes stale.
 ALTER TABLE user_sessions ADD COLUMN authenticated_at timestamptz NOT NULL DEFAULT now();
-CREATE INDEX user_sessions_user ON user_sessions (user_id);
 
 -- When a person last acted in a sandbox from the console (and who), and when the bot was last
 -- told: the bot's next tool result carries a note while people_acted_at is newer.

@@ -114,18 +114,7 @@ impl Services {
         .map_err(StartError::Keys)?;
         let packages = crate::packages::PackageIndex::new(&config.packages, Some(db.clone()))
             .map_err(StartError::Packages)?;
-        let tls = if config.node.has_tls() {
-            Some(
-                sandgate_node::NodeTls::from_files(
-                    &config.node.tls_cert,
-                    &config.node.tls_key,
-                    &config.node.tls_ca,
-                )
-                .map_err(StartError::NodeTls)?,
-            )
-        } else {
-            None
-        };
+        let tls = config.node.tls().map_err(StartError::NodeTls)?;
         let (docker, own, registration) = match role {
             Role::Node { advertise_url } => {
                 let mut docker =

@@ -34,7 +34,7 @@ pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig, RETIRED_KEY_GRACE};
 pub use lifecycle::{LifecycleConfig, PoolConfig};
 pub use limits::{LimitsConfig, PIDS_PER_CALL};
 pub use mcp::McpConfig;
-pub use node::NodeConfig;
+pub use node::{NodeConfig, check_advertise_url};
 pub use oauth::{ClientMetadataConfig, OAuthConfig};
 pub use oauth_limits::OAuthLimitsConfig;
 pub use packages::PackagesConfig;

@@ -113,15 +113,13 @@ impl NodeSet {
             tracing::error!(node = id, url = %row.advertise_url, "cannot reach a sandbox node: {why}");
             away("this gateway cannot reach it (its log says why)".into())
         };
-        let remote = match (&self.inner.tls, row.advertise_url.starts_with("http://")) {
-            (_, true) => RemoteNode::connect_lazy_cleartext(&row.advertise_url),
-            (Some(tls), false) => RemoteNode::connect_lazy(&row.advertise_url, tls),
-            (None, false) => {
-                return Err(unreachable(
-                    &"it serves over TLS and this gateway has no node.tls_cert, node.tls_key \
-                      and node.tls_ca to reach it",
-                ));
+        // Cleartext only to this host's own loopback; anything else over mutual TLS, to a node
+        // certificate naming the URL's host (`RemoteNode`'s rule).
+        let remote = match &self.inner.tls {
+            Some(tls) if row.advertise_url.starts_with("https://") => {
+                RemoteNode::connect_lazy(&row.advertise_url, tls)
             }
+            _ => RemoteNode::connect_lazy_cleartext(&row.advertise_url),
         }
         .map_err(|e| unreachable(&e))?;
         self.inner

@@ -278,7 +278,7 @@ impl Remover {
         let tls = config.node.tls()?;
         Ok(Self {
             own,
-            nodes: NodeSet::new(None, tls, config.node.lost_after_seconds),
+            nodes: NodeSet::new(None, tls, config.node.liveness()),
         })
     }
 

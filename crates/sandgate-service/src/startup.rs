@@ -140,7 +140,7 @@ impl Services {
             Role::GatewayOnly => (None, None, None),
         };
         let node_id = own.as_ref().map(|o| o.id.clone());
-        let nodes = NodeSet::new(own, tls, config.node.lost_after_seconds);
+        let nodes = NodeSet::new(own, tls, config.node.liveness());
         let sandboxes = SandboxService::new(
             db.clone(),
             nodes,

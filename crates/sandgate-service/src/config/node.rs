@@ -30,7 +30,10 @@ pub struct NodeConfig {
     /// How often the node heartbeats in Postgres, seconds.
     #[validate(range(min = 1, message = "must be at least 1"))]
     pub heartbeat_seconds: u64,
-    /// A node silent this long is lost, seconds.
+    /// A node silent this long is away (no new lease; calls on its sandboxes get a retryable
+    /// answer naming it; their rows stay), seconds.
+    pub away_after_seconds: u64,
+    /// A node silent this long is lost (the sweep marks its sandboxes lost), seconds.
     pub lost_after_seconds: u64,
     /// Most leased sandboxes on the node; 0: the host's memory divided by 128 MiB.
     pub slots: u32,
@@ -56,6 +59,11 @@ impl NodeConfig {
             per_call_bytes: self.read_bytes_per_call,
             display_bytes_per_call: self.display_bytes_per_call,
         }
+    }
+
+    /// `(away_after_seconds, lost_after_seconds)`.
+    pub fn liveness(&self) -> (u64, u64) {
+        (self.away_after_seconds, self.lost_after_seconds)
     }
 
     /// The RPC address, when one is configured.
@@ -115,12 +123,22 @@ impl NodeConfig {
             ));
         }
         // Every process with a node heartbeats, and every process sweeps silent nodes.
-        if self.lost_after_seconds <= self.heartbeat_seconds {
+        if self.away_after_seconds <= self.heartbeat_seconds {
             return Err(invalid(
-                "node.lost_after_seconds",
+                "node.away_after_seconds",
                 format!(
                     "must be longer than node.heartbeat_seconds ({}), e.g. three heartbeats",
                     self.heartbeat_seconds
+                ),
+            ));
+        }
+        if self.lost_after_seconds < self.away_after_seconds {
+            return Err(invalid(
+                "node.lost_after_seconds",
+                format!(
+                    "must be at least node.away_after_seconds ({}): a node is away before it is \
+                     lost",
+                    self.away_after_seconds
                 ),
             ));
         }

@@ -18,6 +18,7 @@ mod login_form;
 mod mcp;
 mod mcp_client;
 mod node;
+mod node_identity;
 mod oauth;
 mod package_abuse;
 mod packages;

@@ -15,10 +15,19 @@ use crate::support::{self, Gateway, eventually};
 
 const WITHIN: Duration = Duration::from_secs(90);
 
-/// A fast heartbeat and a short silence before a node counts as lost.
-const QUICK_NODE: [(&str, &str); 2] = [
+/// A fast heartbeat and a short silence before a node counts as away, then lost.
+const QUICK_NODE: [(&str, &str); 3] = [
     ("SANDGATE_NODE__HEARTBEAT_SECONDS", "1"),
+    ("SANDGATE_NODE__AWAY_AFTER_SECONDS", "3"),
     ("SANDGATE_NODE__LOST_AFTER_SECONDS", "3"),
+];
+
+/// Away after 3 s of silence, lost only after 10 minutes: a node restart in between loses
+/// nothing.
+const AWAY_NOT_LOST: [(&str, &str); 3] = [
+    ("SANDGATE_NODE__HEARTBEAT_SECONDS", "1"),
+    ("SANDGATE_NODE__AWAY_AFTER_SECONDS", "3"),
+    ("SANDGATE_NODE__LOST_AFTER_SECONDS", "600"),
 ];
 
 /// How many warm rows the deployment has.
@@ -197,6 +206,86 @@ async fn a_killed_node_s_sandbox_is_lost_with_a_clear_error_and_its_return_remov
     );
     let fresh = client.ok("execute_code", json!({"code": "'fresh'"})).await;
     assert_ne!(sandbox_id(&fresh), id, "a new sandbox on the returned node");
+}
+
+#[tokio::test]
+async fn a_node_away_past_its_away_deadline_keeps_its_sandboxes_and_variables_when_it_returns() {
+    let database = support::fresh_database().await;
+    let instance = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let node_start = || {
+        NodeStart::new(&database, &instance)
+            .env(AWAY_NOT_LOST)
+            .env(FAST)
+    };
+    let mut node = node_start().start().await;
+    let env: Vec<(&str, &str)> = FAST.iter().chain(AWAY_NOT_LOST.iter()).copied().collect();
+    let gateway = Gateway::start_gateway_only(&database, &instance, &env).await;
+    let tenant = gateway.create_tenant().await;
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("connects");
+    let mut ids = Vec::new();
+    for (conversation, value) in [("a", 1), ("b", 2)] {
+        let created = client
+            .ok(
+                "execute_code",
+                json!({"conversation_id": conversation, "code": format!("x = {value}\nx")}),
+            )
+            .await;
+        ids.push((sandbox_id(&created), value));
+    }
+
+    // Killed with its containers left running (a crash, an upgrade), and silent past the away
+    // deadline: every call gets a retryable answer naming the node, and nothing is lost.
+    node.kill().await;
+    let node_id = node.id().to_owned();
+    eventually(
+        WITHIN,
+        "the node to be away in `admin nodes list`",
+        || async {
+            let listed = gateway.cli(&["admin", "nodes", "list"]).await;
+            listed.contains(" away ").then_some(())
+        },
+    )
+    .await;
+    for (id, _) in &ids {
+        let r = client
+            .call("execute_code", json!({"sandbox_id": id, "code": "x"}))
+            .await
+            .expect("a tool result");
+        assert!(
+            r.is_error && r.text.contains(&node_id) && r.text.contains("retry"),
+            "a call on an away node's sandbox gets a retryable answer naming the node: {}",
+            r.text
+        );
+        assert_eq!(
+            row_state(&database, id).await.0,
+            "leased",
+            "{id} is not lost"
+        );
+    }
+
+    // It returns (same engine, containers still there): it takes them back, with their state.
+    let _node = node_start().start().await;
+    for (id, value) in &ids {
+        let kept = eventually(WITHIN, "the returned node to serve the sandbox", || async {
+            let r = client
+                .call("execute_code", json!({"sandbox_id": id, "code": "x"}))
+                .await
+                .expect("a tool result");
+            (!r.is_error).then_some(r)
+        })
+        .await;
+        assert_eq!(
+            plain(&kept),
+            value.to_string(),
+            "{id} kept its variables across the node's absence"
+        );
+    }
 }
 
 #[tokio::test]

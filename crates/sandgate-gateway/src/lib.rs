@@ -344,6 +344,9 @@ impl App {
             .local_addr()
             .map_err(|source| StartError::Bind { addr, source })?;
         let private = private::PrivateListener::bind(&config).await?;
+        // A gateway dials nodes with a gateway certificate (a node's own is refused by them).
+        sandgate_service::node_rpc::check_gateway_identity(&config.node)
+            .map_err(StartError::Node)?;
         let (node_rpc, role) = if gateway_only {
             (None, Role::GatewayOnly)
         } else {
@@ -351,6 +354,10 @@ impl App {
                 .await
                 .map_err(StartError::Node)?;
             let advertise_url = node::advertise_url(&config, rpc.as_ref());
+            if let Some(rpc) = &rpc {
+                rpc.check_advertised(&advertise_url)
+                    .map_err(StartError::Node)?;
+            }
             (rpc, Role::Node { advertise_url })
         };
         let state = AppState::start(config, role).await?;

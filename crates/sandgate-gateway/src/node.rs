@@ -42,6 +42,8 @@ impl Node {
             );
         }
         let advertise_url = advertise_url(&config, Some(&rpc));
+        rpc.check_advertised(&advertise_url)
+            .map_err(StartError::Node)?;
         let services = NodeServices::start(&config, advertise_url).await?;
         let private = private.map(|listener| {
             let state = PrivateState {

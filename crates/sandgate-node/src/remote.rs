@@ -26,11 +26,44 @@ const STREAM_GRACE: Duration = Duration::from_secs(60);
 
 /// Why a node could not be set up as a client.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot use the sandbox node at {url}: {source}")]
-pub struct ConnectError {
-    url: String,
-    #[source]
-    source: tonic::transport::Error,
+pub enum ConnectError {
+    /// The URL is not one tonic can dial.
+    #[error("cannot use the sandbox node at {url}: {source}")]
+    Url {
+        /// The URL.
+        url: String,
+        /// What tonic said.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// An `https://` node and no certificates to reach it with.
+    #[error(
+        "the sandbox node at {url} serves over TLS and this process has no node.tls_cert, \
+         node.tls_key and node.tls_ca to reach it"
+    )]
+    NoTls {
+        /// The URL.
+        url: String,
+    },
+    /// A cleartext URL of a host other than this one's loopback: a gateway sends nothing (a
+    /// tenant's code and files, the package relay) in clear beyond it.
+    #[error(
+        "refused to dial the sandbox node at {url} in cleartext: http:// is only for a node on \
+         127.0.0.1, [::1] or localhost; another host is reached over https:// with mutual TLS"
+    )]
+    CleartextElsewhere {
+        /// The URL.
+        url: String,
+    },
+}
+
+/// Whether `url` is `http://` to this host's own loopback (127.0.0.1, ::1, localhost): the only
+/// place a gateway dials in cleartext. Other loopback addresses (127.0.0.2, …) are refused too:
+/// nothing needs them, and they stand for "another host" in the tests.
+pub fn cleartext_allowed(url: &str) -> bool {
+    url.starts_with("http://")
+        && crate::tls::url_host(url)
+            .is_some_and(|h| matches!(h.as_str(), "127.0.0.1" | "::1" | "localhost"))
 }
 
 /// A sandbox node in another process. Cheap to clone; one HTTP/2 connection multiplexes every
@@ -46,6 +79,40 @@ struct RemoteInner {
     client: NodeClient<Channel>,
 }
 
+/// A channel to the node at `url`, connecting on first use: over mutual TLS with `tls` (the
+/// material of the moment at each new connection), else cleartext to this host's loopback only.
+pub fn channel_lazy(url: &str, tls: Option<&NodeTls>) -> Result<Channel, ConnectError> {
+    let err = |source| ConnectError::Url {
+        url: url.to_owned(),
+        source,
+    };
+    let endpoint = |url: String| {
+        Ok::<_, ConnectError>(
+            Endpoint::from_shared(url)
+                .map_err(err)?
+                .connect_timeout(Duration::from_secs(10))
+                // A node that stops answering mid-call (frozen, its host gone) fails the call
+                // within interval + timeout, rather than at the call's deadline.
+                .http2_keep_alive_interval(Duration::from_secs(20))
+                .keep_alive_timeout(Duration::from_secs(10))
+                .keep_alive_while_idle(true),
+        )
+    };
+    match (url.strip_prefix("https://"), tls) {
+        // TLS is made by the connector (tonic's own would fix the certificates at start), so the
+        // channel itself speaks HTTP/2 over what it is handed.
+        (Some(rest), Some(tls)) => Ok(endpoint(format!("http://{rest}"))?
+            .connect_with_connector_lazy(crate::tls::connector(tls.clone()))),
+        (Some(_), None) => Err(ConnectError::NoTls {
+            url: url.to_owned(),
+        }),
+        (None, _) if cleartext_allowed(url) => Ok(endpoint(url.to_owned())?.connect_lazy()),
+        (None, _) => Err(ConnectError::CleartextElsewhere {
+            url: url.to_owned(),
+        }),
+    }
+}
+
 impl RemoteNode {
     /// A client of the node at `url` (`https://host:port`), connecting on first use.
     pub fn connect_lazy(url: &str, tls: &NodeTls) -> Result<Self, ConnectError> {
@@ -53,28 +120,14 @@ impl RemoteNode {
     }
 
     /// A client of a node serving cleartext HTTP/2 at `url` (`http://127.0.0.1:port`: a node
-    /// without TLS listens on loopback only), connecting on first use.
+    /// without TLS listens on loopback only), connecting on first use; any other host is refused
+    /// ([`cleartext_allowed`]).
     pub fn connect_lazy_cleartext(url: &str) -> Result<Self, ConnectError> {
         Self::lazy(url, None)
     }
 
     fn lazy(url: &str, tls: Option<&NodeTls>) -> Result<Self, ConnectError> {
-        let err = |source| ConnectError {
-            url: url.to_owned(),
-            source,
-        };
-        let mut endpoint = Endpoint::from_shared(url.to_owned()).map_err(err)?;
-        if let Some(tls) = tls {
-            endpoint = endpoint.tls_config(tls.client()).map_err(err)?;
-        }
-        let channel = endpoint
-            .connect_timeout(Duration::from_secs(10))
-            // A node that stops answering mid-call (frozen, its host gone) fails the call
-            // within interval + timeout, rather than at the call's deadline.
-            .http2_keep_alive_interval(Duration::from_secs(20))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .keep_alive_while_idle(true)
-            .connect_lazy();
+        let channel = channel_lazy(url, tls)?;
         let client = NodeClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);

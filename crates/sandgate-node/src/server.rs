@@ -684,29 +684,36 @@ impl node_server::Node for NodeService {
 pub struct ServeError(#[source] tonic::transport::Error);
 
 /// Serves `service` on `listener` until `shutdown` resolves: over mutual TLS when `tls` is given
-/// (only clients with a certificate signed by the deployment's CA get past the handshake; plain
-/// HTTP/2 never does), else in cleartext (configuration allows that on loopback only).
+/// (only clients with a gateway certificate of the deployment's CA get past the handshake, each
+/// handshake with the certificates of its moment; plain HTTP/2 never does), else in cleartext
+/// (configuration allows that on loopback only).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: NodeService,
     tls: Option<&crate::NodeTls>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls.server()).map_err(ServeError)?;
-    }
-    builder
+    let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .add_service(service.into_server())
+        .add_service(service.into_server());
+    match tls {
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(crate::tls::incoming(listener, tls.clone()), shutdown)
+                .await
+        }
         // TCP_NODELAY on every accepted connection (`Server::tcp_nodelay` applies only to
         // sockets tonic binds itself): without it a reply's last small frame (the trailers)
         // waits for the ACK of the previous one, and the caller's delayed ACK adds ~40 ms to
         // every call.
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await
-        .map_err(ServeError)
+        None => {
+            router
+                .serve_with_incoming_shutdown(
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                    shutdown,
+                )
+                .await
+        }
+    }
+    .map_err(ServeError)
 }

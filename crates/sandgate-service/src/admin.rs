@@ -408,8 +408,11 @@ pub async fn set_node_draining(
 }
 
 /// Renders nodes as a table: id, name, URL, slots, live and warm sandboxes, state (`up`,
-/// `draining`, or `lost` once silent past `node.lost_after_seconds`), heartbeat age.
-pub fn render_nodes(rows: &[sandgate_store::nodes::NodeRow], lost_after_seconds: u64) -> String {
+/// `draining`, `away` once silent past `node.away_after_seconds`, `lost` past
+/// `node.lost_after_seconds`), heartbeat age.
+pub fn render_nodes(rows: &[sandgate_store::nodes::NodeRow], liveness: (u64, u64)) -> String {
+    let (away_after, lost_after) = liveness;
+    let past = |age: i64, secs: u64| age > i64::try_from(secs).unwrap_or(i64::MAX);
     let now = Utc::now();
     let mut out = format!(
         "{:<40} {:<20} {:<28} {:>5} {:>5} {:>5} {:<9} {:>9}",
@@ -417,8 +420,10 @@ pub fn render_nodes(rows: &[sandgate_store::nodes::NodeRow], lost_after_seconds:
     );
     for row in rows {
         let age = (now - row.heartbeat_at).num_seconds().max(0);
-        let state = if age > i64::try_from(lost_after_seconds).unwrap_or(i64::MAX) {
+        let state = if past(age, lost_after) {
             "lost"
+        } else if past(age, away_after) {
+            "away"
         } else if row.draining {
             "draining"
         } else {

@@ -145,7 +145,8 @@ enum NoNode {
     None,
 }
 
-/// Whether a live, non-draining node is registered (heartbeat within `lost_after_seconds`).
+/// Whether a live, non-draining node is registered (heartbeat within `node.away_after_seconds`,
+/// passed in as `lost_after_seconds`).
 async fn a_node(db: &PgPool, lost_after_seconds: i64) -> Result<(), NoNode> {
     let mut conn = db
         .acquire()
@@ -269,7 +270,7 @@ impl ReadinessProbe {
             db: db.clone(),
             docker,
             image: config.sandbox.image.clone(),
-            lost_after_seconds: i64::try_from(config.node.lost_after_seconds).unwrap_or(i64::MAX),
+            lost_after_seconds: i64::try_from(config.node.away_after_seconds).unwrap_or(i64::MAX),
             manager: sandboxes.nodes().local().cloned(),
             profiles: vec![config.sandbox.name.clone()],
         }

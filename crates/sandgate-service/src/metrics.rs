@@ -81,7 +81,8 @@ impl NodeGauges {
         registry.register(
             "node_heartbeat_age_seconds",
             "Seconds since the oldest last heartbeat of a registered sandbox node (past \
-             node.lost_after_seconds its sandboxes are marked lost)",
+             node.away_after_seconds it is away, past node.lost_after_seconds its sandboxes \
+             are marked lost)",
             gauges.heartbeat_age.clone(),
         );
         gauges

@@ -2,10 +2,11 @@
 
 use std::net::SocketAddr;
 
-use sandgate_node::{NodeService, NodeTls, ReadLimits, SandboxManager, ServeError, TlsError};
+use sandgate_node::{NodeService, NodeTls, ReadLimits, Role, SandboxManager, ServeError, TlsError};
 use tokio::net::TcpListener;
 
 use crate::config::NodeConfig;
+use crate::config::check_advertise_url;
 
 /// Why the node RPC could not start.
 #[derive(Debug, thiserror::Error)]
@@ -24,12 +25,29 @@ pub enum NodeRpcError {
         #[source]
         source: std::io::Error,
     },
+    /// `node.advertise_url` (or the one derived from `node.listen`) is not one gateways dial.
+    #[error("node.advertise_url {url:?} {why}")]
+    Advertise {
+        /// The URL.
+        url: String,
+        /// Why not.
+        why: String,
+    },
     /// The certificates could not be read.
     #[error(transparent)]
     Tls(#[from] TlsError),
     /// Serving failed.
     #[error(transparent)]
     Serve(#[from] ServeError),
+}
+
+/// Checks that a gateway's `node.tls_cert` (when set) is a gateway certificate: the one it
+/// presents to nodes, which refuse any other.
+pub fn check_gateway_identity(config: &NodeConfig) -> Result<(), NodeRpcError> {
+    if let Some(tls) = config.tls()? {
+        tls.check_own(Role::Gateway, None)?;
+    }
+    Ok(())
 }
 
 /// The node RPC's bound listener and certificates, ready to serve.
@@ -46,15 +64,7 @@ impl NodeRpc {
         if config.listen.is_empty() {
             return Ok(None);
         }
-        let tls = if config.has_tls() {
-            Some(NodeTls::from_files(
-                &config.tls_cert,
-                &config.tls_key,
-                &config.tls_ca,
-            )?)
-        } else {
-            None
-        };
+        let tls = config.tls()?;
         let listener =
             TcpListener::bind(&config.listen)
                 .await
@@ -67,6 +77,20 @@ impl NodeRpc {
             tls,
             reads: config.read_limits(),
         }))
+    }
+
+    /// Checks the URL gateways will dial for this node (`node.advertise_url`, or the one derived
+    /// from the bound address): its shape ([`check_advertise_url`]), and with TLS that this
+    /// node's certificate is a node certificate naming its host.
+    pub fn check_advertised(&self, url: &str) -> Result<(), NodeRpcError> {
+        check_advertise_url(url, self.tls.is_some()).map_err(|why| NodeRpcError::Advertise {
+            url: url.to_owned(),
+            why,
+        })?;
+        if let Some(tls) = &self.tls {
+            tls.check_own(Role::Node, Some(url))?;
+        }
+        Ok(())
     }
 
     /// The address bound (with port 0, the one the kernel chose).

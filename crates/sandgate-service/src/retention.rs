@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use chrono::Utc;
-use sandgate_node::{NodeHandle, NodeTls};
+use sandgate_node::NodeHandle;
 use sandgate_sandbox::{ChannelError, DockerBackend, SandboxBackend, SandboxError};
 use sandgate_store::audit::{self, AuditTable};
 use sandgate_store::{PgPool, StoreError, nodes, sandboxes, transcripts};
@@ -278,18 +278,10 @@ impl Remover {
             },
             Err(_) => None,
         };
-        let tls = if config.node.has_tls() {
-            Some(NodeTls::from_files(
-                &config.node.tls_cert,
-                &config.node.tls_key,
-                &config.node.tls_ca,
-            )?)
-        } else {
-            None
-        };
+        let tls = config.node.tls()?;
         Ok(Self {
             own,
-            nodes: NodeSet::new(None, tls, config.node.lost_after_seconds),
+            nodes: NodeSet::new(None, tls, config.node.liveness()),
         })
     }
 

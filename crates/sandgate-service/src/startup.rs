@@ -225,18 +225,7 @@ impl Core {
         advertise_url: Option<String>,
         packages: Option<crate::packages::PackageIndex>,
     ) -> Result<Self, StartError> {
-        let tls = if config.node.has_tls() {
-            Some(
-                sandgate_node::NodeTls::from_files(
-                    &config.node.tls_cert,
-                    &config.node.tls_key,
-                    &config.node.tls_ca,
-                )
-                .map_err(StartError::NodeTls)?,
-            )
-        } else {
-            None
-        };
+        let tls = config.node.tls().map_err(StartError::NodeTls)?;
         let (docker, own, registration) = match advertise_url {
             Some(advertise_url) => {
                 let mut docker =
@@ -262,7 +251,7 @@ impl Core {
             None => (None, None, None),
         };
         let node_id = own.as_ref().map(|o| o.id.clone());
-        let nodes = NodeSet::new(own, tls, config.node.lost_after_seconds);
+        let nodes = NodeSet::new(own, tls, config.node.liveness());
         let mut sandboxes = SandboxService::new(
             db.clone(),
             nodes,

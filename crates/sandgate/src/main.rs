@@ -503,10 +503,7 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
         }
         Admin::Nodes(NodesCommand::List) => {
             let rows = admin::nodes(&config).await?;
-            println!(
-                "{}",
-                admin::render_nodes(&rows, config.node.lost_after_seconds)
-            );
+            println!("{}", admin::render_nodes(&rows, config.node.liveness()));
         }
         Admin::Nodes(NodesCommand::Drain { id }) => {
             let row = admin::set_node_draining(&config, &id, true).await?;

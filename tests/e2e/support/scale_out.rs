@@ -15,7 +15,7 @@ use super::replicas::Deployment;
 use super::{Gateway, eventually, sandgate_command};
 
 /// How fast the registry notices a silent node in these tests, seconds: heartbeat and
-/// `node.lost_after_seconds` (the same on nodes and gateways).
+/// `node.away_after_seconds` = `node.lost_after_seconds` (the same on nodes and gateways).
 pub const HEARTBEAT: &str = "1";
 /// See [`HEARTBEAT`].
 pub const LOST_AFTER: &str = "15";
@@ -29,6 +29,10 @@ fn shared_env(deployment: &Deployment, tls: &TlsFiles) -> Vec<(String, String)> 
         ("SANDGATE_KEYS__SECRET".into(), deployment.secret.clone()),
         ("SANDGATE_LOG__FORMAT".into(), "json".into()),
         ("SANDGATE_NODE__HEARTBEAT_SECONDS".into(), HEARTBEAT.into()),
+        (
+            "SANDGATE_NODE__AWAY_AFTER_SECONDS".into(),
+            LOST_AFTER.into(),
+        ),
         (
             "SANDGATE_NODE__LOST_AFTER_SECONDS".into(),
             LOST_AFTER.into(),

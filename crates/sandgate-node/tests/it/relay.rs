@@ -484,13 +484,8 @@ async fn a_gateway_answering_garbage_or_nothing_gets_clear_errors_and_the_cell_e
     let code = fetch_cell(&paths).replace("ThreadPoolExecutor(8)", "ThreadPoolExecutor(1)");
 
     // A raw gateway: the node RPC by hand, with the test's certificate.
-    let channel = tonic::transport::Endpoint::from_shared(node.url())
-        .expect("a URL")
-        .tls_config(node.pki.tls().client())
-        .expect("TLS")
-        .connect()
-        .await
-        .expect("the node is reachable");
+    let channel =
+        sandgate_node::channel_lazy(&node.url(), Some(&node.pki.tls())).expect("a channel");
     let mut client = NodeClient::new(channel);
     let (inputs, rx) = mpsc::channel(16);
     let start = proto::ExecInput {

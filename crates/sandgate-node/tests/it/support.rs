@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use sandgate_node::test_pki::Pki;
-use sandgate_node::{NodeService, RemoteNode};
+use sandgate_node::{NodeService, NodeTls, RemoteNode};
 use sandgate_sandbox::{
     DockerBackend, ManagerConfig, PoolConfig, SandboxBackend as _, SandboxManager, SandboxProfile,
 };
@@ -86,6 +86,23 @@ impl TestNode {
         Self::start_on(backend, name, ip, names, profiles, service).await
     }
 
+    /// Starts a node for test `name` on 127.0.0.1 presenting `tls` (made from `pki`, or files
+    /// the test replaces), with an empty warm pool.
+    pub async fn start_presenting(name: &str, pki: Pki, tls: NodeTls) -> Self {
+        let backend = DockerBackend::connect("").expect("a Docker client");
+        let service = NodeService::new;
+        Self::start_tls(
+            backend,
+            name,
+            "127.0.0.1",
+            vec![profile()],
+            service,
+            pki,
+            |_| tls,
+        )
+        .await
+    }
+
     async fn start_on(
         backend: DockerBackend,
         name: &str,
@@ -93,6 +110,23 @@ impl TestNode {
         names: Option<&[&str]>,
         profiles: Vec<SandboxProfile>,
         service: impl FnOnce(SandboxManager) -> NodeService,
+    ) -> Self {
+        let pki = Pki::new("sandgate test CA");
+        let tls = |pki: &Pki| match names {
+            Some(names) => pki.tls_for(names),
+            None => pki.tls(),
+        };
+        Self::start_tls(backend, name, ip, profiles, service, pki, tls).await
+    }
+
+    async fn start_tls(
+        backend: DockerBackend,
+        name: &str,
+        ip: &str,
+        profiles: Vec<SandboxProfile>,
+        service: impl FnOnce(SandboxManager) -> NodeService,
+        pki: Pki,
+        tls: impl FnOnce(&Pki) -> NodeTls,
     ) -> Self {
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
@@ -116,16 +150,12 @@ impl TestNode {
         };
         let manager = SandboxManager::start(Arc::new(backend), profiles, config)
             .expect("a valid configuration");
-        let pki = Pki::new("sandgate test CA");
         let listener = tokio::net::TcpListener::bind((ip, 0))
             .await
             .expect("a loopback port");
         let addr = listener.local_addr().expect("its address");
         let stop = CancellationToken::new();
-        let tls = match names {
-            Some(names) => pki.tls_for(names),
-            None => pki.tls(),
-        };
+        let tls = tls(&pki);
         let wait = stop.clone().cancelled_owned();
         let service = service(manager);
         tokio::spawn(async move {

@@ -34,7 +34,7 @@ pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig, RETIRED_KEY_GRACE};
 pub use lifecycle::{LifecycleConfig, PoolConfig};
 pub use limits::{LimitsConfig, PIDS_PER_CALL};
 pub use mcp::McpConfig;
-pub use node::NodeConfig;
+pub use node::{NodeConfig, check_advertise_url};
 pub use oauth::{ClientMetadataConfig, OAuthConfig};
 pub use oauth_limits::OAuthLimitsConfig;
 pub use packages::PackagesConfig;
@@ -589,6 +589,30 @@ mod tests {
             );
             Ok(())
         });
+    }
+
+    #[test]
+    fn an_advertise_url_is_one_gateways_dial() {
+        for (url, tls) in [
+            ("https://node-1.example:9443", true),
+            ("https://10.1.2.3:9443", true),
+            ("http://127.0.0.1:7443", false),
+            ("http://[::1]:7443", false),
+            ("http://localhost:7443", false),
+        ] {
+            assert_eq!(check_advertise_url(url, tls), Ok(()), "{url} (tls: {tls})");
+        }
+        for (url, tls, why) in [
+            ("http://127.0.0.2:7443", false, "cleartext to 127.0.0.2"),
+            ("http://10.1.2.3:7443", false, "cleartext to 10.1.2.3"),
+            ("http://127.0.0.1:7443", true, "serves TLS"),
+            ("https://node:9443", false, "are not set"),
+            ("https://node:9443/path", true, "no path"),
+            ("ftp://node:9443", true, "must start with https://"),
+        ] {
+            let err = check_advertise_url(url, tls).expect_err(url);
+            assert!(err.contains(why), "{url}: expected {why:?}, got {err}");
+        }
     }
 
     #[test]

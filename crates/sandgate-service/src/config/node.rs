@@ -25,10 +25,15 @@ pub struct NodeConfig {
     pub tls_key: PathBuf,
     /// The deployment's private CA (PEM): peers must hold a certificate it signed.
     pub tls_ca: PathBuf,
+    /// The CA's certificate revocation list (PEM); empty: none. Read again when it changes.
+    pub tls_crl: PathBuf,
     /// How often the node heartbeats in Postgres, seconds.
     #[validate(range(min = 1, message = "must be at least 1"))]
     pub heartbeat_seconds: u64,
-    /// A node silent this long is lost, seconds.
+    /// A node silent this long is away (no new lease; calls on its sandboxes get a retryable
+    /// answer naming it; their rows stay), seconds.
+    pub away_after_seconds: u64,
+    /// A node silent this long is lost (the sweep marks its sandboxes lost), seconds.
     pub lost_after_seconds: u64,
     /// Most leased sandboxes on the node; 0: the host's memory divided by 128 MiB.
     pub slots: u32,
@@ -56,6 +61,11 @@ impl NodeConfig {
         }
     }
 
+    /// `(away_after_seconds, lost_after_seconds)`.
+    pub fn liveness(&self) -> (u64, u64) {
+        (self.away_after_seconds, self.lost_after_seconds)
+    }
+
     /// The RPC address, when one is configured.
     pub fn listen_addr(&self) -> Option<SocketAddr> {
         if self.listen.is_empty() {
@@ -69,6 +79,22 @@ impl NodeConfig {
         [&self.tls_cert, &self.tls_key, &self.tls_ca]
             .iter()
             .all(|p| !p.as_os_str().is_empty())
+    }
+
+    /// The node RPC's TLS material (`tls_cert`, `tls_key`, `tls_ca`, `tls_crl`), read again
+    /// whenever a file changes; `None` without TLS.
+    pub fn tls(&self) -> Result<Option<sandgate_node::NodeTls>, sandgate_node::TlsError> {
+        if !self.has_tls() {
+            return Ok(None);
+        }
+        let crl = Some(self.tls_crl.as_path()).filter(|p| !p.as_os_str().is_empty());
+        sandgate_node::NodeTls::from_files_with_crl(
+            &self.tls_cert,
+            &self.tls_key,
+            &self.tls_ca,
+            crl,
+        )
+        .map(Some)
     }
 
     /// The URL gateways dial: `advertise_url`, else derived from `listen`.
@@ -97,12 +123,22 @@ impl NodeConfig {
             ));
         }
         // Every process with a node heartbeats, and every process sweeps silent nodes.
-        if self.lost_after_seconds <= self.heartbeat_seconds {
+        if self.away_after_seconds <= self.heartbeat_seconds {
             return Err(invalid(
-                "node.lost_after_seconds",
+                "node.away_after_seconds",
                 format!(
                     "must be longer than node.heartbeat_seconds ({}), e.g. three heartbeats",
                     self.heartbeat_seconds
+                ),
+            ));
+        }
+        if self.lost_after_seconds < self.away_after_seconds {
+            return Err(invalid(
+                "node.lost_after_seconds",
+                format!(
+                    "must be at least node.away_after_seconds ({}): a node is away before it is \
+                     lost",
+                    self.away_after_seconds
                 ),
             ));
         }
@@ -124,6 +160,42 @@ impl NodeConfig {
                 ),
             ));
         }
+        if let Some(url) = self.advertise_url() {
+            check_advertise_url(&url, self.has_tls())
+                .map_err(|why| invalid("node.advertise_url", format!("{url:?} {why}")))?;
+        }
         Ok(())
+    }
+}
+
+/// Whether `url` is one a gateway will dial for this node: `https://host[:port]` with TLS, or
+/// `http://` to 127.0.0.1, [::1] or localhost without (gateways dial nothing else in cleartext);
+/// no path, query or user. Why not, when not.
+pub fn check_advertise_url(url: &str, tls: bool) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("is not a URL like https://node-1.example:7443 ({e})"))?;
+    let host = uri
+        .host()
+        .filter(|h| !h.is_empty())
+        .ok_or("names no host")?;
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") || url.contains('@') {
+        return Err("must be scheme://host[:port] only (no path, query or user)".into());
+    }
+    match (uri.scheme_str(), tls) {
+        (Some("https"), true) => Ok(()),
+        (Some("https"), false) => Err(
+            "is https:// but node.tls_cert, node.tls_key and node.tls_ca are not set".into(),
+        ),
+        (Some("http"), true) => Err(
+            "is http:// but this node serves TLS: advertise https:// and a name its certificate holds"
+                .into(),
+        ),
+        (Some("http"), false) if sandgate_node::cleartext_allowed(url) => Ok(()),
+        (Some("http"), false) => Err(format!(
+            "is cleartext to {host}: gateways dial http:// only on 127.0.0.1, [::1] or localhost; \
+             set node.tls_* and advertise https://"
+        )),
+        _ => Err("must start with https:// (or http:// on 127.0.0.1 without TLS)".into()),
     }
 }

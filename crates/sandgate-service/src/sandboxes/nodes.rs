@@ -35,20 +35,26 @@ struct Inner {
     /// loopback can be reached.
     tls: Option<NodeTls>,
     remote: Mutex<HashMap<String, RemoteNode>>,
-    /// A node silent this long takes no leases, seconds.
+    /// A node silent this long is away: it takes no leases, seconds.
+    away_after_seconds: u64,
+    /// A node silent this long is lost: the sweep ends its sandboxes, seconds.
     lost_after_seconds: u64,
     /// Whether this process's own node is draining (the heartbeat reads it back).
     draining: AtomicBool,
 }
 
 impl NodeSet {
-    /// The nodes of a process that runs `own` (if any), reaching others with `tls`.
-    pub fn new(own: Option<OwnNode>, tls: Option<NodeTls>, lost_after_seconds: u64) -> Self {
+    /// The nodes of a process that runs `own` (if any), reaching others with `tls`; a node is
+    /// away once silent `liveness.0` seconds, lost once silent `liveness.1`
+    /// (`node.away_after_seconds`, `node.lost_after_seconds`).
+    pub fn new(own: Option<OwnNode>, tls: Option<NodeTls>, liveness: (u64, u64)) -> Self {
+        let (away_after_seconds, lost_after_seconds) = liveness;
         Self {
             inner: Arc::new(Inner {
                 own,
                 tls,
                 remote: Mutex::default(),
+                away_after_seconds,
                 lost_after_seconds,
                 draining: AtomicBool::new(false),
             }),
@@ -64,6 +70,11 @@ impl NodeSet {
     /// process's work).
     pub fn local(&self) -> Option<&SandboxManager> {
         self.inner.own.as_ref().map(|o| &o.manager)
+    }
+
+    /// How long a node may be silent before it counts as away (no new lease), seconds.
+    pub fn away_after_seconds(&self) -> i64 {
+        i64::try_from(self.inner.away_after_seconds).unwrap_or(i64::MAX)
     }
 
     /// How long a node may be silent before it counts as lost, seconds.
@@ -113,15 +124,13 @@ impl NodeSet {
             tracing::error!(node = id, url = %row.advertise_url, "cannot reach a sandbox node: {why}");
             away("this gateway cannot reach it (its log says why)".into())
         };
-        let remote = match (&self.inner.tls, row.advertise_url.starts_with("http://")) {
-            (_, true) => RemoteNode::connect_lazy_cleartext(&row.advertise_url),
-            (Some(tls), false) => RemoteNode::connect_lazy(&row.advertise_url, tls),
-            (None, false) => {
-                return Err(unreachable(
-                    &"it serves over TLS and this gateway has no node.tls_cert, node.tls_key \
-                      and node.tls_ca to reach it",
-                ));
+        // Cleartext only to this host's own loopback; anything else over mutual TLS, to a node
+        // certificate naming the URL's host (`RemoteNode`'s rule).
+        let remote = match &self.inner.tls {
+            Some(tls) if row.advertise_url.starts_with("https://") => {
+                RemoteNode::connect_lazy(&row.advertise_url, tls)
             }
+            _ => RemoteNode::connect_lazy_cleartext(&row.advertise_url),
         }
         .map_err(|e| unreachable(&e))?;
         self.inner
@@ -161,7 +170,7 @@ impl NodeSet {
             conn,
             &placement::OwnFirstThenMostRoom,
             self.own_id(),
-            self.lost_after_seconds(),
+            self.away_after_seconds(),
         )
         .await
     }

@@ -18,6 +18,7 @@ mod node;
 mod oauth;
 mod package_abuse;
 mod packages;
+mod pause;
 mod placement;
 mod pool;
 mod private_listener;

@@ -419,6 +419,9 @@ impl McpServer {
             timed_out: outcome.timed_out,
             state_lost: outcome.state_lost,
             state_lost_reason: outcome.state_lost_reason,
+            resumed: resolved.resumed.as_ref().map(|r| ResumedOutput {
+                paused_seconds: r.paused_seconds,
+            }),
             duration_ms: outcome.duration.as_millis() as u64,
         };
         let is_error = out.error.is_some() || out.timed_out;

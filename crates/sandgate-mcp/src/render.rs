@@ -105,6 +105,12 @@ pub(super) fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String 
     if text.is_empty() {
         text.push_str("(no output)\n");
     }
+    if let Some(resumed) = &out.resumed {
+        text.push_str(&format!(
+            "[resumed sandbox {} after {:.0} s paused: variables and files kept]\n",
+            out.sandbox_id, resumed.paused_seconds
+        ));
+    }
     text.push_str(&format!("[sandbox {}]", out.sandbox_id));
     text
 }

@@ -126,8 +126,18 @@ pub struct ExecuteCodeOutput {
     /// Why the variables are gone (the kernel was restarted after a timeout, was killed, crashed
     /// or ran out of memory), when they are.
     pub state_lost_reason: Option<String>,
+    /// The sandbox had been paused (idle past its timeout, or `pause_sandbox`) and this call
+    /// resumed it, same sandbox_id, variables and files kept; null when it was running.
+    pub resumed: Option<ResumedOutput>,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+}
+
+/// That a call resumed its paused sandbox.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ResumedOutput {
+    /// How long the sandbox was paused, seconds.
+    pub paused_seconds: f64,
 }
 
 /// `run_terminal_command` arguments.

@@ -40,6 +40,9 @@ pub enum StartError {
     /// The package index could not be set up (its configuration).
     #[error("cannot set up packages on demand")]
     Packages(#[source] crate::packages::PackagesConfigError),
+    /// The snapshot store could not be opened.
+    #[error("cannot open the snapshot store (snapshots.store_dir)")]
+    SnapshotStore(#[source] crate::snapshots::SnapshotStoreError),
     /// The node could not register (e.g. another node serves the same engine).
     #[error("cannot register the sandbox node")]
     Registry(#[source] crate::node_registry::RegistryError),
@@ -152,13 +155,20 @@ impl Services {
         };
         let node_id = own.as_ref().map(|o| o.id.clone());
         let nodes = NodeSet::new(own, tls, config.node.lost_after_seconds);
-        let sandboxes = SandboxService::new(
+        let snapshots = crate::snapshots::SnapshotCustody::new(
+            db.clone(),
+            crate::snapshots::SnapshotKeys::of(config),
+        );
+        let mut sandboxes = SandboxService::new(
             db.clone(),
             nodes,
             config.sandbox.clone(),
             config.limits.clone(),
         )
         .with_packages(packages.clone());
+        if let Some(pausing) = pausing(config, &snapshots)? {
+            sandboxes = sandboxes.with_pausing(pausing);
+        }
         let background_stop = CancellationToken::new();
         let background = TaskTracker::new();
         if let Some(registration) = registration {
@@ -194,10 +204,6 @@ impl Services {
             background_stop.clone(),
             &background,
         );
-        let snapshots = crate::snapshots::SnapshotCustody::new(
-            db.clone(),
-            crate::snapshots::SnapshotKeys::of(config),
-        );
         Ok(Self {
             db,
             docker,
@@ -212,6 +218,27 @@ impl Services {
             background,
         })
     }
+}
+
+/// Pause and resume, where `snapshots.store_dir` names a snapshot store.
+fn pausing(
+    config: &Config,
+    custody: &crate::snapshots::SnapshotCustody,
+) -> Result<Option<crate::sandboxes::Pausing>, StartError> {
+    let Some(dir) = config.snapshots.store_dir() else {
+        tracing::info!("no snapshots.store_dir: idle sandboxes are closed, not paused");
+        return Ok(None);
+    };
+    let store = crate::snapshots::SnapshotStore::local(dir).map_err(StartError::SnapshotStore)?;
+    Ok(Some(crate::sandboxes::Pausing {
+        custody: custody.clone(),
+        store,
+        on_idle: config.snapshots.pause_on_idle,
+        transition_deadline: Duration::from_secs(config.snapshots.transition_deadline_seconds),
+        max_paused: config.snapshots.max_paused,
+        tenant_max_bytes: config.snapshots.tenant_max_bytes,
+        retention: Duration::from_secs(config.retention.paused_seconds),
+    }))
 }
 
 /// Runs the migrations embedded in the binary.

@@ -132,6 +132,7 @@ impl SandboxService {
             sandbox,
             row,
             created: true,
+            resumed: None,
             busy,
         }
     }

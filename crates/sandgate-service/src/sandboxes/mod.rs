@@ -23,6 +23,7 @@ pub mod lifecycle;
 mod limits;
 pub mod nodes;
 mod ops;
+mod pause;
 mod quota;
 mod run;
 mod warm;
@@ -35,6 +36,7 @@ pub use kind::ErrorKind;
 pub use limits::{Caller, Limits};
 pub use nodes::{NodeSet, OwnNode};
 pub use ops::{BoundedRead, Target};
+pub use pause::{Pausing, Resumed};
 pub use quota::CallPermit;
 pub use run::{CommandLine, OutputSink, RunLimits};
 
@@ -47,6 +49,8 @@ pub struct Resolved {
     pub row: SandboxRow,
     /// Whether this call created it.
     pub created: bool,
+    /// Whether this call resumed it from a pause, and after how long.
+    pub resumed: Option<Resumed>,
     /// Marks the sandbox busy while the call runs: the reaper leaves it alone, and its idle
     /// clock restarts when the call ends.
     pub busy: Arc<BusyGuard>,
@@ -76,6 +80,8 @@ pub struct SandboxService {
     pub(crate) cache: crate::cache::ChangeCache,
     /// When this process last wrote each sandbox's idle clock (writes are coalesced).
     pub(crate) idle_clock: idle_clock::IdleClock,
+    /// Pause and resume (none: an idle sandbox is closed).
+    pub(crate) pausing: Option<Pausing>,
 }
 
 impl SandboxService {
@@ -93,6 +99,7 @@ impl SandboxService {
             after_answer: tokio_util::task::TaskTracker::new(),
             cache: crate::cache::ChangeCache::default(),
             idle_clock: idle_clock::IdleClock::default(),
+            pausing: None,
         }
     }
 
@@ -258,8 +265,12 @@ impl SandboxService {
         new_idle: Option<i32>,
     ) -> Result<Resolved, ServiceError> {
         tracing::Span::current().record("sandbox_id", &row.id);
-        if row.state != SandboxState::Leased {
-            return Err(ended_error(&row));
+        match row.state {
+            SandboxState::Leased => {}
+            SandboxState::Pausing | SandboxState::Paused | SandboxState::Resuming => {
+                return self.resume_for_call(caller, row, new_idle).await;
+            }
+            _ => return Err(ended_error(&row)),
         }
         let now = Utc::now();
         // A sandbox with a call in flight (here or on another replica) is in use, whatever its
@@ -311,6 +322,7 @@ impl SandboxService {
             sandbox,
             row,
             created: false,
+            resumed: None,
             busy,
         })
     }
@@ -442,13 +454,18 @@ impl SandboxService {
         caller: &Caller,
         sandbox_id: &str,
     ) -> Result<SandboxRow, ServiceError> {
-        let mut conn = self.db.acquire().await?;
-        let row = sandboxes::get(&mut conn, caller.tenant, sandbox_id)
-            .await?
-            .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
+        // A pause or resume under way ends first; a paused sandbox is closed with its snapshot.
+        let row = self.settled(caller, sandbox_id).await?;
+        if row.state == SandboxState::Paused {
+            return self
+                .end_paused(&row, CloseReason::Closed.as_str())
+                .await?
+                .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()));
+        }
         if row.state != SandboxState::Leased {
             return Err(ended_error(&row));
         }
+        let mut conn = self.db.acquire().await?;
         let ended = sandboxes::end(&mut conn, &row.id, &CloseReason::Closed).await?;
         drop(conn);
         match ended {

@@ -4,6 +4,7 @@
 mod cli;
 mod connection_flood;
 mod deploy;
+mod endings;
 mod error_kinds;
 mod gateway_share;
 mod handoff;

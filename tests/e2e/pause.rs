@@ -307,3 +307,149 @@ async fn ten_pause_and_resume_cycles_keep_every_file_and_variable_and_the_idle_t
     );
     support::remove_containers_of(&gateway.instance);
 }
+
+#[tokio::test]
+async fn retention_closes_a_paused_sandbox_and_its_conversation_hears_why() {
+    if !runsc2024_registered() {
+        return;
+    }
+    let database = support::fresh_database().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let mut env = pausing_env(&plain, &store);
+    // A pause is kept 3 s: the retention pass closes it then.
+    env.push(("SANDGATE_RETENTION__PAUSED_SECONDS", "3"));
+    let gateway = Gateway::start(&database, &env).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+
+    // Retention: the paused sandbox is closed, its snapshot deleted from the store, and the
+    // conversation's next call hears why its state is gone.
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    let first = cell(&client, &conversation, "r = 1\nr").await;
+    let old = first["sandbox_id"].as_str().expect("an id").to_owned();
+    until_paused(&gateway.instance, &store).await;
+    support::eventually(LIMIT, "retention to delete the snapshot", || async {
+        store.snapshots().is_empty().then_some(())
+    })
+    .await;
+    let after = cell(&client, &conversation, "'r' in globals()").await;
+    assert_ne!(after["sandbox_id"], old.as_str(), "a new sandbox: {after}");
+    assert_eq!(after["state_lost"], true, "{after}");
+    assert_eq!(
+        after["previous_sandbox"]["sandbox_id"],
+        old.as_str(),
+        "{after}"
+    );
+    assert!(
+        after["previous_sandbox"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("retention"),
+        "the reason names the retention: {after}"
+    );
+
+    support::remove_containers_of(&gateway.instance);
+}
+
+#[tokio::test]
+async fn purging_a_tenant_deletes_its_paused_sandboxes_snapshots() {
+    if !runsc2024_registered() {
+        return;
+    }
+    let database = support::fresh_database().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    cell(&client, &conversation, "p = 1").await;
+    until_paused(&gateway.instance, &store).await;
+    let purged = gateway.cli(&["admin", "tenant", "purge", &tenant]).await;
+    assert!(purged.contains("snapshots of paused sandboxes"), "{purged}");
+    assert!(
+        store.snapshots().is_empty(),
+        "the purge deleted the tenant's snapshots from the store: {purged}"
+    );
+    support::remove_containers_of(&gateway.instance);
+}
+
+#[tokio::test]
+async fn a_fork_diverges_from_its_source() {
+    if !runsc2024_registered() {
+        return;
+    }
+    let database = support::fresh_database().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    let first = cell(
+        &client,
+        &conversation,
+        "a = 1\nopen('/home/user/shared.txt', 'w').write('before')\na",
+    )
+    .await;
+    let source = first["sandbox_id"].as_str().expect("an id").to_owned();
+    let forked = client
+        .ok("fork_sandbox", json!({"conversation_id": conversation}))
+        .await;
+    let fork = forked.structured["sandbox_id"]
+        .as_str()
+        .expect("the fork's id")
+        .to_owned();
+    assert_ne!(fork, source, "a fork has a new id: {}", forked.text);
+    assert_eq!(forked.structured["forked_from"], source.as_str());
+    let in_fork = |code: &'static str| {
+        let client = &client;
+        let fork = fork.clone();
+        async move {
+            client
+                .ok("execute_code", json!({"sandbox_id": fork, "code": code}))
+                .await
+                .structured
+        }
+    };
+    let copied = in_fork("(a, open('/home/user/shared.txt').read())").await;
+    assert_eq!(
+        text_plain(&copied),
+        "(1, 'before')",
+        "the fork is a copy: {copied}"
+    );
+    in_fork("a = 2\nopen('/home/user/fork-only.txt', 'w').write('fork')").await;
+    let source_view = cell(
+        &client,
+        &conversation,
+        "import os\nb = 'source'\n(a, os.path.exists('/home/user/fork-only.txt'))",
+    )
+    .await;
+    assert_eq!(
+        source_view["sandbox_id"],
+        source.as_str(),
+        "the conversation keeps its source"
+    );
+    assert_eq!(
+        text_plain(&source_view),
+        "(1, False)",
+        "the source sees none of the fork's changes: {source_view}"
+    );
+    let fork_view = in_fork("('b' in globals(), a)").await;
+    assert_eq!(
+        text_plain(&fork_view),
+        "(False, 2)",
+        "the fork sees none of the source's later changes: {fork_view}"
+    );
+    support::remove_containers_of(&gateway.instance);
+}

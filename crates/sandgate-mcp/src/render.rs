@@ -90,7 +90,10 @@ pub(super) fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String 
             timeout.as_secs()
         ));
     }
-    if out.state_lost {
+    if out.state_lost && out.previous_sandbox.is_some() {
+        let why = out.state_lost_reason.as_deref().unwrap_or_default();
+        text.push_str(&format!("[{why}]\n"));
+    } else if out.state_lost {
         let why = out
             .state_lost_reason
             .as_deref()

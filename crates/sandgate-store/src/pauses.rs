@@ -227,3 +227,83 @@ pub async fn count_paused(conn: &mut PgConnection, tenant_id: Uuid) -> Result<i6
     .fetch_one(conn)
     .await?)
 }
+
+/// A tenant's sandboxes that are live or paused (leased, pausing, paused, resuming), those of
+/// one conversation when it is named, newest first, with the sealed size of a paused one's
+/// snapshot.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn held_of_tenant(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    conversation_id: Option<&str>,
+) -> Result<Vec<(SandboxRow, Option<i64>)>, StoreError> {
+    let columns = crate::sandboxes::columns_of("s");
+    let rows: Vec<HeldRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {columns}, p.sealed_bytes AS snapshot_bytes
+         FROM sandboxes s LEFT JOIN snapshots p ON p.id = s.snapshot_id AND p.tenant_id = s.tenant_id
+         WHERE s.tenant_id = $1 AND s.state IN ('leased', 'pausing', 'paused', 'resuming')
+           AND ($2::text IS NULL OR s.conversation_id = $2)
+         ORDER BY s.leased_at DESC NULLS LAST
+         LIMIT 1000"
+    )))
+    .bind(tenant_id)
+    .bind(conversation_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.row, r.snapshot_bytes))
+        .collect())
+}
+
+/// Every live or paused sandbox, of one tenant when named, newest first, with a paused one's
+/// sealed snapshot size (for `sandgate admin sandboxes`).
+#[tracing::instrument(skip_all)]
+pub async fn list_held(
+    conn: &mut PgConnection,
+    tenant_id: Option<Uuid>,
+) -> Result<Vec<(SandboxRow, Option<i64>)>, StoreError> {
+    let columns = crate::sandboxes::columns_of("s");
+    let rows: Vec<HeldRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {columns}, p.sealed_bytes AS snapshot_bytes
+         FROM sandboxes s LEFT JOIN snapshots p ON p.id = s.snapshot_id AND p.tenant_id = s.tenant_id
+         WHERE s.state IN ('leased', 'pausing', 'paused', 'resuming')
+           AND ($1::uuid IS NULL OR s.tenant_id = $1)
+         ORDER BY s.leased_at DESC NULLS LAST"
+    )))
+    .bind(tenant_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (r.row, r.snapshot_bytes))
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct HeldRow {
+    #[sqlx(flatten)]
+    row: SandboxRow,
+    snapshot_bytes: Option<i64>,
+}
+
+/// Ends (`closed` with `reason`) every sandbox of a tenant that is pausing, paused or resuming
+/// (its purge); returns the rows it ended. A pausing one's container still runs: the caller
+/// removes it.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn end_all_paused_of_tenant(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    reason: &str,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "UPDATE sandboxes SET state = 'closed', closed_at = now(), close_reason = $2,
+                transition_at = NULL
+         WHERE tenant_id = $1 AND state IN ('pausing', 'paused', 'resuming')
+         RETURNING {COLUMNS}"
+    )))
+    .bind(tenant_id)
+    .bind(reason)
+    .fetch_all(conn)
+    .await?)
+}

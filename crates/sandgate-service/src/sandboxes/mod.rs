@@ -15,7 +15,9 @@ use uuid::Uuid;
 use crate::config::LimitsConfig;
 
 mod busy;
+mod endings;
 mod error;
+mod fork;
 mod idle_clock;
 mod kind;
 mod lease;
@@ -30,13 +32,15 @@ mod warm;
 
 pub use busy::BusyGuard;
 use busy::BusyMap;
+pub use endings::Replaced;
 pub(crate) use error::ended_error;
 pub use error::{Quota, ServiceError, describe_fate};
+pub use fork::Forked;
 pub use kind::ErrorKind;
 pub use limits::{Caller, Limits};
 pub use nodes::{NodeSet, OwnNode};
 pub use ops::{BoundedRead, Target};
-pub use pause::{Pausing, Resumed};
+pub use pause::{HeldSandbox, Pausing, Resumed};
 pub use quota::CallPermit;
 pub use run::{CommandLine, OutputSink, RunLimits};
 
@@ -51,6 +55,9 @@ pub struct Resolved {
     pub created: bool,
     /// Whether this call resumed it from a pause, and after how long.
     pub resumed: Option<Resumed>,
+    /// When this call's sandbox is a new one for a conversation whose sandbox ended: which,
+    /// when and why (its state is lost).
+    pub replaced: Option<Replaced>,
     /// Marks the sandbox busy while the call runs: the reaper leaves it alone, and its idle
     /// clock restarts when the call ends.
     pub busy: Arc<BusyGuard>,
@@ -217,6 +224,7 @@ impl SandboxService {
         keep_alive: Option<u32>,
     ) -> Result<Resolved, ServiceError> {
         let idle = Self::idle_timeout(&caller.limits, keep_alive)?;
+        let mut previous = None;
         if let Some(conversation) = conversation {
             let mut conn = self.db.acquire().await?;
             if let Some(row) =
@@ -227,8 +235,16 @@ impl SandboxService {
                     .resolve_row(caller, row, keep_alive.map(|_| idle))
                     .await;
             }
+            previous =
+                sandboxes::last_for_conversation(&mut conn, caller.tenant, conversation).await?;
         }
-        self.lease_new(caller, conversation, idle).await
+        let mut resolved = self.lease_new(caller, conversation, idle).await?;
+        if resolved.created {
+            resolved.replaced = previous
+                .filter(|p| p.id != resolved.row.id && p.closed_at.is_some())
+                .map(|p| Replaced::of(&p));
+        }
+        Ok(resolved)
     }
 
     /// Finds the sandbox a call should use: `sandbox_id` if given, else the conversation's (or a
@@ -323,6 +339,7 @@ impl SandboxService {
             row,
             created: false,
             resumed: None,
+            replaced: None,
             busy,
         })
     }

@@ -66,10 +66,15 @@ impl SandboxService {
     }
 
     fn pausing(&self) -> Result<&Pausing, ServiceError> {
+        self.pausing_for("pausing")
+    }
+
+    /// The pause machinery for `what` (pausing, forking), or the refusal saying it is off.
+    pub(super) fn pausing_for(&self, what: &'static str) -> Result<&Pausing, ServiceError> {
         self.pausing.as_ref().ok_or(ServiceError::Limit {
-            limit: "pausing",
+            limit: what,
             value: "off on this deployment (no snapshots.store_dir)".into(),
-            hint: "close the sandbox instead, or ask the operator to configure a snapshot store",
+            hint: "ask the operator to configure a snapshot store (snapshots.store_dir)",
         })
     }
 
@@ -95,7 +100,16 @@ impl SandboxService {
             return Ok(false);
         };
         drop(conn);
-        self.pause_row(pausing, &row).await.map(|_| true)
+        match self.pause_row(pausing, &row).await {
+            Ok(_) => Ok(true),
+            // A runtime that cannot checkpoint (runc here): closed, as without pauses, and the
+            // conversation's next call hears that its state was lost.
+            Err(ServiceError::Sandbox(err)) if checkpoints_unavailable(&err) => {
+                tracing::info!(error = %err, "this sandbox's runtime cannot checkpoint; closing it instead of pausing");
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        }
     }
 
     /// Checkpoints a `pausing` row into the store and records it paused; on failure the row is
@@ -422,7 +436,19 @@ impl SandboxService {
     }
 }
 
-fn snapshot_error(sandbox_id: &str, err: SnapshotServiceError) -> ServiceError {
+/// Whether a checkpoint failed because this runtime or engine cannot take one at all.
+fn checkpoints_unavailable(err: &sandgate_sandbox::SandboxError) -> bool {
+    use sandgate_sandbox::{SandboxError, SnapshotError};
+    match err {
+        SandboxError::SnapshotsUnavailable { .. } => true,
+        SandboxError::Checkpoint { source, .. } => {
+            matches!(source.as_ref(), SnapshotError::Unavailable(_))
+        }
+        _ => false,
+    }
+}
+
+pub(super) fn snapshot_error(sandbox_id: &str, err: SnapshotServiceError) -> ServiceError {
     match err {
         SnapshotServiceError::SandboxNotFound { .. } | SnapshotServiceError::NotFound { .. } => {
             ServiceError::NotFound(sandbox_id.to_owned())
@@ -439,10 +465,52 @@ fn snapshot_error(sandbox_id: &str, err: SnapshotServiceError) -> ServiceError {
     }
 }
 
-fn store_failed(sandbox_id: &str, err: SnapshotStoreError) -> ServiceError {
+pub(super) fn store_failed(sandbox_id: &str, err: SnapshotStoreError) -> ServiceError {
     tracing::warn!(error = %err, sandbox_id, "the snapshot store failed");
     ServiceError::Busy {
         what: format!("sandbox {sandbox_id} (the snapshot store)"),
         retry_after_seconds: 10,
+    }
+}
+
+/// One of a tenant's sandboxes that is live or paused (for `list_sandboxes`).
+#[derive(Debug, Clone)]
+pub struct HeldSandbox {
+    /// Its row.
+    pub row: SandboxRow,
+    /// The sealed size of a paused one's snapshot, bytes.
+    pub snapshot_bytes: Option<u64>,
+}
+
+impl HeldSandbox {
+    /// Its state as shown: `running`, `pausing`, `paused` or `resuming`.
+    pub fn state(&self) -> &'static str {
+        match self.row.state {
+            SandboxState::Pausing => "pausing",
+            SandboxState::Paused => "paused",
+            SandboxState::Resuming => "resuming",
+            _ => "running",
+        }
+    }
+}
+
+impl SandboxService {
+    /// The tenant's live and paused sandboxes, those of `conversation` when one is named,
+    /// newest first (at most 1000).
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant))]
+    pub async fn list_held(
+        &self,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Vec<HeldSandbox>, ServiceError> {
+        let mut conn = self.db.acquire().await?;
+        let rows = pauses::held_of_tenant(&mut conn, caller.tenant, conversation).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(row, bytes)| HeldSandbox {
+                row,
+                snapshot_bytes: bytes.and_then(|b| u64::try_from(b).ok()),
+            })
+            .collect())
     }
 }

@@ -59,8 +59,8 @@ impl ToolName {
         ToolName::KillJob,
         ToolName::InstallPackages,
         ToolName::PauseSandbox,
-        ToolName::ListSandboxes,
         ToolName::ForkSandbox,
+        ToolName::ListSandboxes,
     ];
 
     /// The wire name.

@@ -41,11 +41,14 @@ async fn support_analyst(era: Era) {
             "create_sandbox",
             "execute_code",
             "export_transcript",
+            "fork_sandbox",
             "get_file",
             "install_packages",
             "kill_job",
             "list_files",
             "list_jobs",
+            "list_sandboxes",
+            "pause_sandbox",
             "run_terminal_command",
             "upload_file"
         ]

@@ -105,6 +105,15 @@ impl McpServer {
                     .await
             }
             ToolName::KillJob => self.kill_job(parse_args(args)?, caller, conversation).await,
+            ToolName::PauseSandbox => {
+                self.pause_sandbox(parse_args(args)?, caller, conversation)
+                    .await
+            }
+            ToolName::ListSandboxes => self.list_sandboxes(parse_args(args)?, caller).await,
+            ToolName::ForkSandbox => {
+                self.fork_sandbox(parse_args(args)?, caller, conversation)
+                    .await
+            }
             ToolName::InstallPackages => {
                 self.install_packages(parse_args(args)?, caller, conversation, ctx)
                     .await
@@ -367,6 +376,125 @@ impl McpServer {
         }
     }
 
+    async fn pause_sandbox(
+        &self,
+        args: PauseSandboxArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        let service = &self.inner.sandboxes;
+        let id = match (args.sandbox_id, conversation) {
+            (Some(id), _) => id,
+            (None, Some(conversation)) => {
+                service.conversation_sandbox(caller, conversation).await?
+            }
+            (None, None) => {
+                return Err(CallError::InvalidParams(
+                    "give the sandbox_id to pause".into(),
+                ));
+            }
+        };
+        let row = service.pause(caller, &id).await?;
+        let out = PauseSandboxOutput {
+            sandbox_id: row.id.clone(),
+            paused: true,
+            paused_at: row.paused_at.map(rfc3339),
+        };
+        let text = format!(
+            "Paused sandbox {}: its variables and files are kept; the next call naming it (or \
+             its conversation) resumes it.",
+            out.sandbox_id
+        );
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, text, false, vec![]),
+        ))
+    }
+
+    async fn fork_sandbox(
+        &self,
+        args: ForkSandboxArgs,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Answer, CallError> {
+        let service = &self.inner.sandboxes;
+        let id = match (args.sandbox_id, conversation) {
+            (Some(id), _) => id,
+            (None, Some(conversation)) => {
+                service.conversation_sandbox(caller, conversation).await?
+            }
+            (None, None) => {
+                return Err(CallError::InvalidParams(
+                    "give the sandbox_id to fork".into(),
+                ));
+            }
+        };
+        let forked = service.fork(caller, &id).await?;
+        let row = &forked.fork.row;
+        let out = ForkSandboxOutput {
+            sandbox_id: row.id.clone(),
+            forked_from: forked.source_id.clone(),
+            idle_timeout_seconds: row.idle_timeout_seconds.unwrap_or_default().max(0) as u32,
+            expires_at: row.expires_at.map(rfc3339).unwrap_or_default(),
+        };
+        let text = format!(
+            "Forked sandbox {} into {}: the copy has the same variables and files; pass \
+             sandbox_id \"{}\" to work in it. The original is unchanged.",
+            out.forked_from, out.sandbox_id, out.sandbox_id
+        );
+        Ok(Answer::new(
+            &out.sandbox_id,
+            structured(&out, text, false, vec![]),
+        ))
+    }
+
+    async fn list_sandboxes(
+        &self,
+        args: ListSandboxesArgs,
+        caller: &Caller,
+    ) -> Result<Answer, CallError> {
+        let held = self
+            .inner
+            .sandboxes
+            .list_held(caller, args.conversation_id.as_deref())
+            .await?;
+        let sandboxes: Vec<SandboxEntry> = held
+            .iter()
+            .map(|h| SandboxEntry {
+                sandbox_id: h.row.id.clone(),
+                state: h.state().to_owned(),
+                conversation_id: h.row.conversation_id.clone(),
+                idle_timeout_seconds: h.row.idle_timeout_seconds.unwrap_or_default().max(0) as u32,
+                expires_at: h.row.expires_at.map(rfc3339),
+                paused_at: (h.state() != "running")
+                    .then_some(h.row.paused_at)
+                    .flatten()
+                    .map(rfc3339),
+                snapshot_bytes: h.snapshot_bytes,
+            })
+            .collect();
+        let mut text = format!("{} sandbox(es):\n", sandboxes.len());
+        for s in &sandboxes {
+            text.push_str(&format!(
+                "- {} {}{}\n",
+                s.sandbox_id,
+                s.state,
+                s.conversation_id
+                    .as_deref()
+                    .map(|c| format!(" (conversation {c})"))
+                    .unwrap_or_default()
+            ));
+        }
+        let out = ListSandboxesOutput {
+            sandbox_id: None,
+            sandboxes,
+        };
+        Ok(Answer {
+            sandbox_id: None,
+            result: structured(&out, text, false, vec![]),
+        })
+    }
+
     /// The limits of a cell or command that may run for `timeout`.
     fn run_limits(&self, timeout: Duration) -> RunLimits {
         RunLimits {
@@ -443,8 +571,18 @@ impl McpServer {
             images,
             truncated: outcome.truncated,
             timed_out: outcome.timed_out,
-            state_lost: outcome.state_lost,
-            state_lost_reason: outcome.state_lost_reason,
+            state_lost: outcome.state_lost || resolved.replaced.is_some(),
+            state_lost_reason: outcome
+                .state_lost_reason
+                .or_else(|| resolved.replaced.as_ref().map(|r| r.sentence())),
+            resumed: resolved.resumed.as_ref().map(|r| ResumedOutput {
+                paused_seconds: r.paused_seconds,
+            }),
+            previous_sandbox: resolved.replaced.as_ref().map(|r| PreviousSandboxOutput {
+                sandbox_id: r.previous_sandbox_id.clone(),
+                ended_at: r.ended_at.map(rfc3339),
+                reason: r.reason.clone(),
+            }),
             duration_ms: outcome.duration.as_millis() as u64,
         };
         let is_error = out.error.is_some() || out.timed_out;

@@ -90,7 +90,10 @@ pub(super) fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String 
             timeout.as_secs()
         ));
     }
-    if out.state_lost {
+    if out.state_lost && out.previous_sandbox.is_some() {
+        let why = out.state_lost_reason.as_deref().unwrap_or_default();
+        text.push_str(&format!("[{why}]\n"));
+    } else if out.state_lost {
         let why = out
             .state_lost_reason
             .as_deref()
@@ -104,6 +107,12 @@ pub(super) fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String 
     }
     if text.is_empty() {
         text.push_str("(no output)\n");
+    }
+    if let Some(resumed) = &out.resumed {
+        text.push_str(&format!(
+            "[resumed sandbox {} after {:.0} s paused: variables and files kept]\n",
+            out.sandbox_id, resumed.paused_seconds
+        ));
     }
     text.push_str(&format!("[sandbox {}]", out.sandbox_id));
     text

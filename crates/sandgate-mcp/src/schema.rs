@@ -126,8 +126,32 @@ pub struct ExecuteCodeOutput {
     /// Why the variables are gone (the kernel was restarted after a timeout, was killed, crashed
     /// or ran out of memory), when they are.
     pub state_lost_reason: Option<String>,
+    /// The sandbox had been paused (idle past its timeout, or `pause_sandbox`) and this call
+    /// resumed it, same sandbox_id, variables and files kept; null when it was running.
+    pub resumed: Option<ResumedOutput>,
+    /// The conversation's previous sandbox, when it ended and this call got a new one (then
+    /// state_lost is true): which, when and why; null otherwise.
+    pub previous_sandbox: Option<PreviousSandboxOutput>,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+}
+
+/// A conversation's sandbox that ended.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct PreviousSandboxOutput {
+    /// Its id.
+    pub sandbox_id: String,
+    /// When it ended (RFC 3339), if known.
+    pub ended_at: Option<String>,
+    /// Why it ended.
+    pub reason: String,
+}
+
+/// That a call resumed its paused sandbox.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ResumedOutput {
+    /// How long the sandbox was paused, seconds.
+    pub paused_seconds: f64,
 }
 
 /// `run_terminal_command` arguments.
@@ -494,4 +518,89 @@ pub struct ToolErrorOutput {
     /// For quota_exceeded: the quota's value.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub value: Option<u32>,
+}
+
+/// `pause_sandbox` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseSandboxArgs {
+    /// The sandbox to pause. Without it, the conversation's sandbox is paused.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// The conversation whose sandbox to pause when sandbox_id is not given.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// `pause_sandbox` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct PauseSandboxOutput {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// True once it is paused.
+    pub paused: bool,
+    /// When it was paused (RFC 3339).
+    pub paused_at: Option<String>,
+}
+
+/// `list_sandboxes` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListSandboxesArgs {
+    /// Only this conversation's sandboxes (else every live or paused sandbox of yours).
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// One sandbox in `list_sandboxes`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SandboxEntry {
+    /// Its id.
+    pub sandbox_id: String,
+    /// `running`, `pausing`, `paused` or `resuming` (any call on a paused one resumes it).
+    pub state: String,
+    /// The conversation it is bound to, if any.
+    pub conversation_id: Option<String>,
+    /// Its idle timeout, seconds.
+    pub idle_timeout_seconds: u32,
+    /// Its end of life (RFC 3339).
+    pub expires_at: Option<String>,
+    /// When it was paused (RFC 3339), when it is paused.
+    pub paused_at: Option<String>,
+    /// The size of its sealed snapshot, bytes, when it is paused.
+    pub snapshot_bytes: Option<u64>,
+}
+
+/// `list_sandboxes` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListSandboxesOutput {
+    /// Always null (this call names no one sandbox).
+    pub sandbox_id: Option<String>,
+    /// The sandboxes, newest first.
+    pub sandboxes: Vec<SandboxEntry>,
+}
+
+/// `fork_sandbox` arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkSandboxArgs {
+    /// The sandbox to copy. Without it, the conversation's sandbox is copied.
+    #[serde(default)]
+    pub sandbox_id: Option<String>,
+    /// The conversation whose sandbox to copy when sandbox_id is not given.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+}
+
+/// `fork_sandbox` result.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ForkSandboxOutput {
+    /// The new sandbox (the copy): pass this sandbox_id to work in it.
+    pub sandbox_id: String,
+    /// The sandbox it was copied from (unchanged by anything done in the copy).
+    pub forked_from: String,
+    /// The copy's idle timeout, seconds.
+    pub idle_timeout_seconds: u32,
+    /// The copy's end of life (RFC 3339).
+    pub expires_at: String,
 }

@@ -36,11 +36,17 @@ pub enum ToolName {
     KillJob,
     /// `install_packages`.
     InstallPackages,
+    /// `pause_sandbox`.
+    PauseSandbox,
+    /// `list_sandboxes`.
+    ListSandboxes,
+    /// `fork_sandbox`.
+    ForkSandbox,
 }
 
 impl ToolName {
     /// Every tool.
-    pub const ALL: [ToolName; 11] = [
+    pub const ALL: [ToolName; 14] = [
         ToolName::CreateSandbox,
         ToolName::ExecuteCode,
         ToolName::RunTerminalCommand,
@@ -52,6 +58,9 @@ impl ToolName {
         ToolName::ListJobs,
         ToolName::KillJob,
         ToolName::InstallPackages,
+        ToolName::PauseSandbox,
+        ToolName::ForkSandbox,
+        ToolName::ListSandboxes,
     ];
 
     /// The wire name.
@@ -68,6 +77,9 @@ impl ToolName {
             ToolName::ListJobs => "list_jobs",
             ToolName::KillJob => "kill_job",
             ToolName::InstallPackages => "install_packages",
+            ToolName::PauseSandbox => "pause_sandbox",
+            ToolName::ListSandboxes => "list_sandboxes",
+            ToolName::ForkSandbox => "fork_sandbox",
         }
     }
 
@@ -79,7 +91,11 @@ impl ToolName {
     /// The scope a token needs to call it.
     pub fn scope(self) -> Scope {
         match self {
-            ToolName::CreateSandbox | ToolName::CloseSandbox => Scope::Sandbox,
+            ToolName::CreateSandbox
+            | ToolName::CloseSandbox
+            | ToolName::PauseSandbox
+            | ToolName::ListSandboxes
+            | ToolName::ForkSandbox => Scope::Sandbox,
             ToolName::ExecuteCode
             | ToolName::RunTerminalCommand
             | ToolName::ListJobs
@@ -332,6 +348,48 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
                 .open_world(false),
         ),
         super::packages::DEFINITION.clone().admitting_errors(),
+        tool::<PauseSandboxArgs, PauseSandboxOutput>(
+            "pause_sandbox",
+            "Pause sandbox",
+            "Pause the sandbox now when the conversation will wait (the customer answers later): \
+             its memory, variables, files and installed packages are saved and its container \
+             stops. Any later call naming its sandbox_id or conversation_id resumes it as it \
+             was (the result says resumed). Idle sandboxes are paused on their own; this only \
+             does it sooner."
+                .into(),
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(false)
+                .idempotent(true)
+                .open_world(false),
+        ),
+        tool::<ForkSandboxArgs, ForkSandboxOutput>(
+            "fork_sandbox",
+            "Fork sandbox",
+            "Copy a sandbox into a new one (a new sandbox_id) with the same variables, memory \
+             and files, to try something without touching the original: later changes in \
+             either are not seen by the other. The copy is bound to no conversation; pass its \
+             sandbox_id to work in it and close_sandbox it when done."
+                .into(),
+            ToolAnnotations::new()
+                .read_only(false)
+                .destructive(false)
+                .idempotent(false)
+                .open_world(false),
+        ),
+        tool::<ListSandboxesArgs, ListSandboxesOutput>(
+            "list_sandboxes",
+            "List sandboxes",
+            "List your live and paused sandboxes (those of one conversation when conversation_id \
+             is given): each sandbox_id, its state (running, paused…), conversation, idle \
+             timeout, end of life and, when paused, since when and its snapshot's size."
+                .into(),
+            ToolAnnotations::new()
+                .read_only(true)
+                .destructive(false)
+                .idempotent(true)
+                .open_world(false),
+        ),
     ]
 });
 

@@ -154,20 +154,22 @@ impl NodeHandle {
 
     /// Restores the sealed snapshot read from `sealed` (opened with `key` and `aad`) into a new
     /// sandbox of the node; a stream that does not open restores nothing (see
-    /// [`SandboxManager::restore_sealed`]).
+    /// [`SandboxManager::restore_sealed`]). With `keep_id` the new sandbox keeps the id the
+    /// snapshot was taken of (a resume), else it gets a fresh one.
     pub async fn restore_sealed(
         &self,
         sealed: impl AsyncRead + Unpin + Send,
         key: &DataKey,
         aad: &SnapshotAad,
+        keep_id: bool,
     ) -> Result<SandboxHandle, SandboxError> {
         match self {
             Self::Local(manager) => manager
-                .restore_sealed(sealed, key, aad)
+                .restore_sealed(sealed, key, aad, keep_id)
                 .await
                 .map(SandboxHandle::Local),
             Self::Remote(node) => node
-                .restore_sealed(sealed, key, aad)
+                .restore_sealed(sealed, key, aad, keep_id)
                 .await
                 .map(SandboxHandle::Remote),
         }

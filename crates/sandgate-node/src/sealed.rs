@@ -133,7 +133,10 @@ pub(crate) async fn serve_restore(
             }
         }
     };
-    let (restored, ()) = tokio::join!(manager.restore_sealed(reader, &key, &aad), pump);
+    let (restored, ()) = tokio::join!(
+        manager.restore_sealed(reader, &key, &aad, start.keep_sandbox_id),
+        pump
+    );
     drop(key);
     restored.map_err(|e| to_status(&e))
 }
@@ -198,6 +201,7 @@ impl RemoteNode {
         mut sealed: impl AsyncRead + Unpin,
         key: &DataKey,
         aad: &SnapshotAad,
+        keep_id: bool,
     ) -> Result<crate::RemoteSandbox, SandboxError> {
         let (sender, receiver) = mpsc::channel(IN_FLIGHT);
         let start = proto::RestoreSealedInput {
@@ -205,6 +209,7 @@ impl RemoteNode {
                 proto::RestoreSealedRequest {
                     data_key: key.expose().to_vec(),
                     binding: Some(aad.into()),
+                    keep_sandbox_id: keep_id,
                 },
             )),
         };

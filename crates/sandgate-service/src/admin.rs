@@ -381,10 +381,10 @@ pub fn render_audit(events: &[AuditEvent]) -> String {
 pub async fn sandboxes(
     config: &Config,
     tenant: Option<Uuid>,
-) -> Result<Vec<SandboxRow>, AdminError> {
+) -> Result<Vec<(SandboxRow, Option<i64>)>, AdminError> {
     let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
-    Ok(sandgate_store::sandboxes::list_live(&mut conn, tenant).await?)
+    Ok(sandgate_store::pauses::list_held(&mut conn, tenant).await?)
 }
 
 /// The registered sandbox nodes.
@@ -446,25 +446,38 @@ pub fn render_nodes(rows: &[sandgate_store::nodes::NodeRow], liveness: (u64, u64
 
 /// Renders live sandboxes as a table: owner, conversation, age, and the time left before the idle
 /// timeout and the hard lifetime end them.
-pub fn render_sandboxes(rows: &[SandboxRow]) -> String {
+pub fn render_sandboxes(rows: &[(SandboxRow, Option<i64>)]) -> String {
     let now = Utc::now();
     let secs = |d: chrono::TimeDelta| format!("{}s", d.num_seconds().max(0));
     let mut out = format!(
-        "{:<36} {:<36} {:<24} {:>8} {:>10} {:>12}",
-        "SANDBOX", "TENANT", "CONVERSATION", "AGE", "IDLE LEFT", "LIFE LEFT"
+        "{:<36} {:<36} {:<24} {:<8} {:>8} {:>10} {:>12} {:>12}",
+        "SANDBOX", "TENANT", "CONVERSATION", "STATE", "AGE", "IDLE LEFT", "LIFE LEFT", "SNAPSHOT"
     );
-    for row in rows {
+    for (row, snapshot_bytes) in rows {
+        let state = match row.state {
+            sandgate_store::sandboxes::SandboxState::Pausing => "pausing",
+            sandgate_store::sandboxes::SandboxState::Paused => "paused",
+            sandgate_store::sandboxes::SandboxState::Resuming => "resuming",
+            _ => "running",
+        };
         let age = row.leased_at.map_or("-".into(), |t| secs(now - t));
-        let idle_left = row.idle_deadline().map_or("-".into(), |t| secs(t - now));
+        // Time paused is not idle: a paused sandbox has no idle deadline.
+        let idle_left = match state {
+            "running" => row.idle_deadline().map_or("-".into(), |t| secs(t - now)),
+            _ => "-".into(),
+        };
         let life_left = row.expires_at.map_or("-".into(), |t| secs(t - now));
+        let size = snapshot_bytes.map_or("-".into(), |b| format!("{b} B"));
         out.push_str(&format!(
-            "\n{:<36} {:<36} {:<24} {:>8} {:>10} {:>12}",
+            "\n{:<36} {:<36} {:<24} {:<8} {:>8} {:>10} {:>12} {:>12}",
             row.id,
             row.tenant_id.map_or("-".into(), |t| t.to_string()),
             row.conversation_id.as_deref().unwrap_or("-"),
+            state,
             age,
             idle_left,
-            life_left
+            life_left,
+            size
         ));
     }
     out

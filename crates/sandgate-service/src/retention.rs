@@ -41,6 +41,10 @@ pub enum RetentionError {
     /// The retention asked for does not fit the column.
     #[error("retention must be at most 2147483647 seconds")]
     TooLong,
+    /// The snapshot store (`snapshots.store_dir`) failed deleting the tenant's snapshots
+    /// (their rows, with the keys, are deleted: what is left cannot be opened).
+    #[error(transparent)]
+    SnapshotStore(#[from] crate::snapshots::SnapshotStoreError),
 }
 
 /// Rows of an audit table one purge statement deletes at most.
@@ -122,6 +126,9 @@ pub struct Purged {
     pub containers_left: Vec<LeftOnNode>,
     /// Transcripts deleted.
     pub transcripts: u64,
+    /// Paused sandboxes closed, their snapshots deleted (rows, and the store's objects where
+    /// `snapshots.store_dir` is configured).
+    pub snapshots_deleted: u64,
 }
 
 /// Containers of a purged tenant that their node could not remove now. Their rows are ended,
@@ -145,9 +152,12 @@ pub struct LeftOnNode {
 /// goes.
 pub fn render_purged(purged: &Purged) -> String {
     let mut out = format!(
-        "closed {} live sandboxes, deleted {} transcripts\nremoved {} containers (their files \
-         and variables)",
-        purged.sandboxes_closed, purged.transcripts, purged.containers_removed
+        "closed {} live sandboxes, deleted {} transcripts and {} snapshots of paused sandboxes\n\
+         removed {} containers (their files and variables)",
+        purged.sandboxes_closed,
+        purged.transcripts,
+        purged.snapshots_deleted,
+        purged.containers_removed
     );
     for left in &purged.containers_left {
         let node = match (&left.name, left.silent_seconds) {
@@ -195,10 +205,20 @@ pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, Reten
         return Err(RetentionError::NoSuchTenant(tenant));
     }
     let lost_after = i64::try_from(config.node.lost_after_seconds).unwrap_or(i64::MAX);
-    let ended = sandboxes::end_all_of_tenant(&mut tx, tenant, "purged").await?;
+    let mut ended = sandboxes::end_all_of_tenant(&mut tx, tenant, "purged").await?;
+    let paused =
+        sandgate_store::pauses::end_all_paused_of_tenant(&mut tx, tenant, "purged").await?;
+    let snapshots_deleted = sandgate_store::snapshots::delete_of_tenant(&mut tx, tenant).await?;
     let stranded = sandboxes::lost_on_silent_nodes(&mut tx, tenant, lost_after).await?;
     let deleted = transcripts::purge_tenant(&mut tx, tenant).await?;
     sandgate_store::commit(tx).await?;
+    let paused_closed = paused.len();
+    // A pausing one's container still ran; a paused one's is gone already.
+    ended.extend(paused.into_iter().filter(|r| r.snapshot_id.is_none()));
+    if let Some(dir) = config.snapshots.store_dir() {
+        let store = crate::snapshots::SnapshotStore::local(dir)?;
+        store.delete_tenant(tenant).await?;
+    }
     let mut by_node: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
     for row in ended.iter().chain(&stranded) {
         by_node
@@ -230,7 +250,8 @@ pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, Reten
         }
     }
     Ok(Purged {
-        sandboxes_closed: ended.len(),
+        sandboxes_closed: ended.len() + paused_closed,
+        snapshots_deleted,
         containers_removed: removed,
         containers_left: left,
         transcripts: deleted,

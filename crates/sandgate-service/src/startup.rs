@@ -44,6 +44,9 @@ pub enum StartError {
     /// The package index could not be set up (its configuration).
     #[error("cannot set up packages on demand")]
     Packages(#[source] crate::packages::PackagesConfigError),
+    /// The snapshot store could not be opened.
+    #[error("cannot open the snapshot store (snapshots.store_dir)")]
+    SnapshotStore(#[source] crate::snapshots::SnapshotStoreError),
     /// The node could not register (e.g. another node serves the same engine).
     #[error("cannot register the sandbox node")]
     Registry(#[source] crate::node_registry::RegistryError),
@@ -124,7 +127,21 @@ impl Services {
             Role::Node { advertise_url } => Some(advertise_url),
             Role::GatewayOnly => None,
         };
-        let core = Core::start(config, db.clone(), advertise_url, Some(packages.clone())).await?;
+        let snapshots = crate::snapshots::SnapshotCustody::new(
+            db.clone(),
+            crate::snapshots::SnapshotKeys::of(config),
+        );
+        // Pausing needs the key custody, so only a process that holds the keys pauses and
+        // resumes: `serve` (its own node's idle sandboxes) and gateway-only replicas (resumes).
+        let pausing = pausing(config, &snapshots)?;
+        let core = Core::start(
+            config,
+            db.clone(),
+            advertise_url,
+            Some(packages.clone()),
+            pausing,
+        )
+        .await?;
         let (background_stop, background) = (core.background_stop, core.background);
         let audit = AuditLog::start(db.clone(), background_stop.clone(), &background);
         crate::retention::start_purge(
@@ -138,10 +155,6 @@ impl Services {
             &config.retention,
             background_stop.clone(),
             &background,
-        );
-        let snapshots = crate::snapshots::SnapshotCustody::new(
-            db.clone(),
-            crate::snapshots::SnapshotKeys::of(config),
         );
         Ok(Self {
             db,
@@ -189,7 +202,8 @@ impl NodeServices {
         sandgate_store::schema::check(&db)
             .await
             .map_err(StartError::Schema)?;
-        let core = Core::start(config, db.clone(), Some(advertise_url), None).await?;
+        // No key custody here, so no pausing: a node's idle sandboxes are closed as before.
+        let core = Core::start(config, db.clone(), Some(advertise_url), None, None).await?;
         let (Some(docker), Some(node_id)) = (core.docker, core.node_id) else {
             unreachable!("Core::start with an advertise URL starts a node")
         };
@@ -224,6 +238,7 @@ impl Core {
         db: PgPool,
         advertise_url: Option<String>,
         packages: Option<crate::packages::PackageIndex>,
+        pausing: Option<crate::sandboxes::Pausing>,
     ) -> Result<Self, StartError> {
         let tls = config.node.tls().map_err(StartError::NodeTls)?;
         let (docker, own, registration) = match advertise_url {
@@ -261,6 +276,9 @@ impl Core {
         if let Some(packages) = packages {
             sandboxes = sandboxes.with_packages(packages);
         }
+        if let Some(pausing) = pausing {
+            sandboxes = sandboxes.with_pausing(pausing);
+        }
         let background_stop = CancellationToken::new();
         let background = TaskTracker::new();
         if let Some(registration) = registration {
@@ -297,6 +315,27 @@ impl Core {
 fn open_pool(config: &Config) -> Result<PgPool, StartError> {
     sandgate_store::connect_lazy(config.database.url.expose_secret(), &config.pool_settings())
         .map_err(StartError::Database)
+}
+
+/// Pause and resume, where `snapshots.store_dir` names a snapshot store.
+fn pausing(
+    config: &Config,
+    custody: &crate::snapshots::SnapshotCustody,
+) -> Result<Option<crate::sandboxes::Pausing>, StartError> {
+    let Some(dir) = config.snapshots.store_dir() else {
+        tracing::info!("no snapshots.store_dir: idle sandboxes are closed, not paused");
+        return Ok(None);
+    };
+    let store = crate::snapshots::SnapshotStore::local(dir).map_err(StartError::SnapshotStore)?;
+    Ok(Some(crate::sandboxes::Pausing {
+        custody: custody.clone(),
+        store,
+        on_idle: config.snapshots.pause_on_idle,
+        transition_deadline: Duration::from_secs(config.snapshots.transition_deadline_seconds),
+        max_paused: config.snapshots.max_paused,
+        tenant_max_bytes: config.snapshots.tenant_max_bytes,
+        retention: Duration::from_secs(config.retention.paused_seconds),
+    }))
 }
 
 /// Runs the migrations embedded in the binary (`sandgate migrate`).

@@ -24,6 +24,7 @@ pub mod mcp_session_states;
 pub mod mcp_sessions;
 pub mod nodes;
 pub mod packages;
+pub mod pauses;
 pub mod quotas;
 pub mod sandboxes;
 pub mod schema;

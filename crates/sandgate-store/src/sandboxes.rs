@@ -17,6 +17,14 @@ pub enum SandboxState {
     Warm,
     /// Handed to a tenant.
     Leased,
+    /// Being checkpointed for a pause; its container still runs (a crash returns it to
+    /// `leased`).
+    Pausing,
+    /// Checkpointed into a snapshot (`snapshot_id`); its container is gone. The next call
+    /// resumes it.
+    Paused,
+    /// Being restored from its snapshot onto a node (a crash returns it to `paused`).
+    Resuming,
     /// Ended (closed by the user, expired, or disconnected); its container is gone.
     Closed,
     /// Its container disappeared behind our back.
@@ -56,6 +64,14 @@ pub struct SandboxRow {
     pub close_reason: Option<String>,
     /// The OAuth grant (connection) whose token leased it, if any: disconnecting the app closes it.
     pub grant_id: Option<Uuid>,
+    /// The snapshot a paused (or resuming) sandbox rests in.
+    pub snapshot_id: Option<String>,
+    /// When it was last paused.
+    pub paused_at: Option<DateTime<Utc>>,
+    /// When it last went into `pausing` or `resuming`.
+    pub transition_at: Option<DateTime<Utc>>,
+    /// How its last pause kept it: `memory` or `files`.
+    pub paused_kind: Option<String>,
 }
 
 impl SandboxRow {
@@ -67,7 +83,8 @@ impl SandboxRow {
 }
 
 pub(crate) const COLUMNS: &str = "id, profile, container_id, node, state, tenant_id, conversation_id, \
-     created_at, leased_at, last_used_at, idle_timeout_seconds, expires_at, closed_at, close_reason, grant_id";
+     created_at, leased_at, last_used_at, idle_timeout_seconds, expires_at, closed_at, close_reason, grant_id, \
+     snapshot_id, paused_at, transition_at, paused_kind";
 
 /// A sandbox being leased to a tenant.
 #[derive(Debug, Clone)]
@@ -248,7 +265,8 @@ pub async fn get(
     .await?)
 }
 
-/// The live (leased) sandbox bound to a tenant's conversation, if any.
+/// The sandbox bound to a tenant's conversation that is live or paused (leased, pausing,
+/// paused or resuming), if any.
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
 pub async fn by_conversation(
     conn: &mut PgConnection,
@@ -257,7 +275,8 @@ pub async fn by_conversation(
 ) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM sandboxes
-         WHERE tenant_id = $1 AND conversation_id = $2 AND state = 'leased'"
+         WHERE tenant_id = $1 AND conversation_id = $2
+           AND state IN ('leased', 'pausing', 'paused', 'resuming')"
     )))
     .bind(tenant_id)
     .bind(conversation_id)
@@ -464,7 +483,7 @@ pub async fn end_all_of_tenant(
 }
 
 /// [`COLUMNS`], each qualified with the table alias `alias` (for statements that join).
-fn columns_of(alias: &str) -> String {
+pub(crate) fn columns_of(alias: &str) -> String {
     COLUMNS
         .split(", ")
         .map(|c| format!("{alias}.{}", c.trim()))
@@ -605,7 +624,7 @@ pub async fn list_live(
     .await?)
 }
 
-fn conflict_on_unique(what: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
+pub(crate) fn conflict_on_unique(what: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
     move |err| match &err {
         sqlx::Error::Database(db) if db.is_unique_violation() => StoreError::Conflict(what),
         _ => StoreError::from(err),

@@ -153,3 +153,14 @@ pub async fn delete(
             == 1,
     )
 }
+
+/// Deletes every snapshot row of a tenant (its purge: their sealed bytes can no longer be
+/// opened, wherever they rest); returns how many.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn delete_of_tenant(conn: &mut PgConnection, tenant_id: Uuid) -> Result<u64, StoreError> {
+    Ok(sqlx::query("DELETE FROM snapshots WHERE tenant_id = $1")
+        .bind(tenant_id)
+        .execute(conn)
+        .await?
+        .rows_affected())
+}

@@ -79,7 +79,7 @@ async fn a_sandbox_sealed_over_the_rpc_comes_back_from_its_bytes_alone() {
     let refused = within(
         LIMIT,
         "a refused restore",
-        client.restore_sealed(&sealed[..], &key, &other),
+        client.restore_sealed(&sealed[..], &key, &other, false),
     )
     .await
     .expect_err("another tenant's binding opens nothing");
@@ -91,7 +91,7 @@ async fn a_sandbox_sealed_over_the_rpc_comes_back_from_its_bytes_alone() {
     let refused = within(
         LIMIT,
         "a refused restore",
-        client.restore_sealed(&sealed[..sealed.len() / 2], &key, &aad),
+        client.restore_sealed(&sealed[..sealed.len() / 2], &key, &aad, false),
     )
     .await
     .expect_err("a stream cut short opens nothing");
@@ -104,7 +104,7 @@ async fn a_sandbox_sealed_over_the_rpc_comes_back_from_its_bytes_alone() {
     let restored = within(
         LIMIT,
         "a sealed restore",
-        client.restore_sealed(&sealed[..], &key, &aad),
+        client.restore_sealed(&sealed[..], &key, &aad, false),
     )
     .await
     .expect("the sealed bytes restore");

@@ -39,16 +39,20 @@ impl SandboxManager {
     /// Opens the sealed snapshot read from `sealed` with `key` and `aad` onto the engine's
     /// plaintext tmpfs and restores it into a new sandbox (see [`SandboxManager::restore`]). A
     /// stream that does not open (altered, cut short, another tenant's) restores nothing; the
-    /// opened image is deleted before this returns.
-    #[tracing::instrument(skip_all, fields(snapshot = %aad.snapshot_id))]
+    /// opened image is deleted before this returns. With `keep_id` the new sandbox takes the
+    /// id of the sandbox the snapshot was taken of (`aad.sandbox_id`, which the opening checks
+    /// against the sealed header): a resume; without it, a fresh id (a fork, a clone).
+    #[tracing::instrument(skip_all, fields(snapshot = %aad.snapshot_id, keep_id))]
     pub async fn restore_sealed(
         &self,
         sealed: impl AsyncRead + Unpin,
         key: &DataKey,
         aad: &SnapshotAad,
+        keep_id: bool,
     ) -> Result<Sandbox, SandboxError> {
         let snapshot = self.open_sealed(sealed, key, aad).await?;
-        let restored = self.restore(&snapshot).await;
+        let id = keep_id.then_some(aad.sandbox_id.as_str());
+        let restored = self.restore_as(&snapshot, id).await;
         drop(snapshot);
         restored
     }

@@ -127,15 +127,27 @@ impl SandboxManager {
     /// wait for a place up to `start_wait`, then fail with [`SandboxError::StartQueue`].
     #[tracing::instrument(skip_all, fields(snapshot = %snapshot.id, sandbox_id))]
     pub async fn restore(&self, snapshot: &Snapshot) -> Result<Sandbox, SandboxError> {
+        self.restore_as(snapshot, None).await
+    }
+
+    /// [`Self::restore`], the new sandbox taking the id `sandbox_id` when one is given (a
+    /// resume of a paused sandbox keeps its id; its old container is gone by then), else a
+    /// fresh one.
+    #[tracing::instrument(skip_all, fields(snapshot = %snapshot.id, sandbox_id))]
+    pub async fn restore_as(
+        &self,
+        snapshot: &Snapshot,
+        sandbox_id: Option<&str>,
+    ) -> Result<Sandbox, SandboxError> {
         let waited = self.inner.config.start_wait;
         let _place = tokio::time::timeout(waited, self.inner.restores.acquire())
             .await
             .map_err(|_| SandboxError::StartQueue { waited })?
             .expect("the restore places are never closed");
-        match self.inner.launcher.restore(snapshot).await {
+        match self.inner.launcher.restore(snapshot, sandbox_id).await {
             Err(first @ SandboxError::RestoredAgent { .. }) => {
                 tracing::warn!(error = %first, "a restored sandbox did not answer; restoring again");
-                self.inner.launcher.restore(snapshot).await
+                self.inner.launcher.restore(snapshot, sandbox_id).await
             }
             other => other,
         }
@@ -145,9 +157,16 @@ impl SandboxManager {
 impl Launcher {
     /// One restore of `snapshot` (no retry); the sandbox knows it was restored
     /// ([`Sandbox::restored_from`]).
-    pub(super) async fn restore(&self, snapshot: &Snapshot) -> Result<Sandbox, SandboxError> {
+    pub(super) async fn restore(
+        &self,
+        snapshot: &Snapshot,
+        sandbox_id: Option<&str>,
+    ) -> Result<Sandbox, SandboxError> {
         let started = std::time::Instant::now();
-        let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
+        let sandbox_id = sandbox_id.map_or_else(
+            || format!("sbx_{}", uuid::Uuid::now_v7().simple()),
+            str::to_owned,
+        );
         tracing::Span::current().record("sandbox_id", &sandbox_id);
         let mark = LaunchMark::new(self, &sandbox_id);
         let spec = LaunchSpec {

@@ -364,7 +364,7 @@ impl TemplateSlot {
 async fn clone_of(launcher: &Launcher, template: &Arc<Template>) -> Result<Sandbox, TemplateError> {
     template.check().await?;
     launcher
-        .restore(&template.snapshot)
+        .restore(&template.snapshot, None)
         .await
         .map_err(TemplateError::Restore)
 }

@@ -37,6 +37,9 @@ pub struct RetentionConfig {
         message = "must be between 86400 (a day) and 2147483647 (68 years)"
     ))]
     pub audit_seconds: u64,
+    /// How long a paused sandbox is kept before it is closed and its snapshot deleted, seconds.
+    #[validate(range(min = 1, max = I32_MAX, message = "must be between 1 and 2147483647"))]
+    pub paused_seconds: u64,
     /// How often the purge job runs, seconds.
     #[validate(range(min = 1, message = "must be at least 1"))]
     pub purge_interval_seconds: u64,

@@ -8,6 +8,9 @@ use sandgate_sandbox::TemplateConfig;
 use serde::Deserialize;
 use validator::Validate;
 
+/// The most a tenant's snapshot bytes may be (Postgres `bigint`).
+const TENANT_BYTES_MAX: u64 = i64::MAX as u64;
+
 /// The `[snapshots]` settings.
 #[derive(Debug, Clone, Deserialize, Validate)]
 #[serde(deny_unknown_fields)]
@@ -25,9 +28,31 @@ pub struct SnapshotsConfig {
     /// in a row, up to 30 minutes).
     #[validate(range(min = 1, max = 1800, message = "must be between 1 and 1800"))]
     pub template_retry_seconds: u64,
+    /// The snapshot store's local directory, where paused sandboxes' sealed snapshots rest
+    /// (every process that resumes must reach the same one); empty: no pauses, an idle sandbox
+    /// is closed.
+    pub store_dir: PathBuf,
+    /// Whether a leased sandbox idle past its timeout is paused (false: closed, as without a
+    /// store).
+    pub pause_on_idle: bool,
+    /// A pause or resume still unfinished after this long was cut short by a crash and is
+    /// undone (pausing: running again; resuming: paused again), seconds.
+    #[validate(range(min = 10, max = 86_400, message = "must be between 10 and 86400"))]
+    pub transition_deadline_seconds: u64,
+    /// Most sandboxes one tenant may have paused at once; beyond it an idle sandbox is closed.
+    #[validate(range(max = 1_000_000, message = "must be at most 1000000"))]
+    pub max_paused: u32,
+    /// Most bytes of sealed snapshots one tenant may keep; beyond it an idle sandbox is closed.
+    #[validate(range(max = TENANT_BYTES_MAX, message = "must fit in a bigint"))]
+    pub tenant_max_bytes: u64,
 }
 
 impl SnapshotsConfig {
+    /// The snapshot store's directory, when pauses are on.
+    pub fn store_dir(&self) -> Option<&std::path::Path> {
+        (!self.store_dir.as_os_str().is_empty()).then_some(self.store_dir.as_path())
+    }
+
     /// The plaintext tmpfs, when one is configured.
     pub fn plain_dir(&self) -> Option<&std::path::Path> {
         (!self.plain_dir.as_os_str().is_empty()).then_some(self.plain_dir.as_path())

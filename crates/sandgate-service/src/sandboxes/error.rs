@@ -232,6 +232,19 @@ pub fn describe_fate(fate: &ContainerFate) -> String {
 
 /// The error for a call on a sandbox that is no longer live, saying when and why.
 pub(crate) fn ended_error(row: &SandboxRow) -> ServiceError {
+    if matches!(
+        row.state,
+        SandboxState::Pausing | SandboxState::Paused | SandboxState::Resuming
+    ) {
+        // Not ended: reached by a path that does not resume (a download link).
+        return ServiceError::Busy {
+            what: format!(
+                "sandbox {} (it is paused: any tool call naming it resumes it)",
+                row.id
+            ),
+            retry_after_seconds: 5,
+        };
+    }
     match row.close_reason() {
         Some(CloseReason::Lost(why)) => ServiceError::Lost {
             sandbox_id: row.id.clone(),

@@ -132,6 +132,8 @@ impl SandboxService {
             sandbox,
             row,
             created: true,
+            resumed: None,
+            replaced: None,
             busy,
         }
     }
@@ -167,7 +169,7 @@ impl SandboxService {
 
     /// Records the lease in one transaction that also enforces the tenant's sandbox limit: the
     /// tenant row is locked so concurrent creates cannot both slip under the limit.
-    async fn record_lease(
+    pub(super) async fn record_lease(
         &self,
         caller: &Caller,
         sandbox: &SandboxHandle,

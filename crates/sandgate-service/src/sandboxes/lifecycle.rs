@@ -14,6 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
+use futures::StreamExt;
 use sandgate_sandbox::{ContainerFate, ManagedContainer, SandboxError};
 use sandgate_store::StoreError;
 use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
@@ -26,6 +27,9 @@ use crate::config::LifecycleConfig;
 /// How long this process's own fresh launches are never taken for orphans: well past the agent's
 /// ready timeout.
 const LAUNCH_GRACE: Duration = Duration::from_secs(180);
+
+/// How many idle sandboxes one reaper pass pauses at once (each a checkpoint on the node).
+const PAUSES_AT_ONCE: usize = 4;
 
 /// How often the warm pool is checked for sandboxes beyond its target.
 const TRIM_INTERVAL: Duration = Duration::from_secs(1);
@@ -73,20 +77,43 @@ impl SandboxService {
             return Ok(0);
         };
         let now = Utc::now();
+        // Paused sandboxes past their lifetime or retention (any node's: a conditional
+        // statement per row, so replicas racing end each once).
+        let mut closed = self.reap_paused().await?;
         let mut conn = self.db.acquire().await?;
         let due = sandboxes::overdue(&mut conn, node, now).await?;
         drop(conn);
         if due.is_empty() {
-            return Ok(0);
+            return Ok(closed);
         }
         // A long call through another replica holds its sandbox as much as one through this.
         let ids: Vec<String> = due.iter().map(|r| r.id.clone()).collect();
         let busy = self.busy_anywhere(&ids).await?;
-        let mut closed = 0;
-        for row in due {
-            if busy.contains(&row.id) {
-                continue;
+        let due: Vec<SandboxRow> = due.into_iter().filter(|r| !busy.contains(&r.id)).collect();
+        let (to_pause, to_close): (Vec<SandboxRow>, Vec<SandboxRow>) = due
+            .into_iter()
+            .partition(|r| self.pauses_on_idle() && r.expires_at.is_none_or(|e| e > now));
+        let pauses = futures::stream::iter(to_pause)
+            .map(|row| async move {
+                let paused = self.pause_idle(&row).await;
+                (row, paused)
+            })
+            .buffer_unordered(PAUSES_AT_ONCE)
+            .collect::<Vec<_>>()
+            .await;
+        let mut to_close = to_close;
+        for (row, paused) in pauses {
+            match paused {
+                Ok(true) => {}
+                // Over the tenant's paused limits: closed as without pauses.
+                Ok(false) => to_close.push(row),
+                // Still running (the pause was undone); the next pass tries again.
+                Err(err) => {
+                    tracing::warn!(error = %err, sandbox_id = %row.id, "pausing an idle sandbox failed");
+                }
             }
+        }
+        for row in to_close {
             let reason = if row.expires_at.is_some_and(|e| e <= now) {
                 CloseReason::Lifetime
             } else {
@@ -98,6 +125,22 @@ impl SandboxService {
             }
         }
         Ok(closed)
+    }
+
+    /// At start-up: the pauses of this node's sandboxes that a crash of this process cut short
+    /// are undone (their containers were left running; reconciliation then checks them).
+    async fn undo_own_cut_pauses(&self) -> Result<(), LifecycleError> {
+        let (Some(node), Some(pausing)) = (self.nodes.own_id(), self.pausing.as_ref()) else {
+            return Ok(());
+        };
+        let deadline = i64::try_from(pausing.transition_deadline.as_secs()).unwrap_or(i64::MAX);
+        let mut conn = self.db.acquire().await?;
+        for row in
+            sandgate_store::pauses::undo_cut_transitions(&mut conn, Some(node), deadline).await?
+        {
+            tracing::warn!(sandbox_id = %row.id, "a pause was cut short by a restart; the sandbox runs on");
+        }
+        Ok(())
     }
 
     /// One reconciliation pass of Docker against Postgres for this node; see the module docs.
@@ -224,8 +267,18 @@ impl SandboxService {
             {
                 let remove = match recorded.get(&c.container_id) {
                     // Recorded since the rows were read: live, leave it.
-                    Some(SandboxState::Warm | SandboxState::Leased) => false,
-                    Some(SandboxState::Closed | SandboxState::Lost) => true,
+                    // Pausing: its checkpoint may be running now.
+                    Some(SandboxState::Warm | SandboxState::Leased | SandboxState::Pausing) => {
+                        false
+                    }
+                    // Paused or resuming under this container: the pause was recorded, the
+                    // container's removal did not happen (a crash): it goes now.
+                    Some(
+                        SandboxState::Paused
+                        | SandboxState::Resuming
+                        | SandboxState::Closed
+                        | SandboxState::Lost,
+                    ) => true,
                     // Unknown: left by a launch of ours that failed (an orphan now); ours
                     // and about to be recorded, or another process's that is; or an orphan
                     // once it is old enough.
@@ -348,6 +401,9 @@ impl SandboxService {
     ) {
         let grace = Duration::from_secs(config.orphan_grace_seconds);
         let ready = self.nodes.local().map(|m| m.watch_ready());
+        if let Err(err) = self.undo_own_cut_pauses().await {
+            tracing::warn!(error = %err, "undoing pauses a crash cut short failed");
+        }
         match self.reap().await {
             Ok(n) if n > 0 => tracing::info!(
                 closed = n,

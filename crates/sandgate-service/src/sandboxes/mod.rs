@@ -15,7 +15,9 @@ use uuid::Uuid;
 use crate::config::LimitsConfig;
 
 mod busy;
+mod endings;
 mod error;
+mod fork;
 mod idle_clock;
 mod kind;
 mod lease;
@@ -23,6 +25,7 @@ pub mod lifecycle;
 mod limits;
 pub mod nodes;
 mod ops;
+mod pause;
 mod people;
 mod quota;
 mod run;
@@ -30,12 +33,15 @@ mod warm;
 
 pub use busy::BusyGuard;
 use busy::BusyMap;
+pub use endings::Replaced;
 pub(crate) use error::ended_error;
 pub use error::{Quota, ServiceError, describe_fate};
+pub use fork::Forked;
 pub use kind::ErrorKind;
 pub use limits::{Caller, Limits};
 pub use nodes::{NodeSet, OwnNode};
 pub use ops::{BoundedRead, Target};
+pub use pause::{HeldSandbox, Pausing, Resumed};
 pub use people::{ConversationLine, MAX_CONVERSATIONS_LISTED, PeopleNote};
 pub use quota::CallPermit;
 pub use run::{CommandLine, OutputSink, RunLimits};
@@ -51,6 +57,11 @@ pub struct Resolved {
     pub row: SandboxRow,
     /// Whether this call created it.
     pub created: bool,
+    /// Whether this call resumed it from a pause, and after how long.
+    pub resumed: Option<Resumed>,
+    /// When this call's sandbox is a new one for a conversation whose sandbox ended: which,
+    /// when and why (its state is lost).
+    pub replaced: Option<Replaced>,
     /// Marks the sandbox busy while the call runs: the reaper leaves it alone, and its idle
     /// clock restarts when the call ends.
     pub busy: Arc<BusyGuard>,
@@ -82,6 +93,8 @@ pub struct SandboxService {
     pub(crate) cache: crate::cache::ChangeCache,
     /// When this process last wrote each sandbox's idle clock (writes are coalesced).
     pub(crate) idle_clock: idle_clock::IdleClock,
+    /// Pause and resume (none: an idle sandbox is closed).
+    pub(crate) pausing: Option<Pausing>,
 }
 
 impl SandboxService {
@@ -100,6 +113,7 @@ impl SandboxService {
             after_answer: tokio_util::task::TaskTracker::new(),
             cache: crate::cache::ChangeCache::default(),
             idle_clock: idle_clock::IdleClock::default(),
+            pausing: None,
         }
     }
 
@@ -217,6 +231,7 @@ impl SandboxService {
         keep_alive: Option<u32>,
     ) -> Result<Resolved, ServiceError> {
         let idle = Self::idle_timeout(&caller.limits, keep_alive)?;
+        let mut previous = None;
         if let Some(conversation) = conversation {
             let mut conn = self.db.acquire().await?;
             if let Some(row) =
@@ -227,8 +242,16 @@ impl SandboxService {
                     .resolve_row(caller, row, keep_alive.map(|_| idle))
                     .await;
             }
+            previous =
+                sandboxes::last_for_conversation(&mut conn, caller.tenant, conversation).await?;
         }
-        self.lease_new(caller, conversation, idle).await
+        let mut resolved = self.lease_new(caller, conversation, idle).await?;
+        if resolved.created {
+            resolved.replaced = previous
+                .filter(|p| p.id != resolved.row.id && p.closed_at.is_some())
+                .map(|p| Replaced::of(&p));
+        }
+        Ok(resolved)
     }
 
     /// Finds the sandbox a call should use: `sandbox_id` if given, else the conversation's (or a
@@ -265,8 +288,12 @@ impl SandboxService {
         new_idle: Option<i32>,
     ) -> Result<Resolved, ServiceError> {
         tracing::Span::current().record("sandbox_id", &row.id);
-        if row.state != SandboxState::Leased {
-            return Err(ended_error(&row));
+        match row.state {
+            SandboxState::Leased => {}
+            SandboxState::Pausing | SandboxState::Paused | SandboxState::Resuming => {
+                return self.resume_for_call(caller, row, new_idle).await;
+            }
+            _ => return Err(ended_error(&row)),
         }
         let now = Utc::now();
         // A sandbox with a call in flight (here or on another replica) is in use, whatever its
@@ -318,6 +345,8 @@ impl SandboxService {
             sandbox,
             row,
             created: false,
+            resumed: None,
+            replaced: None,
             busy,
         })
     }
@@ -449,13 +478,18 @@ impl SandboxService {
         caller: &Caller,
         sandbox_id: &str,
     ) -> Result<SandboxRow, ServiceError> {
-        let mut conn = self.db.acquire().await?;
-        let row = sandboxes::get(&mut conn, caller.tenant, sandbox_id)
-            .await?
-            .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
+        // A pause or resume under way ends first; a paused sandbox is closed with its snapshot.
+        let row = self.settled(caller, sandbox_id).await?;
+        if row.state == SandboxState::Paused {
+            return self
+                .end_paused(&row, CloseReason::Closed.as_str())
+                .await?
+                .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()));
+        }
         if row.state != SandboxState::Leased {
             return Err(ended_error(&row));
         }
+        let mut conn = self.db.acquire().await?;
         let ended = sandboxes::end(&mut conn, &row.id, &CloseReason::Closed).await?;
         drop(conn);
         match ended {

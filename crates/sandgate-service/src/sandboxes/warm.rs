@@ -162,7 +162,12 @@ impl SandboxService {
                         drop(conn);
                         let _ = manager.close(sandbox).await;
                     }
-                    Some(SandboxState::Leased) => {
+                    Some(
+                        SandboxState::Leased
+                        | SandboxState::Pausing
+                        | SandboxState::Paused
+                        | SandboxState::Resuming,
+                    ) => {
                         // Another process leased it (and adopted the container): not ours to
                         // hand out any more, and not ours to remove.
                         if manager.take_ready_id(&id).is_some() {
@@ -307,7 +312,13 @@ impl SandboxService {
         for sandbox in warm {
             let remove = match states.get(sandbox.id()) {
                 None | Some(SandboxState::Closed | SandboxState::Lost) => true,
-                Some(SandboxState::Warm | SandboxState::Leased) => false,
+                Some(
+                    SandboxState::Warm
+                    | SandboxState::Leased
+                    | SandboxState::Pausing
+                    | SandboxState::Paused
+                    | SandboxState::Resuming,
+                ) => false,
             };
             if remove && let Err(err) = manager.close(sandbox).await {
                 tracing::warn!(error = %err, "removing an unrecorded warm sandbox failed");

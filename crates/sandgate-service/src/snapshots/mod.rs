@@ -9,6 +9,7 @@
 //! and go to it the same way: a node keeps neither plaintext nor ciphertext of a snapshot.
 
 pub mod keys;
+pub mod store;
 
 use sandgate_node::{NodeHandle, SandboxHandle};
 use sandgate_sandbox::{SandboxError, SealedSnapshot, SnapshotAad};
@@ -18,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use uuid::Uuid;
 
 pub use keys::{SnapshotKeys, UnwrapError};
+pub use store::{SnapshotStore, SnapshotStoreError};
 
 /// What went wrong taking, restoring or deleting a snapshot.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +69,42 @@ pub struct TakenSnapshot {
     pub sealed: SealedSnapshot,
 }
 
+/// A snapshot sealed and written, not yet recorded: the caller records it
+/// ([`PendingSnapshot::record`]) in the transaction that also changes its sandbox's state.
+#[derive(Debug)]
+pub struct PendingSnapshot {
+    /// `snap_…`.
+    pub id: String,
+    /// The owner.
+    pub tenant_id: Uuid,
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    /// The node that took it.
+    pub node: String,
+    wrapped: Vec<u8>,
+    /// The sealed stream's header and sizes.
+    pub sealed: SealedSnapshot,
+}
+
+impl PendingSnapshot {
+    /// Records the snapshot's row (its wrapped key, sizes) on `conn`.
+    pub async fn record(&self, conn: &mut sqlx::PgConnection) -> Result<SnapshotRow, StoreError> {
+        snapshots::insert(
+            conn,
+            &NewSnapshot {
+                id: &self.id,
+                tenant_id: self.tenant_id,
+                sandbox_id: &self.sandbox_id,
+                node: &self.node,
+                wrapped_key: &self.wrapped,
+                image_bytes: self.sealed.header.image_bytes,
+                sealed_bytes: self.sealed.sealed_bytes,
+            },
+        )
+        .await
+    }
+}
+
 /// The service's snapshot operations: key custody and the rows. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct SnapshotCustody {
@@ -102,6 +140,46 @@ impl SnapshotCustody {
         leave_running: bool,
         out: impl AsyncWrite + Unpin + Send,
     ) -> Result<TakenSnapshot, SnapshotServiceError> {
+        let snapshot_id = Self::new_id();
+        let pending = self
+            .take_as(
+                &snapshot_id,
+                tenant_id,
+                node_name,
+                node,
+                sandbox,
+                leave_running,
+                out,
+            )
+            .await?;
+        let mut conn = sandgate_store::acquire(&self.db).await?;
+        let row = pending.record(&mut conn).await?;
+        Ok(TakenSnapshot {
+            row,
+            sealed: pending.sealed,
+        })
+    }
+
+    /// A fresh snapshot id (`snap_…`), for a caller that must know where the sealed bytes go
+    /// before they are written.
+    pub fn new_id() -> String {
+        format!("snap_{}", Uuid::now_v7().simple())
+    }
+
+    /// [`Self::take`] under `snapshot_id`, leaving the row to the caller to record
+    /// ([`PendingSnapshot::record`]).
+    #[allow(clippy::too_many_arguments)] // the one operation's parts; a struct would only rename them
+    #[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, sandbox_id = %sandbox.id(), snapshot = %snapshot_id))]
+    pub async fn take_as(
+        &self,
+        snapshot_id: &str,
+        tenant_id: Uuid,
+        node_name: &str,
+        node: &NodeHandle,
+        sandbox: &SandboxHandle,
+        leave_running: bool,
+        out: impl AsyncWrite + Unpin + Send,
+    ) -> Result<PendingSnapshot, SnapshotServiceError> {
         let mut conn = sandgate_store::acquire(&self.db).await?;
         if sandboxes::get(&mut conn, tenant_id, sandbox.id())
             .await?
@@ -112,37 +190,26 @@ impl SnapshotCustody {
             });
         }
         drop(conn);
-        let snapshot_id = format!("snap_{}", Uuid::now_v7().simple());
-        tracing::Span::current().record("snapshot", &snapshot_id);
-        let aad = binding(tenant_id, sandbox.id(), &snapshot_id);
+        let aad = binding(tenant_id, sandbox.id(), snapshot_id);
         let (key, wrapped) = self.keys.issue(&aad);
         let sealed = node
             .checkpoint_sealed(sandbox, leave_running, &key, &aad, out)
             .await;
         drop(key);
-        let sealed = sealed?;
-        let mut conn = sandgate_store::acquire(&self.db).await?;
-        let row = snapshots::insert(
-            &mut conn,
-            &NewSnapshot {
-                id: &snapshot_id,
-                tenant_id,
-                sandbox_id: sandbox.id(),
-                node: node_name,
-                wrapped_key: &wrapped,
-                image_bytes: sealed.header.image_bytes,
-                sealed_bytes: sealed.sealed_bytes,
-            },
-        )
-        .await?;
-        Ok(TakenSnapshot { row, sealed })
+        Ok(PendingSnapshot {
+            id: snapshot_id.to_owned(),
+            tenant_id,
+            sandbox_id: sandbox.id().to_owned(),
+            node: node_name.to_owned(),
+            wrapped,
+            sealed: sealed?,
+        })
     }
 
     /// Restores the tenant's snapshot `snapshot_id`, whose sealed stream is read from `sealed`,
     /// into a new sandbox on `node`. Another tenant's snapshot is
     /// [`SnapshotServiceError::NotFound`]; a stream that does not open under this snapshot's
     /// key and binding restores nothing.
-    #[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, snapshot = %snapshot_id))]
     pub async fn restore(
         &self,
         tenant_id: Uuid,
@@ -150,10 +217,25 @@ impl SnapshotCustody {
         node: &NodeHandle,
         sealed: impl AsyncRead + Unpin + Send,
     ) -> Result<SandboxHandle, SnapshotServiceError> {
+        self.restore_into(tenant_id, snapshot_id, node, sealed, false)
+            .await
+    }
+
+    /// [`Self::restore`], the new sandbox keeping the id of the sandbox the snapshot was taken
+    /// of when `keep_id` (a resume: its old container is gone), else with a fresh id.
+    #[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, snapshot = %snapshot_id, keep_id))]
+    pub async fn restore_into(
+        &self,
+        tenant_id: Uuid,
+        snapshot_id: &str,
+        node: &NodeHandle,
+        sealed: impl AsyncRead + Unpin + Send,
+        keep_id: bool,
+    ) -> Result<SandboxHandle, SnapshotServiceError> {
         let row = self.get(tenant_id, snapshot_id).await?;
         let aad = binding(row.tenant_id, &row.sandbox_id, &row.id);
         let key = self.keys.unwrap(&aad, &row.wrapped_key)?;
-        let restored = node.restore_sealed(sealed, &key, &aad).await;
+        let restored = node.restore_sealed(sealed, &key, &aad, keep_id).await;
         drop(key);
         Ok(restored?)
     }

@@ -2,5 +2,6 @@
 //! snapshots (`SANDGATE_TEST_SNAPSHOT_DOCKER`, `SANDGATE_TEST_SNAPSHOT_PLAIN`; see
 //! crates/sandgate-sandbox/tests/it/snapshot.rs).
 
+mod pause_faults;
 mod sealed_snapshots;
 mod support;

@@ -288,7 +288,7 @@ async fn a_sealed_snapshot_restores_its_sandbox_and_opens_for_no_one_else() {
         "the key does not unwrap for another tenant"
     );
     let refused = node
-        .restore_sealed(&sealed[..], &key, &as_other)
+        .restore_sealed(&sealed[..], &key, &as_other, false)
         .await
         .expect_err("opened with another tenant's binding");
     assert!(
@@ -299,7 +299,7 @@ async fn a_sealed_snapshot_restores_its_sandbox_and_opens_for_no_one_else() {
     let at = altered.len() / 2;
     altered[at] ^= 0x20;
     let refused = node
-        .restore_sealed(&altered[..], &key, &binding)
+        .restore_sealed(&altered[..], &key, &binding, false)
         .await
         .expect_err("an altered stream");
     assert!(

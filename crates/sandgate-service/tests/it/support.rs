@@ -70,19 +70,32 @@ pub struct SnapEngine {
     pub plain: PathBuf,
     /// The engine's data root.
     pub data_root: PathBuf,
+    /// The profile `snap`.
+    pub profile: SandboxProfile,
 }
 
 impl SnapEngine {
     /// Panics, saying what is missing, when the engine cannot take snapshots.
     pub async fn new(name: &str) -> Self {
+        Self::with_faults(name, None).await
+    }
+
+    /// [`Self::new`], with `faults` armable at the checkpoint's and restore's steps.
+    pub async fn with_faults(
+        name: &str,
+        faults: Option<Arc<sandgate_sandbox::SnapshotFaults>>,
+    ) -> Self {
         let host = std::env::var("SANDGATE_TEST_SNAPSHOT_DOCKER").unwrap_or_default();
         let plain = PathBuf::from(
             std::env::var("SANDGATE_TEST_SNAPSHOT_PLAIN")
                 .unwrap_or_else(|_| "/var/cache/sandgate/docker/plain".into()),
         );
-        let backend = DockerBackend::connect(&host)
+        let mut backend = DockerBackend::connect(&host)
             .expect("a Docker client")
             .with_snapshots(&plain);
+        if let Some(faults) = faults {
+            backend = backend.with_snapshot_faults(faults);
+        }
         if let Err(reason) = backend.snapshot_support("runsc2024").await {
             panic!(
                 "snapshots are not available on the engine at {host:?} with plaintext tmpfs {}: \
@@ -122,7 +135,7 @@ impl SnapEngine {
             ..SandboxProfile::default()
         };
         let backend = Arc::new(backend);
-        let manager = SandboxManager::start(backend.clone(), vec![snap], config)
+        let manager = SandboxManager::start(backend.clone(), vec![snap.clone()], config)
             .expect("valid configuration");
         Self {
             manager,
@@ -131,6 +144,7 @@ impl SnapEngine {
             instance,
             plain,
             data_root,
+            profile: snap,
         }
     }
 

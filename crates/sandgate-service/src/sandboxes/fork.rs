@@ -1,0 +1,116 @@
+//! Fork (issue 27): a new sandbox, with a new id, holding a copy of another's memory and files,
+//! so a person or the bot can try something without touching the original. A service
+//! operation (the MCP face's `fork_sandbox` and the human console call the same): the source
+//! is checkpointed leaving it running, the sealed snapshot goes through the snapshot store
+//! (as a pause's does) and is restored into a new container on the source's node, then
+//! deleted. The fork counts against the tenant's sandbox limit, is bound to no conversation,
+//! and belongs to whoever forked it (their grant), none of the source's links or grant.
+
+use chrono::Utc;
+use sandgate_store::sandboxes::{self, NewLease};
+use sandgate_store::snapshots;
+use tokio::io::AsyncWriteExt;
+
+use super::error::over_limit;
+use super::{Caller, Resolved, SandboxService, ServiceError};
+use crate::snapshots::SnapshotCustody;
+
+/// A fork just made: the new sandbox, and the one it was forked from.
+#[derive(Debug, Clone)]
+pub struct Forked {
+    /// The new sandbox (leased to the caller, marked busy for this call).
+    pub fork: Resolved,
+    /// The source's id.
+    pub source_id: String,
+}
+
+impl SandboxService {
+    /// Forks the tenant's sandbox `sandbox_id` (a paused one is resumed first). Another
+    /// tenant's sandbox is `NotFound`, like a missing one.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id = %sandbox_id))]
+    pub async fn fork(&self, caller: &Caller, sandbox_id: &str) -> Result<Forked, ServiceError> {
+        let pausing = self.pausing_for("forking")?;
+        let source = self.resolve(caller, Some(sandbox_id), None, None).await?;
+        {
+            let mut conn = self.db.acquire().await?;
+            let live = sandboxes::count_live(&mut conn, caller.tenant).await?;
+            if live >= i64::from(caller.limits.max_sandboxes) {
+                return Err(over_limit(&caller.limits));
+            }
+        }
+        let node_id = source.row.node.clone();
+        let node = self.nodes.get(&self.db, &node_id).await?;
+        let snapshot_id = SnapshotCustody::new_id();
+        let tenant = caller.tenant;
+        let mut out = pausing.store.writer(tenant, &snapshot_id);
+        let taken = pausing
+            .custody
+            .take_as(
+                &snapshot_id,
+                tenant,
+                &node_id,
+                &node,
+                &source.sandbox,
+                true,
+                &mut out,
+            )
+            .await;
+        let pending = match taken {
+            Ok(pending) => pending,
+            Err(err) => {
+                let _ = out.abort().await;
+                return Err(super::pause::snapshot_error(&source.row.id, err));
+            }
+        };
+        let restored = async {
+            out.shutdown().await.map_err(|e| ServiceError::Busy {
+                what: format!("sandbox {} (the snapshot store: {e})", source.row.id),
+                retry_after_seconds: 10,
+            })?;
+            let mut conn = self.db.acquire().await?;
+            pending.record(&mut conn).await?;
+            drop(conn);
+            let sealed = pausing
+                .store
+                .reader(tenant, &snapshot_id)
+                .await
+                .map_err(|e| super::pause::store_failed(&source.row.id, e))?;
+            pausing
+                .custody
+                .restore_into(tenant, &snapshot_id, &node, sealed, false)
+                .await
+                .map_err(|e| super::pause::snapshot_error(&source.row.id, e))
+        }
+        .await;
+        // The copy's snapshot served its one restore: it goes, whatever became of it.
+        if let Ok(mut conn) = self.db.acquire().await {
+            let _ = snapshots::delete(&mut conn, tenant, &snapshot_id).await;
+        }
+        let _ = pausing.store.delete(tenant, &snapshot_id).await;
+        let sandbox = restored?;
+        let lease = NewLease {
+            tenant_id: tenant,
+            conversation_id: None,
+            idle_timeout_seconds: source
+                .row
+                .idle_timeout_seconds
+                .unwrap_or(i32::try_from(caller.limits.default_idle_seconds).unwrap_or(i32::MAX)),
+            expires_at: Utc::now()
+                + chrono::Duration::seconds(i64::from(caller.limits.max_lifetime_seconds)),
+            grant_id: caller.grant,
+        };
+        match self.record_lease(caller, &sandbox, &node_id, &lease).await {
+            Ok(row) => {
+                tracing::info!(sandbox_id = %row.id, source = %source.row.id, "forked a sandbox");
+                Ok(Forked {
+                    fork: self.newly_leased(row, sandbox),
+                    source_id: source.row.id.clone(),
+                })
+            }
+            Err(err) => {
+                let _ = self.nodes.close(sandbox).await;
+                Err(err)
+            }
+        }
+    }
+}

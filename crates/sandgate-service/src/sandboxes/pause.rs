@@ -1,0 +1,516 @@
+//! Pause and resume (DESIGN §4a, issue 27): an idle leased sandbox is checkpointed into the
+//! snapshot store and its container removed; the next call naming it, or its conversation,
+//! restores it on a node the placement chooses, under the same `sandbox_id`.
+//!
+//! Each step is one conditional statement ([`sandgate_store::pauses`]): `leased → pausing`
+//! (only while still idle), the checkpoint *leaving the container running*, then the snapshot's
+//! row and `pausing → paused` in one transaction, and only then the container removed. A crash
+//! before that commit leaves the sandbox running (`pausing` is undone to `leased`); after it,
+//! paused. A resume is `paused → resuming` (one caller wins; the others wait), the restore, then
+//! `resuming → leased` with its new container: a crash in between leaves it paused.
+//!
+//! Who decides to pause is the reaper of the node that runs the sandbox (one process per
+//! sandbox), and the `begin_pause` statement (a call that touched it since wins).
+
+use std::time::Duration;
+
+use chrono::Utc;
+use sandgate_node::SandboxHandle;
+use sandgate_store::pauses::{self, PausedKind};
+use sandgate_store::sandboxes::{SandboxRow, SandboxState};
+use sandgate_store::snapshots;
+use tokio::io::AsyncWriteExt;
+
+use super::{Caller, Resolved, SandboxService, ServiceError};
+use crate::snapshots::{SnapshotCustody, SnapshotServiceError, SnapshotStore, SnapshotStoreError};
+
+/// How often a call that found its sandbox pausing or resuming looks again.
+const SETTLE_POLL: Duration = Duration::from_millis(50);
+
+/// What pausing needs: the key custody, the store and the limits on paused sandboxes.
+#[derive(Debug, Clone)]
+pub struct Pausing {
+    /// Key custody and the snapshots' rows.
+    pub custody: SnapshotCustody,
+    /// Where sealed snapshots rest.
+    pub store: SnapshotStore,
+    /// Whether the reaper pauses idle sandboxes (else it closes them).
+    pub on_idle: bool,
+    /// A transition older than this was cut short by a crash.
+    pub transition_deadline: Duration,
+    /// Most paused sandboxes per tenant.
+    pub max_paused: u32,
+    /// Most sealed bytes per tenant.
+    pub tenant_max_bytes: u64,
+    /// How long a paused sandbox is kept.
+    pub retention: Duration,
+}
+
+/// That a call's sandbox was resumed from a pause, and after how long.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumed {
+    /// How long it was paused, seconds.
+    pub paused_seconds: f64,
+}
+
+impl SandboxService {
+    /// Turns pausing on, with `pausing`'s custody, store and limits.
+    pub fn with_pausing(mut self, pausing: Pausing) -> Self {
+        self.pausing = Some(pausing);
+        self
+    }
+
+    /// Whether the reaper pauses idle sandboxes.
+    pub(crate) fn pauses_on_idle(&self) -> bool {
+        self.pausing.as_ref().is_some_and(|p| p.on_idle)
+    }
+
+    fn pausing(&self) -> Result<&Pausing, ServiceError> {
+        self.pausing_for("pausing")
+    }
+
+    /// The pause machinery for `what` (pausing, forking), or the refusal saying it is off.
+    pub(super) fn pausing_for(&self, what: &'static str) -> Result<&Pausing, ServiceError> {
+        self.pausing.as_ref().ok_or(ServiceError::Limit {
+            limit: what,
+            value: "off on this deployment (no snapshots.store_dir)".into(),
+            hint: "ask the operator to configure a snapshot store (snapshots.store_dir)",
+        })
+    }
+
+    /// Pauses an idle leased sandbox (the reaper's choice): true when it is paused now, false
+    /// when it was not idle any more, or over the tenant's paused limits (then the caller
+    /// closes it).
+    #[tracing::instrument(skip_all, fields(sandbox_id = %row.id))]
+    pub(crate) async fn pause_idle(&self, row: &SandboxRow) -> Result<bool, ServiceError> {
+        let pausing = self.pausing()?;
+        let tenant = row.tenant_id.expect("a leased sandbox has a tenant");
+        let mut conn = self.db.acquire().await?;
+        let paused = pauses::count_paused(&mut conn, tenant).await?;
+        let bytes = snapshots::sealed_bytes_of_tenant(&mut conn, tenant).await?;
+        if paused >= i64::from(pausing.max_paused) || bytes >= pausing.tenant_max_bytes {
+            tracing::info!(
+                paused,
+                bytes,
+                "the tenant's paused limits are reached; closing instead"
+            );
+            return Ok(false);
+        }
+        let Some(row) = pauses::begin_pause(&mut conn, &row.id, true).await? else {
+            return Ok(false);
+        };
+        drop(conn);
+        match self.pause_row(pausing, &row).await {
+            Ok(_) => Ok(true),
+            // A runtime that cannot checkpoint (runc here): closed, as without pauses, and the
+            // conversation's next call hears that its state was lost.
+            Err(ServiceError::Sandbox(err)) if checkpoints_unavailable(&err) => {
+                tracing::info!(error = %err, "this sandbox's runtime cannot checkpoint; closing it instead of pausing");
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Checkpoints a `pausing` row into the store and records it paused; on failure the row is
+    /// leased again (its container still runs).
+    async fn pause_row(
+        &self,
+        pausing: &Pausing,
+        row: &SandboxRow,
+    ) -> Result<SandboxRow, ServiceError> {
+        match self.checkpoint_into_store(pausing, row).await {
+            Ok(paused) => {
+                self.remove_container(&row.id, Some(row)).await;
+                tracing::info!(sandbox_id = %row.id, snapshot = ?paused.snapshot_id, "paused an idle sandbox");
+                Ok(paused)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, sandbox_id = %row.id, "pausing failed; the sandbox runs on");
+                let mut conn = self.db.acquire().await?;
+                pauses::abort_pause(&mut conn, &row.id).await?;
+                Err(err)
+            }
+        }
+    }
+
+    /// The checkpoint (leaving the container running), the sealed stream into the store, then
+    /// the snapshot's row and `paused` in one transaction.
+    async fn checkpoint_into_store(
+        &self,
+        pausing: &Pausing,
+        row: &SandboxRow,
+    ) -> Result<SandboxRow, ServiceError> {
+        let tenant = row.tenant_id.expect("a leased sandbox has a tenant");
+        let sandbox = self.handle(row).await?;
+        let node = self.nodes.get(&self.db, &row.node).await?;
+        let snapshot_id = SnapshotCustody::new_id();
+        let mut out = pausing.store.writer(tenant, &snapshot_id);
+        let taken = pausing
+            .custody
+            .take_as(
+                &snapshot_id,
+                tenant,
+                &row.node,
+                &node,
+                &sandbox,
+                true,
+                &mut out,
+            )
+            .await;
+        let pending = match taken {
+            Ok(pending) => pending,
+            Err(err) => {
+                let _ = out.abort().await;
+                return Err(snapshot_error(&row.id, err));
+            }
+        };
+        out.shutdown().await.map_err(|e| {
+            store_failed(
+                &row.id,
+                SnapshotStoreError::Store {
+                    what: "writing a snapshot",
+                    source: object_store::Error::Generic {
+                        store: "snapshots",
+                        source: Box::new(e),
+                    },
+                },
+            )
+        })?;
+        let recorded = async {
+            let mut tx = self.db.begin().await?;
+            pending.record(&mut tx).await?;
+            let paused =
+                pauses::finish_pause(&mut tx, &row.id, &snapshot_id, PausedKind::Memory).await?;
+            if paused.is_some() {
+                tx.commit().await?;
+            }
+            Ok::<_, ServiceError>(paused)
+        }
+        .await;
+        match recorded {
+            Ok(Some(paused)) => Ok(paused),
+            other => {
+                // Nothing records these bytes (no row holds their key): they go.
+                let _ = pausing.store.delete(tenant, &snapshot_id).await;
+                match other {
+                    Err(err) => Err(err),
+                    _ => Err(ServiceError::NotFound(row.id.clone())),
+                }
+            }
+        }
+    }
+
+    /// The tenant's sandbox `sandbox_id` paused now (the `pause_sandbox` tool: the bot knows
+    /// the conversation will wait). A paused one answers as it is.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id = %sandbox_id))]
+    pub async fn pause(
+        &self,
+        caller: &Caller,
+        sandbox_id: &str,
+    ) -> Result<SandboxRow, ServiceError> {
+        let pausing = self.pausing()?;
+        let row = self.settled(caller, sandbox_id).await?;
+        match row.state {
+            SandboxState::Paused => return Ok(row),
+            SandboxState::Leased => {}
+            _ => return Err(super::ended_error(&row)),
+        }
+        if self.is_busy(&row.id) {
+            return Err(ServiceError::Busy {
+                what: format!("sandbox {} (a call runs in it)", row.id),
+                retry_after_seconds: 5,
+            });
+        }
+        let mut conn = self.db.acquire().await?;
+        let Some(row) = pauses::begin_pause(&mut conn, &row.id, false).await? else {
+            drop(conn);
+            return Box::pin(self.pause(caller, sandbox_id)).await;
+        };
+        drop(conn);
+        self.pause_row(pausing, &row).await
+    }
+
+    /// The tenant's sandbox once no pause or resume of it is under way: a call that finds it
+    /// pausing or resuming waits for that to end (up to the transition deadline).
+    pub(crate) async fn settled(
+        &self,
+        caller: &Caller,
+        sandbox_id: &str,
+    ) -> Result<SandboxRow, ServiceError> {
+        let deadline = tokio::time::Instant::now()
+            + self
+                .pausing
+                .as_ref()
+                .map_or(Duration::from_secs(600), |p| p.transition_deadline);
+        loop {
+            let mut conn = self.db.acquire().await?;
+            let row = sandgate_store::sandboxes::get(&mut conn, caller.tenant, sandbox_id)
+                .await?
+                .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
+            drop(conn);
+            if !matches!(row.state, SandboxState::Pausing | SandboxState::Resuming) {
+                return Ok(row);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ServiceError::Busy {
+                    what: format!("sandbox {sandbox_id} (it is being paused or resumed)"),
+                    retry_after_seconds: 5,
+                });
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
+        }
+    }
+
+    /// Resolves a call on a sandbox that is pausing, paused or resuming: waits for a transition
+    /// under way, resumes a paused one (one caller restores it; the others wait for it), and
+    /// answers with the live sandbox, saying it was resumed.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id = %row.id))]
+    pub(super) async fn resume_for_call(
+        &self,
+        caller: &Caller,
+        row: SandboxRow,
+        new_idle: Option<i32>,
+    ) -> Result<Resolved, ServiceError> {
+        let mut row = row;
+        loop {
+            match row.state {
+                SandboxState::Pausing | SandboxState::Resuming => {
+                    row = self.settled(caller, &row.id).await?;
+                }
+                SandboxState::Paused => match self.resume(caller, &row).await? {
+                    Some((live, resumed)) => {
+                        let mut resolved =
+                            Box::pin(self.resolve_row(caller, live, new_idle)).await?;
+                        resolved.resumed = Some(resumed);
+                        return Ok(resolved);
+                    }
+                    // Another caller began resuming it first: wait for that.
+                    None => row = self.settled(caller, &row.id).await?,
+                },
+                _ => return Box::pin(self.resolve_row(caller, row, new_idle)).await,
+            }
+        }
+    }
+
+    /// Restores a paused sandbox on a node the placement chooses; `None` when another caller
+    /// began resuming it first.
+    async fn resume(
+        &self,
+        caller: &Caller,
+        row: &SandboxRow,
+    ) -> Result<Option<(SandboxRow, Resumed)>, ServiceError> {
+        let pausing = self.pausing()?;
+        let mut conn = self.db.acquire().await?;
+        let Some(row) = pauses::begin_resume(&mut conn, caller.tenant, &row.id).await? else {
+            return Ok(None);
+        };
+        drop(conn);
+        match self.restore_from_store(pausing, caller, &row).await {
+            Ok((live, sandbox)) => {
+                self.live
+                    .lock()
+                    .expect("live map")
+                    .insert(live.id.clone(), sandbox);
+                let paused_seconds = row
+                    .paused_at
+                    .map_or(0.0, |at| (Utc::now() - at).as_seconds_f64().max(0.0));
+                tracing::info!(sandbox_id = %live.id, node = %live.node, paused_seconds, "resumed a paused sandbox");
+                Ok(Some((live, Resumed { paused_seconds })))
+            }
+            Err(err) => {
+                let mut conn = self.db.acquire().await?;
+                pauses::abort_resume(&mut conn, &row.id).await?;
+                Err(err)
+            }
+        }
+    }
+
+    /// The restore of a `resuming` row's snapshot (same sandbox id) and `resuming → leased`;
+    /// then its snapshot is deleted.
+    async fn restore_from_store(
+        &self,
+        pausing: &Pausing,
+        caller: &Caller,
+        row: &SandboxRow,
+    ) -> Result<(SandboxRow, SandboxHandle), ServiceError> {
+        let snapshot_id = row
+            .snapshot_id
+            .clone()
+            .ok_or_else(|| ServiceError::NotFound(row.id.clone()))?;
+        let node_id = match self.nodes.place(&self.db).await? {
+            crate::placement::Placement::On(id) => id,
+            _ => {
+                return Err(ServiceError::Busy {
+                    what: format!("sandbox {} (no node has room to resume it)", row.id),
+                    retry_after_seconds: 30,
+                });
+            }
+        };
+        let node = self.nodes.get(&self.db, &node_id).await?;
+        let sealed = match pausing.store.reader(caller.tenant, &snapshot_id).await {
+            Ok(sealed) => sealed,
+            Err(SnapshotStoreError::Missing { .. }) => {
+                return Err(self
+                    .lose(
+                        &row.id,
+                        "its snapshot is gone from the snapshot store".into(),
+                    )
+                    .await);
+            }
+            Err(err) => return Err(store_failed(&row.id, err)),
+        };
+        let sandbox = pausing
+            .custody
+            .restore_into(caller.tenant, &snapshot_id, &node, sealed, true)
+            .await
+            .map_err(|e| snapshot_error(&row.id, e))?;
+        let mut conn = self.db.acquire().await?;
+        let live =
+            pauses::finish_resume(&mut conn, &row.id, sandbox.container_id(), &node_id).await?;
+        let Some(live) = live else {
+            drop(conn);
+            let _ = self.nodes.close(sandbox).await;
+            return Err(ServiceError::NotFound(row.id.clone()));
+        };
+        snapshots::delete(&mut conn, caller.tenant, &snapshot_id).await?;
+        drop(conn);
+        if let Err(err) = pausing.store.delete(caller.tenant, &snapshot_id).await {
+            tracing::warn!(error = %err, snapshot = %snapshot_id, "deleting a resumed sandbox's snapshot failed");
+        }
+        Ok((live, sandbox))
+    }
+
+    /// Closes paused sandboxes past their lifetime or retention and deletes their snapshots;
+    /// undoes transitions a crash cut short. Returns how many it closed.
+    pub(crate) async fn reap_paused(&self) -> Result<usize, ServiceError> {
+        let Some(pausing) = self.pausing.as_ref() else {
+            return Ok(0);
+        };
+        let mut conn = self.db.acquire().await?;
+        let deadline = i64::try_from(pausing.transition_deadline.as_secs()).unwrap_or(i64::MAX);
+        for row in pauses::undo_cut_transitions(&mut conn, None, deadline).await? {
+            tracing::warn!(sandbox_id = %row.id, state = ?row.state, "a pause or resume was cut short; undone");
+        }
+        let retention = i64::try_from(pausing.retention.as_secs()).unwrap_or(i64::MAX);
+        let due = pauses::paused_overdue(&mut conn, Utc::now(), retention).await?;
+        drop(conn);
+        let mut closed = 0;
+        for row in due {
+            let reason = if row.expires_at.is_some_and(|e| e <= Utc::now()) {
+                "lifetime"
+            } else {
+                "retention"
+            };
+            if self.end_paused(&row, reason).await?.is_some() {
+                closed += 1;
+            }
+        }
+        Ok(closed)
+    }
+
+    /// Ends a paused row (`closed` with `reason`) and deletes its snapshot (row and object).
+    /// `None` when it was not paused any more.
+    pub(crate) async fn end_paused(
+        &self,
+        row: &SandboxRow,
+        reason: &str,
+    ) -> Result<Option<SandboxRow>, ServiceError> {
+        let mut conn = self.db.acquire().await?;
+        let Some(ended) = pauses::end_paused(&mut conn, &row.id, reason).await? else {
+            return Ok(None);
+        };
+        let (Some(tenant), Some(snapshot_id)) = (ended.tenant_id, ended.snapshot_id.clone()) else {
+            return Ok(Some(ended));
+        };
+        let snapshot_id = snapshot_id.as_str();
+        snapshots::delete(&mut conn, tenant, snapshot_id).await?;
+        drop(conn);
+        if let Some(pausing) = self.pausing.as_ref()
+            && let Err(err) = pausing.store.delete(tenant, snapshot_id).await
+        {
+            tracing::warn!(error = %err, snapshot = %snapshot_id, "deleting an ended sandbox's snapshot failed");
+        }
+        tracing::info!(sandbox_id = %row.id, reason, "closed a paused sandbox and deleted its snapshot");
+        Ok(Some(ended))
+    }
+}
+
+/// Whether a checkpoint failed because this runtime or engine cannot take one at all.
+fn checkpoints_unavailable(err: &sandgate_sandbox::SandboxError) -> bool {
+    use sandgate_sandbox::{SandboxError, SnapshotError};
+    match err {
+        SandboxError::SnapshotsUnavailable { .. } => true,
+        SandboxError::Checkpoint { source, .. } => {
+            matches!(source.as_ref(), SnapshotError::Unavailable(_))
+        }
+        _ => false,
+    }
+}
+
+pub(super) fn snapshot_error(sandbox_id: &str, err: SnapshotServiceError) -> ServiceError {
+    match err {
+        SnapshotServiceError::SandboxNotFound { .. } | SnapshotServiceError::NotFound { .. } => {
+            ServiceError::NotFound(sandbox_id.to_owned())
+        }
+        SnapshotServiceError::Sandbox(err) => ServiceError::from(*err),
+        SnapshotServiceError::Store(err) => ServiceError::from(err),
+        SnapshotServiceError::Unwrap(err) => {
+            tracing::error!(error = %err, sandbox_id, "a snapshot's key does not unwrap");
+            ServiceError::Busy {
+                what: format!("sandbox {sandbox_id} (its snapshot cannot be opened)"),
+                retry_after_seconds: 60,
+            }
+        }
+    }
+}
+
+pub(super) fn store_failed(sandbox_id: &str, err: SnapshotStoreError) -> ServiceError {
+    tracing::warn!(error = %err, sandbox_id, "the snapshot store failed");
+    ServiceError::Busy {
+        what: format!("sandbox {sandbox_id} (the snapshot store)"),
+        retry_after_seconds: 10,
+    }
+}
+
+/// One of a tenant's sandboxes that is live or paused (for `list_sandboxes`).
+#[derive(Debug, Clone)]
+pub struct HeldSandbox {
+    /// Its row.
+    pub row: SandboxRow,
+    /// The sealed size of a paused one's snapshot, bytes.
+    pub snapshot_bytes: Option<u64>,
+}
+
+impl HeldSandbox {
+    /// Its state as shown: `running`, `pausing`, `paused` or `resuming`.
+    pub fn state(&self) -> &'static str {
+        match self.row.state {
+            SandboxState::Pausing => "pausing",
+            SandboxState::Paused => "paused",
+            SandboxState::Resuming => "resuming",
+            _ => "running",
+        }
+    }
+}
+
+impl SandboxService {
+    /// The tenant's live and paused sandboxes, those of `conversation` when one is named,
+    /// newest first (at most 1000).
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant))]
+    pub async fn list_held(
+        &self,
+        caller: &Caller,
+        conversation: Option<&str>,
+    ) -> Result<Vec<HeldSandbox>, ServiceError> {
+        let mut conn = self.db.acquire().await?;
+        let rows = pauses::held_of_tenant(&mut conn, caller.tenant, conversation).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(row, bytes)| HeldSandbox {
+                row,
+                snapshot_bytes: bytes.and_then(|b| u64::try_from(b).ok()),
+            })
+            .collect())
+    }
+}

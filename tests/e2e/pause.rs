@@ -1,0 +1,455 @@
+//! Conversations that outlive idle (issue 27), through the real binary on a `runsc2024`
+//! profile with a 2 s idle timeout: a conversation's sandbox idles past its timeout, is paused
+//! (its container gone, its sealed snapshot in the store) and the next call by
+//! `conversation_id` resumes it under the same `sandbox_id` with its variables and files; the
+//! same across a restart of the gateway while it is paused; ten cycles in a row keep everything
+//! and the sandbox's own idle timeout; another tenant naming the paused sandbox gets the
+//! missing-sandbox answer; `close_sandbox` deletes the snapshot.
+//!
+//! Skipped, saying so, where the engine has no `runsc2024` runtime.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::mcp_client::{Client, Era};
+use crate::support::{self, Gateway};
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+fn plain_dir() -> String {
+    std::env::var("SANDGATE_SNAPSHOTS__PLAIN_DIR")
+        .unwrap_or_else(|_| "/var/cache/sandgate/docker/plain".into())
+}
+
+/// Whether the engine has the runtime that can checkpoint; says why not when it has not.
+pub fn runsc2024_registered() -> bool {
+    let runtimes = support::docker_words(&["info", "--format", "{{json .Runtimes}}"]).join(" ");
+    let registered = runtimes.contains("\"runsc2024\"");
+    if !registered {
+        eprintln!(
+            "skipping: the Docker engine has no runsc2024 runtime (scripts/stack.sh registers \
+             it), so sandboxes cannot be checkpointed here"
+        );
+    }
+    registered
+}
+
+/// A snapshot store of the test's own (removed on drop).
+pub struct StoreDir(pub PathBuf);
+
+impl StoreDir {
+    pub fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "sandgate-e2e-snapshots-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).expect("the store directory is made");
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0.to_str().expect("a UTF-8 path")
+    }
+
+    /// The sealed snapshot files in the store.
+    pub fn snapshots(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, found);
+                } else if path.extension().is_some_and(|e| e == "sgsnap") {
+                    found.push(path);
+                }
+            }
+        }
+        let mut found = Vec::new();
+        walk(&self.0, &mut found);
+        found
+    }
+}
+
+impl Drop for StoreDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The settings of a gateway that pauses idle sandboxes after 2 s.
+pub fn pausing_env<'a>(plain: &'a str, store: &'a StoreDir) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("SANDGATE_SANDBOX__RUNTIME", "runsc2024"),
+        ("SANDGATE_SNAPSHOTS__PLAIN_DIR", plain),
+        ("SANDGATE_SNAPSHOTS__TEMPLATES", "false"),
+        ("SANDGATE_SNAPSHOTS__STORE_DIR", store.path()),
+        ("SANDGATE_LIMITS__IDLE_TIMEOUT_SECONDS", "2"),
+        ("SANDGATE_LIFECYCLE__REAPER_INTERVAL_MS", "200"),
+        ("SANDGATE_POOL__MIN_READY", "0"),
+        ("SANDGATE_POOL__MAX_READY", "0"),
+    ]
+}
+
+/// The running containers of `instance`.
+fn running(instance: &str) -> Vec<String> {
+    support::docker_words(&[
+        "ps",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("label=sandgate.instance={instance}"),
+    ])
+}
+
+/// Waits until the sandbox's container is gone and one snapshot rests in the store: paused.
+pub async fn until_paused(instance: &str, store: &StoreDir) {
+    support::eventually(LIMIT, "the idle sandbox to be paused", || async {
+        (running(instance).is_empty() && store.snapshots().len() == 1).then_some(())
+    })
+    .await;
+}
+
+fn text_plain(result: &Value) -> String {
+    result["result"]["text/plain"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn cell(client: &Client, conversation: &str, code: &str) -> Value {
+    let answer = client
+        .ok(
+            "execute_code",
+            json!({"conversation_id": conversation, "code": code}),
+        )
+        .await;
+    assert!(
+        answer.structured["error"].is_null(),
+        "the cell ran: {}",
+        answer.text
+    );
+    answer.structured
+}
+
+async fn pauses_and_resumes_in(era: Era) {
+    let database = support::fresh_database().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, era)
+        .await
+        .expect("client connects");
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    let first = cell(
+        &client,
+        &conversation,
+        "v = 41\nopen('/home/user/kept.txt', 'w').write('kept')\nv",
+    )
+    .await;
+    let sandbox_id = first["sandbox_id"]
+        .as_str()
+        .expect("a sandbox id")
+        .to_owned();
+    assert!(first["resumed"].is_null(), "a fresh sandbox: {first}");
+    until_paused(&gateway.instance, &store).await;
+
+    let after = cell(
+        &client,
+        &conversation,
+        "v += 1\n(v, open('/home/user/kept.txt').read())",
+    )
+    .await;
+    assert_eq!(after["sandbox_id"], sandbox_id.as_str(), "the same sandbox");
+    assert_eq!(
+        text_plain(&after),
+        "(42, 'kept')",
+        "the variable and the file survived the pause: {after}"
+    );
+    assert!(
+        after["resumed"]["paused_seconds"].as_f64().is_some(),
+        "the result says it was resumed: {after}"
+    );
+    assert!(
+        store.snapshots().is_empty(),
+        "a resumed sandbox's snapshot is deleted"
+    );
+
+    // Another tenant naming the paused sandbox hears what a missing one would say.
+    until_paused(&gateway.instance, &store).await;
+    let other = gateway.create_tenant().await;
+    let other_token = gateway.token(&other).await;
+    let intruder = Client::connect(&gateway.mcp_url(), &other_token, era)
+        .await
+        .expect("client connects");
+    intruder
+        .assert_foreign_looks_missing("execute_code", json!({"code": "v"}), &sandbox_id)
+        .await;
+    assert_eq!(store.snapshots().len(), 1, "the intruder resumed nothing");
+
+    // Closing a paused sandbox deletes its snapshot.
+    client
+        .ok("close_sandbox", json!({"sandbox_id": sandbox_id}))
+        .await;
+    support::eventually(LIMIT, "the closed sandbox's snapshot to go", || async {
+        store.snapshots().is_empty().then_some(())
+    })
+    .await;
+    support::remove_containers_of(&gateway.instance);
+}
+
+#[tokio::test]
+async fn an_idle_sandbox_pauses_and_resumes_with_its_state_stateless_era() {
+    if !runsc2024_registered() {
+        return;
+    }
+    pauses_and_resumes_in(Era::Stateless).await;
+}
+
+#[tokio::test]
+async fn an_idle_sandbox_pauses_and_resumes_with_its_state_sessions_era() {
+    if !runsc2024_registered() {
+        return;
+    }
+    pauses_and_resumes_in(Era::Sessions).await;
+}
+
+#[tokio::test]
+async fn a_paused_sandbox_resumes_after_the_gateway_restarts() {
+    if !runsc2024_registered() {
+        return;
+    }
+    let database = support::fresh_database().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let env = pausing_env(&plain, &store);
+    let mut gateway = Gateway::start(&database, &env).await;
+    let instance = gateway.instance.clone();
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let first = cell(&client, &conversation, "w = 'before the restart'\nw").await;
+    let sandbox_id = first["sandbox_id"].as_str().expect("an id").to_owned();
+    until_paused(&instance, &store).await;
+    assert!(gateway.terminate().await, "sandgate stops on SIGTERM");
+    drop(client);
+
+    let gateway = Gateway::start_instance(&database, &instance, &env).await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let after = cell(&client, &conversation, "w").await;
+    assert_eq!(after["sandbox_id"], sandbox_id.as_str(), "{after}");
+    assert_eq!(text_plain(&after), "'before the restart'", "{after}");
+    assert!(after["resumed"].is_object(), "{after}");
+    support::remove_containers_of(&instance);
+}
+
+#[tokio::test]
+async fn ten_pause_and_resume_cycles_keep_every_file_and_variable_and_the_idle_timeout() {
+    if !runsc2024_registered() {
+        return;
+    }
+    let database = support::fresh_database().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    // Its own idle timeout (3 s), not the default (2 s): a resume must keep it.
+    let created = client
+        .ok(
+            "create_sandbox",
+            json!({"conversation_id": conversation, "keep_alive_seconds": 3}),
+        )
+        .await;
+    let sandbox_id = created.structured["sandbox_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    cell(&client, &conversation, "kept = []").await;
+    for round in 0..10 {
+        let code = format!(
+            "kept.append({round})\nopen(f'/home/user/round-{round}.txt', 'w').write('{round}')\n\
+             import os\n(kept == list(range({round} + 1)), \
+             all(open(f'/home/user/round-{{i}}.txt').read() == str(i) for i in range({round} + 1)))"
+        );
+        until_paused(&gateway.instance, &store).await;
+        let answer = cell(&client, &conversation, &code).await;
+        assert_eq!(answer["sandbox_id"], sandbox_id.as_str(), "round {round}");
+        assert_eq!(
+            text_plain(&answer),
+            "(True, True)",
+            "round {round}: every variable and file of the rounds before is kept: {answer}"
+        );
+        assert!(answer["resumed"].is_object(), "round {round}: {answer}");
+    }
+    let again = client
+        .ok("create_sandbox", json!({"conversation_id": conversation}))
+        .await;
+    assert_eq!(
+        again.structured["idle_timeout_seconds"], 3,
+        "the resumed sandbox keeps its own idle timeout: {}",
+        again.text
+    );
+    support::remove_containers_of(&gateway.instance);
+}
+
+#[tokio::test]
+async fn retention_closes_a_paused_sandbox_and_its_conversation_hears_why() {
+    if !runsc2024_registered() {
+        return;
+    }
+    let database = support::fresh_database().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let mut env = pausing_env(&plain, &store);
+    // A pause is kept 3 s: the retention pass closes it then.
+    env.push(("SANDGATE_RETENTION__PAUSED_SECONDS", "3"));
+    let gateway = Gateway::start(&database, &env).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+
+    // Retention: the paused sandbox is closed, its snapshot deleted from the store, and the
+    // conversation's next call hears why its state is gone.
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    let first = cell(&client, &conversation, "r = 1\nr").await;
+    let old = first["sandbox_id"].as_str().expect("an id").to_owned();
+    until_paused(&gateway.instance, &store).await;
+    support::eventually(LIMIT, "retention to delete the snapshot", || async {
+        store.snapshots().is_empty().then_some(())
+    })
+    .await;
+    let after = cell(&client, &conversation, "'r' in globals()").await;
+    assert_ne!(after["sandbox_id"], old.as_str(), "a new sandbox: {after}");
+    assert_eq!(after["state_lost"], true, "{after}");
+    assert_eq!(
+        after["previous_sandbox"]["sandbox_id"],
+        old.as_str(),
+        "{after}"
+    );
+    assert!(
+        after["previous_sandbox"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("retention"),
+        "the reason names the retention: {after}"
+    );
+
+    support::remove_containers_of(&gateway.instance);
+}
+
+#[tokio::test]
+async fn purging_a_tenant_deletes_its_paused_sandboxes_snapshots() {
+    if !runsc2024_registered() {
+        return;
+    }
+    let database = support::fresh_database().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    cell(&client, &conversation, "p = 1").await;
+    until_paused(&gateway.instance, &store).await;
+    let purged = gateway.cli(&["admin", "tenant", "purge", &tenant]).await;
+    assert!(purged.contains("snapshots of paused sandboxes"), "{purged}");
+    assert!(
+        store.snapshots().is_empty(),
+        "the purge deleted the tenant's snapshots from the store: {purged}"
+    );
+    support::remove_containers_of(&gateway.instance);
+}
+
+#[tokio::test]
+async fn a_fork_diverges_from_its_source() {
+    if !runsc2024_registered() {
+        return;
+    }
+    let database = support::fresh_database().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    let first = cell(
+        &client,
+        &conversation,
+        "a = 1\nopen('/home/user/shared.txt', 'w').write('before')\na",
+    )
+    .await;
+    let source = first["sandbox_id"].as_str().expect("an id").to_owned();
+    let forked = client
+        .ok("fork_sandbox", json!({"conversation_id": conversation}))
+        .await;
+    let fork = forked.structured["sandbox_id"]
+        .as_str()
+        .expect("the fork's id")
+        .to_owned();
+    assert_ne!(fork, source, "a fork has a new id: {}", forked.text);
+    assert_eq!(forked.structured["forked_from"], source.as_str());
+    let in_fork = |code: &'static str| {
+        let client = &client;
+        let fork = fork.clone();
+        async move {
+            client
+                .ok("execute_code", json!({"sandbox_id": fork, "code": code}))
+                .await
+                .structured
+        }
+    };
+    let copied = in_fork("(a, open('/home/user/shared.txt').read())").await;
+    assert_eq!(
+        text_plain(&copied),
+        "(1, 'before')",
+        "the fork is a copy: {copied}"
+    );
+    in_fork("a = 2\nopen('/home/user/fork-only.txt', 'w').write('fork')").await;
+    let source_view = cell(
+        &client,
+        &conversation,
+        "import os\nb = 'source'\n(a, os.path.exists('/home/user/fork-only.txt'))",
+    )
+    .await;
+    assert_eq!(
+        source_view["sandbox_id"],
+        source.as_str(),
+        "the conversation keeps its source"
+    );
+    assert_eq!(
+        text_plain(&source_view),
+        "(1, False)",
+        "the source sees none of the fork's changes: {source_view}"
+    );
+    let fork_view = in_fork("('b' in globals(), a)").await;
+    assert_eq!(
+        text_plain(&fork_view),
+        "(False, 2)",
+        "the fork sees none of the source's later changes: {fork_view}"
+    );
+    support::remove_containers_of(&gateway.instance);
+}

@@ -331,3 +331,75 @@ async fn a_start_deletes_the_template_images_its_instance_left_and_no_others() {
     assert!(kept, "another instance's template image was deleted");
     drop(manager);
 }
+
+/// A host where snapshots cannot be taken (here: no plaintext tmpfs configured, as on an engine
+/// that `scripts/stack.sh` did not set up) keeps ordinary starts for a `runsc2024` pool, and
+/// its template status says why.
+#[tokio::test]
+async fn a_host_without_the_snapshot_tmpfs_starts_afresh_and_says_why() {
+    support::init_tracing();
+    let host = std::env::var("SANDGATE_TEST_SNAPSHOT_DOCKER").unwrap_or_default();
+    let backend = Arc::new(DockerBackend::connect(&host).expect("a Docker client"));
+    let info = backend.client().info().await.expect("docker info");
+    if !info
+        .runtimes
+        .as_ref()
+        .is_some_and(|r| r.contains_key("runsc2024"))
+    {
+        eprintln!("test not run: the engine has no runsc2024 runtime");
+        return;
+    }
+    let instance = format!(
+        "sandgate-test-no-tmpfs-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let mut config = ManagerConfig::new(&instance);
+    config.pool = PoolConfig {
+        min_ready: 0,
+        max_ready: 0,
+        max_concurrent_starts: 1,
+    };
+    let tpl = SandboxProfile {
+        name: "tpl".into(),
+        runtime: OciRuntime::Runsc2024,
+        ..support::profile()
+    };
+    let manager =
+        SandboxManager::start(backend.clone(), vec![tpl], config).expect("valid configuration");
+    let why = support::eventually(LIMIT, "the template status to say why not", || async {
+        match manager
+            .template_status("tpl")
+            .expect("a tpl pool")
+            .snapshots
+        {
+            Some(Err(why)) => Some(why),
+            _ => None,
+        }
+    })
+    .await;
+    let sandbox = support::within(LIMIT, "a lease", manager.lease("tpl"))
+        .await
+        .expect("an ordinary start");
+    let restored = sandbox.restored_from().map(str::to_owned);
+    let answer = support::within(
+        LIMIT,
+        "1+1",
+        sandbox.exec("1+1", ExecOptions::default(), None),
+    )
+    .await
+    .expect("the cell runs");
+    manager.shutdown().await;
+    for c in backend.list(&instance).await.unwrap_or_default() {
+        let _ = backend.remove(&c.container_id).await;
+    }
+    assert!(
+        why.contains("tmpfs"),
+        "the status names the missing tmpfs: {why}"
+    );
+    assert_eq!(restored, None, "no template: the sandbox started afresh");
+    assert_eq!(
+        answer.result.and_then(|r| r.get("text/plain").cloned()),
+        Some("2".to_owned()),
+        "the ordinary start answers"
+    );
+}

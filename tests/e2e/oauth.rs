@@ -138,9 +138,12 @@ async fn an_mcp_client_connects_once_with_pkce_and_refresh_tokens_rotate() {
             "close_sandbox",
             "create_sandbox",
             "execute_code",
+            "fork_sandbox",
             "install_packages",
             "kill_job",
             "list_jobs",
+            "list_sandboxes",
+            "pause_sandbox",
             "run_terminal_command"
         ],
         "the token's scopes decide the tools"
@@ -514,7 +517,13 @@ async fn tokens_for_other_resources_expired_or_short_of_scope_are_refused() {
     names.sort_unstable();
     assert_eq!(
         names,
-        ["close_sandbox", "create_sandbox"],
+        [
+            "close_sandbox",
+            "create_sandbox",
+            "fork_sandbox",
+            "list_sandboxes",
+            "pause_sandbox"
+        ],
         "only the sandbox tools are listed"
     );
     for (era, headers) in [
@@ -742,8 +751,8 @@ async fn a_person_connects_an_app_in_a_real_browser() {
     let tools = client.service.list_all_tools().await.expect("tools/list");
     assert_eq!(
         tools.len(),
-        10,
-        "sandbox, execute and files:read open ten tools: {tools:?}"
+        13,
+        "sandbox, execute and files:read open thirteen tools: {tools:?}"
     );
 }
 
@@ -786,11 +795,14 @@ async fn the_python_sdk_oauth_provider_connects_and_calls_a_tool() {
             "create_sandbox",
             "execute_code",
             "export_transcript",
+            "fork_sandbox",
             "get_file",
             "install_packages",
             "kill_job",
             "list_files",
             "list_jobs",
+            "list_sandboxes",
+            "pause_sandbox",
             "run_terminal_command",
             "upload_file"
         ])
@@ -1032,7 +1044,7 @@ async fn confidential_clients_use_client_credentials_and_tokens_can_be_revoked()
         .expect("connects");
     assert_eq!(
         client.service.list_all_tools().await.unwrap().len(),
-        5,
+        8,
         "sandbox + files:read tools"
     );
 

@@ -48,11 +48,14 @@ TOOLS = {
     "create_sandbox",
     "execute_code",
     "export_transcript",
+    "fork_sandbox",
     "get_file",
     "install_packages",
     "kill_job",
     "list_files",
     "list_jobs",
+    "list_sandboxes",
+    "pause_sandbox",
     "run_terminal_command",
     "upload_file",
 }
@@ -180,7 +183,7 @@ async def list_tools(client: Client) -> dict[str, dict[str, Any]]:
     """tools/list: the eleven tools, each described, with an object input and output schema."""
     listed = await client.list_tools()
     names = {tool.name for tool in listed.tools}
-    check(names == TOOLS, f"tools/list names the eleven tools; got {sorted(names)}")
+    check(names == TOOLS, f"tools/list names the fourteen tools; got {sorted(names)}")
     check(listed.next_cursor is None, "tools/list fits on one page")
     schemas: dict[str, dict[str, Any]] = {}
     for tool in listed.tools:

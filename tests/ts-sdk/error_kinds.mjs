@@ -28,7 +28,7 @@ async function connect(token) {
   await client.connect(transport);
   // tools/list: from now on callTool validates structuredContent against each outputSchema.
   const { tools } = await client.listTools();
-  check(tools.length === 11, `eleven tools, not ${tools.length}`);
+  check(tools.length === 14, `fourteen tools, not ${tools.length}`);
   for (const tool of tools) {
     check(tool.outputSchema, `${tool.name} declares an outputSchema`);
   }

@@ -300,6 +300,9 @@ enum KeysCommand {
     Rotate,
 }
 
+/// Stack size of each async runtime worker thread.
+const WORKER_STACK_BYTES: usize = 8 << 20;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // A node's and the migrator's configurations need no secrets (they hold none).
@@ -316,7 +319,14 @@ fn main() -> ExitCode {
         }
     };
     telemetry::init(&config.log);
-    let runtime = match tokio::runtime::Runtime::new() {
+    // 8 MiB per worker rather than the default 2: a call that resumes a paused sandbox after a
+    // restart (adopting, restoring, resolving) nests deep futures, and a debug build overflowed
+    // 2 MiB there (e2e `pause::a_paused_sandbox_resumes_after_the_gateway_restarts`).
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(WORKER_STACK_BYTES)
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("sandgate: cannot start the async runtime: {err}");

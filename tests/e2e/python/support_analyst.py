@@ -180,7 +180,7 @@ class Analyst:
 
 
 async def list_tools(client: Client) -> dict[str, dict[str, Any]]:
-    """tools/list: the eleven tools, each described, with an object input and output schema."""
+    """tools/list: the fourteen tools, each described, with an object input and output schema."""
     listed = await client.list_tools()
     names = {tool.name for tool in listed.tools}
     check(names == TOOLS, f"tools/list names the fourteen tools; got {sorted(names)}")

@@ -320,6 +320,28 @@ impl McpServer {
         ))
     }
 
+    /// The sandbox a close, pause or fork names: `sandbox_id`, else the conversation's; with
+    /// neither, an invalid-params error saying what to give (`verb`: what the tool does).
+    async fn named_sandbox(
+        &self,
+        sandbox_id: Option<String>,
+        caller: &Caller,
+        conversation: Option<&str>,
+        verb: &str,
+    ) -> Result<String, CallError> {
+        match (sandbox_id, conversation) {
+            (Some(id), _) => Ok(id),
+            (None, Some(conversation)) => Ok(self
+                .inner
+                .sandboxes
+                .conversation_sandbox(caller, conversation)
+                .await?),
+            (None, None) => Err(CallError::InvalidParams(format!(
+                "give the sandbox_id to {verb}"
+            ))),
+        }
+    }
+
     async fn close_sandbox(
         &self,
         args: CloseSandboxArgs,
@@ -327,17 +349,9 @@ impl McpServer {
         conversation: Option<&str>,
     ) -> Result<Answer, CallError> {
         let service = &self.inner.sandboxes;
-        let id = match (args.sandbox_id, conversation) {
-            (Some(id), _) => id,
-            (None, Some(conversation)) => {
-                service.conversation_sandbox(caller, conversation).await?
-            }
-            (None, None) => {
-                return Err(CallError::InvalidParams(
-                    "give the sandbox_id to close".into(),
-                ));
-            }
-        };
+        let id = self
+            .named_sandbox(args.sandbox_id, caller, conversation, "close")
+            .await?;
         let row = service.close(caller, &id).await?;
         let out = CloseSandboxOutput {
             sandbox_id: row.id.clone(),
@@ -383,17 +397,9 @@ impl McpServer {
         conversation: Option<&str>,
     ) -> Result<Answer, CallError> {
         let service = &self.inner.sandboxes;
-        let id = match (args.sandbox_id, conversation) {
-            (Some(id), _) => id,
-            (None, Some(conversation)) => {
-                service.conversation_sandbox(caller, conversation).await?
-            }
-            (None, None) => {
-                return Err(CallError::InvalidParams(
-                    "give the sandbox_id to pause".into(),
-                ));
-            }
-        };
+        let id = self
+            .named_sandbox(args.sandbox_id, caller, conversation, "pause")
+            .await?;
         let row = service.pause(caller, &id).await?;
         let out = PauseSandboxOutput {
             sandbox_id: row.id.clone(),
@@ -418,17 +424,9 @@ impl McpServer {
         conversation: Option<&str>,
     ) -> Result<Answer, CallError> {
         let service = &self.inner.sandboxes;
-        let id = match (args.sandbox_id, conversation) {
-            (Some(id), _) => id,
-            (None, Some(conversation)) => {
-                service.conversation_sandbox(caller, conversation).await?
-            }
-            (None, None) => {
-                return Err(CallError::InvalidParams(
-                    "give the sandbox_id to fork".into(),
-                ));
-            }
-        };
+        let id = self
+            .named_sandbox(args.sandbox_id, caller, conversation, "fork")
+            .await?;
         let forked = service.fork(caller, &id).await?;
         let row = &forked.fork.row;
         let out = ForkSandboxOutput {

@@ -377,14 +377,37 @@ pub struct TcpProxy {
 }
 
 impl TcpProxy {
-    /// Starts forwarding.
+    /// Starts forwarding, on a port below the kernel's ephemeral range: a test that stops the
+    /// proxy and brings it back with [`TcpProxy::start_on`] must find its port free, and a port
+    /// the kernel hands out (to an outgoing connection of any test running beside it) may be
+    /// taken in between.
     pub async fn start(upstream: String) -> TcpProxy {
-        Self::start_on("127.0.0.1:0".parse().expect("an address"), upstream).await
+        let first = ephemeral_range_start();
+        for _ in 0..200 {
+            let port = rand::random_range(10_000..first);
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            if let Ok(listener) = TcpListener::bind(addr).await {
+                return Self::serve(listener, upstream);
+            }
+        }
+        panic!("no free loopback port below {first} after 200 tries");
     }
 
     /// Starts forwarding from a given address (to bring a stopped proxy back on the same port).
+    /// Connections of the stopped proxy may hold the port for a moment: retried until free.
     pub async fn start_on(addr: SocketAddr, upstream: String) -> TcpProxy {
-        let listener = TcpListener::bind(addr).await.expect("a loopback port");
+        let listener = eventually(Duration::from_secs(30), "the proxy's port to be free", || async {
+            match TcpListener::bind(addr).await {
+                Ok(listener) => Some(listener),
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => None,
+                Err(e) => panic!("binding {addr}: {e}"),
+            }
+        })
+        .await;
+        Self::serve(listener, upstream)
+    }
+
+    fn serve(listener: TcpListener, upstream: String) -> TcpProxy {
         let addr = listener.local_addr().expect("bound");
         let mut tasks = JoinSet::new();
         tasks.spawn(async move {
@@ -415,6 +438,15 @@ impl TcpProxy {
     pub async fn stop(mut self) {
         self.tasks.shutdown().await;
     }
+}
+
+/// The first port of the kernel's ephemeral range (`ip_local_port_range`; 32768 by default).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .filter(|&p: &u16| p > 10_100)
+        .unwrap_or(32_768)
 }
 
 /// A process's resident memory now and at its peak (`VmRSS`, `VmHWM` of `/proc/<pid>/status`),

@@ -26,6 +26,7 @@ pub mod status;
 #[cfg(feature = "test-pki")]
 pub mod test_pki;
 mod tls;
+pub mod version;
 
 /// The messages and tonic stubs generated from `proto/node.proto`.
 #[allow(

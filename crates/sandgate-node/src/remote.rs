@@ -9,6 +9,7 @@ use sandgate_sandbox::{
     IndexHandler, Job, Listing, OutputEvent, PingInfo, PoolStats, SandboxError, SandboxProfile,
 };
 use tokio::sync::mpsc;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::proto::{self, node_client::NodeClient};
@@ -16,6 +17,10 @@ use crate::relay;
 use crate::server::MAX_MESSAGE_BYTES;
 use crate::status::from_status;
 use crate::tls::NodeTls;
+use crate::version::StampVersion;
+
+/// The node RPC client, every request stamped with this build's version.
+pub(crate) type Client = NodeClient<InterceptedService<Channel, StampVersion>>;
 
 /// How long a call other than a cell or command may take on the node (file transfers included).
 pub(crate) const CALL_DEADLINE: Duration = Duration::from_secs(300);
@@ -76,7 +81,7 @@ pub struct RemoteNode {
 #[derive(Debug)]
 struct RemoteInner {
     url: String,
-    client: NodeClient<Channel>,
+    client: Client,
 }
 
 /// A channel to the node at `url`, connecting on first use: over mutual TLS with `tls` (the
@@ -128,7 +133,7 @@ impl RemoteNode {
 
     fn lazy(url: &str, tls: Option<&NodeTls>) -> Result<Self, ConnectError> {
         let channel = channel_lazy(url, tls)?;
-        let client = NodeClient::new(channel)
+        let client = NodeClient::with_interceptor(channel, StampVersion)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Ok(Self {
@@ -144,7 +149,7 @@ impl RemoteNode {
         &self.inner.url
     }
 
-    pub(crate) fn client(&self) -> NodeClient<Channel> {
+    pub(crate) fn client(&self) -> Client {
         self.inner.client.clone()
     }
 

@@ -10,6 +10,7 @@ use sandgate_sandbox::{
     CommandOptions, ExecOptions, OutputEvent, Sandbox, SandboxError, SandboxManager,
 };
 use tokio::sync::mpsc;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::budget::{ReadBudget, ReadLimits};
@@ -94,11 +95,25 @@ impl NodeService {
         self
     }
 
-    /// The tonic service, with this crate's message limits.
-    pub fn into_server(self) -> node_server::NodeServer<Self> {
-        node_server::NodeServer::new(self)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    /// The tonic service, with this crate's message limits, refusing callers older than
+    /// [`crate::version::RPC_OLDEST`].
+    pub fn into_server(
+        self,
+    ) -> InterceptedService<node_server::NodeServer<Self>, crate::version::CheckVersion> {
+        self.into_server_with(crate::version::CheckVersion::default())
+    }
+
+    /// [`NodeService::into_server`] with another version check (tests play other versions).
+    pub fn into_server_with(
+        self,
+        check: crate::version::CheckVersion,
+    ) -> InterceptedService<node_server::NodeServer<Self>, crate::version::CheckVersion> {
+        InterceptedService::new(
+            node_server::NodeServer::new(self)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            check,
+        )
     }
 
     fn keep(&self, sandbox: &Sandbox) -> proto::SandboxRef {

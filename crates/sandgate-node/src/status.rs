@@ -154,7 +154,10 @@ pub fn to_status(err: &SandboxError) -> Status {
                 );
             }
         },
-        SandboxError::InvalidProfile { .. } | SandboxError::NodeFailed { .. } => {
+        SandboxError::InvalidProfile { .. }
+        | SandboxError::NodeFailed { .. }
+        | SandboxError::VersionSkew { .. }
+        | SandboxError::OlderNode { .. } => {
             return logged(
                 err,
                 Code::Internal,
@@ -165,6 +168,24 @@ pub fn to_status(err: &SandboxError) -> Status {
     };
     let failure = proto::Failure { kind: Some(kind) };
     Status::with_details(code, err.to_string(), failure.encode_to_vec().into())
+}
+
+/// The refusal of a caller older than `oldest` (see [`crate::version`]).
+pub(crate) fn version_skew(caller: u32, oldest: u32, newest: u32) -> Status {
+    let failure = proto::Failure {
+        kind: Some(Kind::VersionSkew(proto::VersionSkew {
+            caller,
+            oldest,
+            newest,
+        })),
+    };
+    Status::with_details(
+        Code::FailedPrecondition,
+        format!(
+            "this node serves node RPC versions {oldest} to {newest}; the caller speaks {caller}: upgrade the gateway"
+        ),
+        failure.encode_to_vec().into(),
+    )
 }
 
 /// A refused sealed stream as it crosses: the stream's fault, in words that are ours (no
@@ -319,6 +340,15 @@ fn unanswered(code: Code) -> &'static str {
 pub fn from_status(node: &str, status: &Status) -> SandboxError {
     let failure = proto::Failure::decode(status.details()).ok();
     let Some(kind) = failure.and_then(|f| f.kind) else {
+        // A call this node's version does not have (the gateway is newer): not a lost
+        // connection, an upgrade out of order.
+        if status.code() == Code::Unimplemented {
+            tracing::error!(node, status = %status.message(), "a sandbox node does not know a call: it is older than this gateway");
+            return SandboxError::OlderNode {
+                node: node.to_owned(),
+                detail: bounded(status.message().to_owned()),
+            };
+        }
         // No typed failure: the node never answered this call (transport, deadline, refused).
         // The connection to the sandbox is as good as lost; the service says so plainly.
         let unreachable = NodeUnreachable {
@@ -394,6 +424,21 @@ pub fn from_status(node: &str, status: &Status) -> SandboxError {
             }),
             snapshot_id: r.snapshot_id,
         },
+        Kind::VersionSkew(v) => {
+            tracing::error!(
+                node,
+                caller = v.caller,
+                oldest = v.oldest,
+                newest = v.newest,
+                "a sandbox node refused this gateway's node RPC version"
+            );
+            SandboxError::VersionSkew {
+                node: node.to_owned(),
+                caller: v.caller,
+                oldest: v.oldest,
+                newest: v.newest,
+            }
+        }
         Kind::Other(incident) => SandboxError::NodeFailed {
             node: node.to_owned(),
             incident: bounded(incident),

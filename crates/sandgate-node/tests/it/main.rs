@@ -9,5 +9,6 @@ mod relay;
 mod sealed;
 mod support;
 mod tls;
+mod versions;
 #[path = "../../../../tests/shared/wheels.rs"]
 mod wheels;

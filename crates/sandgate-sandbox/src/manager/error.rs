@@ -163,4 +163,31 @@ pub enum SandboxError {
         /// Whether it was starting a sandbox (else a call on one).
         starting: bool,
     },
+    /// The node serves no longer the node RPC version this gateway speaks: the gateway is older
+    /// than the node's oldest supported caller.
+    #[error(
+        "the sandbox node at {node} serves node RPC versions {oldest} to {newest}, this gateway \
+         speaks {caller}: upgrade the gateway (docs/scale-out.md, \"Upgrades\")"
+    )]
+    VersionSkew {
+        /// The node's address.
+        node: String,
+        /// The version this gateway sent.
+        caller: u32,
+        /// The oldest the node serves.
+        oldest: u32,
+        /// The newest the node speaks.
+        newest: u32,
+    },
+    /// The node does not know a call this gateway made: it runs an older sandgate.
+    #[error(
+        "the sandbox node at {node} does not know this call ({detail}): it runs an older \
+         sandgate than this gateway; upgrade nodes before gateways (docs/scale-out.md, \"Upgrades\")"
+    )]
+    OlderNode {
+        /// The node's address.
+        node: String,
+        /// What the RPC layer said.
+        detail: String,
+    },
 }

@@ -241,7 +241,9 @@ fn sandbox_kind(err: &SandboxError) -> ErrorKind {
         | SandboxError::RestoredAgent { .. }
         | SandboxError::Seal { .. }
         | SandboxError::Checkpointed { .. }
-        | SandboxError::NodeFailed { .. } => ErrorKind::SandboxFailed,
+        | SandboxError::NodeFailed { .. }
+        | SandboxError::VersionSkew { .. }
+        | SandboxError::OlderNode { .. } => ErrorKind::SandboxFailed,
     }
 }
 
@@ -273,6 +275,12 @@ fn sandbox_message(inner: &SandboxError) -> String {
         | SandboxError::NodeFailed {
             starting: false, ..
         } => "the sandbox could not do that; retry, or call create_sandbox for a fresh one".into(),
+        // The operator's to fix (an upgrade out of order); the gateway's log has both versions.
+        SandboxError::VersionSkew { .. } | SandboxError::OlderNode { .. } => {
+            "the sandbox node cannot serve this call until the operator finishes an upgrade; \
+             retry later"
+                .into()
+        }
     }
 }
 

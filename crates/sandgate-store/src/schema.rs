@@ -279,6 +279,16 @@ mod rule {
                 ));
             }
         }
+        // sqlx sends a no-transaction migration as one simple query, and Postgres runs the
+        // statements of one simple query in an implicit transaction: a second statement beside
+        // `CREATE INDEX CONCURRENTLY` makes it fail ("cannot run inside a transaction block").
+        let no_tx = sql.trim_start().starts_with("-- no-transaction");
+        let count = text.split(';').filter(|s| !s.trim().is_empty()).count();
+        if no_tx && count > 1 {
+            found.push(format!(
+                "a `-- no-transaction` migration with {count} statements (one per file)"
+            ));
+        }
         found
     }
 
@@ -319,6 +329,8 @@ mod rule {
             "DROP TABLE snapshots;",
             "CREATE INDEX sandboxes_by_tenant ON sandboxes (tenant_id);",
             "CREATE INDEX CONCURRENTLY sandboxes_by_tenant ON sandboxes (tenant_id);",
+            "-- no-transaction\nCREATE INDEX CONCURRENTLY a ON sandboxes (tenant_id);\n\
+             CREATE INDEX CONCURRENTLY b ON sandboxes (node);",
         ] {
             assert!(!problems(bad).is_empty(), "caught: {bad}");
         }

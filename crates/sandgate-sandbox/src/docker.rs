@@ -139,6 +139,15 @@ pub enum DockerError {
     /// The sandbox image is not present on the engine.
     #[error("sandbox image {0} is not present; build it with deploy/sandbox/build.sh")]
     ImageMissing(String),
+    /// A `tcp://` (or `http://`) engine address off loopback: Docker's plain HTTP API has no
+    /// authentication, so whoever reaches it is root on that host.
+    #[error(
+        "the Docker engine address {0} is plain, unauthenticated HTTP to another host (whoever \
+         reaches it is root there); sandgate speaks to an engine in the clear only on loopback: \
+         run `sandgate node` on that host (docs/scale-out.md) or reach its engine through a Unix \
+         socket"
+    )]
+    PlainRemote(String),
     /// Inspecting the image failed for another reason.
     #[error("inspecting image {image} failed")]
     InspectImage {
@@ -148,6 +157,27 @@ pub enum DockerError {
         #[source]
         source: bollard::errors::Error,
     },
+}
+
+/// Whether sandgate may speak to the engine at `address` (a `docker.host` or `DOCKER_HOST`):
+/// a Unix socket, or plain HTTP (`tcp://`, `http://`) to a loopback address only.
+fn plain_address_allowed(address: &str) -> bool {
+    let Some(rest) = address
+        .strip_prefix("tcp://")
+        .or_else(|| address.strip_prefix("http://"))
+    else {
+        return true;
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.rsplit_once(':') {
+        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => authority,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Who a Docker engine is (see [`DockerBackend::engine`]).
@@ -178,6 +208,14 @@ impl DockerBackend {
     /// (`DOCKER_HOST`, else `/var/run/docker.sock`) when `host` is empty. Connecting is lazy: an
     /// engine that is down shows up on the first call, not here.
     pub fn connect(host: &str) -> Result<Self, DockerError> {
+        let named = if host.is_empty() {
+            std::env::var("DOCKER_HOST").unwrap_or_default()
+        } else {
+            host.to_owned()
+        };
+        if !plain_address_allowed(&named) {
+            return Err(DockerError::PlainRemote(named));
+        }
         let docker = if host.is_empty() {
             Docker::connect_with_defaults()
         } else if host.starts_with("unix://") || host.starts_with('/') {
@@ -688,7 +726,40 @@ mod tests {
 
     use base64::Engine as _;
 
-    use super::{AGENT_BOOTSTRAP, AGENT_FILES, agent_archive, agent_argument};
+    use super::{
+        AGENT_BOOTSTRAP, AGENT_FILES, DockerBackend, DockerError, agent_archive, agent_argument,
+        plain_address_allowed,
+    };
+
+    #[test]
+    fn plain_http_to_an_engine_is_refused_off_loopback() {
+        for ok in [
+            "",
+            "unix:///var/run/docker.sock",
+            "/run/sandgate-docker2.sock",
+            "tcp://127.0.0.1:2375",
+            "tcp://127.8.9.10:2375",
+            "tcp://localhost:2375",
+            "http://[::1]:2375",
+        ] {
+            assert!(plain_address_allowed(ok), "allowed: {ok}");
+        }
+        for refused in [
+            "tcp://10.0.0.5:2375",
+            "tcp://docker-host:2375",
+            "http://192.168.1.2:2375",
+            "tcp://[2001:db8::1]:2375",
+            "tcp://127.0.0.1.example:2375",
+        ] {
+            assert!(!plain_address_allowed(refused), "refused: {refused}");
+            let err = DockerBackend::connect(refused).expect_err("refused at connect");
+            assert!(
+                matches!(&err, DockerError::PlainRemote(a) if a == refused),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("sandgate node"), "{err}");
+        }
+    }
 
     /// Linux caps one argument of `execve` at 32 pages (`MAX_ARG_STRLEN`, 128 KiB, the final NUL
     /// included): the agent travels as one argument (`python3 -u -c <bootstrap> <compressed

@@ -24,6 +24,7 @@ mod oauth;
 mod package_abuse;
 mod packages;
 mod pause;
+mod pause_remote;
 mod placement;
 mod pool;
 mod private_listener;

@@ -132,14 +132,17 @@ impl Services {
             crate::snapshots::SnapshotKeys::of(config),
         );
         // Pausing needs the key custody, so only a process that holds the keys pauses and
-        // resumes: `serve` (its own node's idle sandboxes) and gateway-only replicas (resumes).
+        // resumes: `serve` and gateway-only replicas, the idle sandboxes of any node.
         let pausing = pausing(config, &snapshots)?;
         let core = Core::start(
             config,
             db.clone(),
             advertise_url,
             Some(packages.clone()),
-            pausing,
+            Idle {
+                pausing,
+                left_to_gateways: None,
+            },
         )
         .await?;
         let (background_stop, background) = (core.background_stop, core.background);
@@ -202,8 +205,18 @@ impl NodeServices {
         sandgate_store::schema::check(&db)
             .await
             .map_err(StartError::Schema)?;
-        // No key custody here, so no pausing: a node's idle sandboxes are closed as before.
-        let core = Core::start(config, db.clone(), Some(advertise_url), None, None).await?;
+        // No key custody here, so no pausing: a node's idle sandboxes are closed at their idle
+        // deadline, or, where the deployment's gateways pause them, left to those (closed here
+        // only when none paused one within the transition deadline past it).
+        let left_to_gateways = config
+            .snapshots
+            .paused_by_gateways
+            .then(|| Duration::from_secs(config.snapshots.transition_deadline_seconds));
+        let idle = Idle {
+            pausing: None,
+            left_to_gateways,
+        };
+        let core = Core::start(config, db.clone(), Some(advertise_url), None, idle).await?;
         let (Some(docker), Some(node_id)) = (core.docker, core.node_id) else {
             unreachable!("Core::start with an advertise URL starts a node")
         };
@@ -216,6 +229,13 @@ impl NodeServices {
             background: core.background,
         })
     }
+}
+
+/// What becomes of idle sandboxes in a process: paused by it (it holds the key custody), or
+/// on a node, left to the gateways' pausing for a while.
+struct Idle {
+    pausing: Option<crate::sandboxes::Pausing>,
+    left_to_gateways: Option<Duration>,
 }
 
 /// What gateways and nodes share: the sandbox service over the registered nodes, with this
@@ -238,7 +258,7 @@ impl Core {
         db: PgPool,
         advertise_url: Option<String>,
         packages: Option<crate::packages::PackageIndex>,
-        pausing: Option<crate::sandboxes::Pausing>,
+        idle: Idle,
     ) -> Result<Self, StartError> {
         let tls = config.node.tls().map_err(StartError::NodeTls)?;
         let (docker, own, registration) = match advertise_url {
@@ -276,8 +296,11 @@ impl Core {
         if let Some(packages) = packages {
             sandboxes = sandboxes.with_packages(packages);
         }
-        if let Some(pausing) = pausing {
+        if let Some(pausing) = idle.pausing {
             sandboxes = sandboxes.with_pausing(pausing);
+        }
+        if let Some(grace) = idle.left_to_gateways {
+            sandboxes = sandboxes.with_idle_left_to_gateways(grace);
         }
         let background_stop = CancellationToken::new();
         let background = TaskTracker::new();

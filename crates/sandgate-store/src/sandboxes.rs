@@ -537,6 +537,25 @@ pub async fn count_leased_on_node(conn: &mut PgConnection, node: &str) -> Result
     )
 }
 
+/// Leased sandboxes on any node past their idle deadline at `now` and not past their lifetime:
+/// the ones a process holding the key custody pauses (a split deployment's nodes leave them to
+/// it). Each is then taken by the conditional `pauses::begin_pause`, so racing processes pause
+/// each once.
+#[tracing::instrument(skip_all)]
+pub async fn idle_anywhere(
+    conn: &mut PgConnection,
+    now: DateTime<Utc>,
+) -> Result<Vec<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM sandboxes WHERE state = 'leased'
+           AND (expires_at IS NULL OR expires_at > $1)
+           AND COALESCE(last_used_at, leased_at) + make_interval(secs => idle_timeout_seconds) <= $1"
+    )))
+    .bind(now)
+    .fetch_all(conn)
+    .await?)
+}
+
 /// Leased sandboxes on `node` past their idle deadline or hard expiry at `now`.
 #[tracing::instrument(skip_all, fields(node = %node))]
 pub async fn overdue(

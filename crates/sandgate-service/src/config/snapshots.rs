@@ -35,6 +35,12 @@ pub struct SnapshotsConfig {
     /// Whether a leased sandbox idle past its timeout is paused (false: closed, as without a
     /// store).
     pub pause_on_idle: bool,
+    /// On a `sandgate node`: the deployment's gateways pause idle sandboxes (they hold the key
+    /// custody and the snapshot store; a node holds neither), so this node leaves its idle
+    /// leased sandboxes to them and closes one itself only when none paused it within
+    /// `transition_deadline_seconds` past its idle deadline (no gateway pausing, or all down).
+    /// Ignored by `serve`, which pauses itself.
+    pub paused_by_gateways: bool,
     /// A pause or resume still unfinished after this long was cut short by a crash and is
     /// undone (pausing: running again; resuming: paused again), seconds.
     #[validate(range(min = 10, max = 86_400, message = "must be between 10 and 86400"))]

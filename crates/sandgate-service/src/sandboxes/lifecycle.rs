@@ -21,6 +21,7 @@ use sandgate_store::sandboxes::{self, CloseReason, SandboxRow, SandboxState};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::pause::IdlePause;
 use super::{SandboxService, ServiceError, describe_fate};
 use crate::config::LifecycleConfig;
 
@@ -67,33 +68,48 @@ impl From<sqlx::Error> for LifecycleError {
 }
 
 impl SandboxService {
-    /// Closes every leased sandbox of this node past its idle timeout or lifetime (skipping those
-    /// with a call in flight on any replica); returns how many it closed.
+    /// One reaper pass; returns how many sandboxes it closed. A process holding the key custody
+    /// (pausing on) ends paused sandboxes past their lifetime or retention and pauses idle
+    /// leased ones on any node; a process with a node of its own closes that node's leased
+    /// sandboxes past their lifetime, and past their idle timeout where it does not pause them
+    /// (on a node whose gateways pause: only once they have been left to them long enough).
+    /// Sandboxes with a call in flight on any replica are skipped.
     #[tracing::instrument(skip_all)]
     pub async fn reap(&self) -> Result<usize, LifecycleError> {
-        // The reaper is the work of the process that runs the node (a gateway-only replica has
-        // none; the nodes reap their own).
-        let Some(node) = self.nodes.own_id() else {
-            return Ok(0);
-        };
-        let now = Utc::now();
-        // Paused sandboxes past their lifetime or retention (any node's: a conditional
-        // statement per row, so replicas racing end each once).
-        let mut closed = self.reap_paused().await?;
-        let mut conn = self.db.acquire().await?;
-        let due = sandboxes::overdue(&mut conn, node, now).await?;
-        drop(conn);
-        if due.is_empty() {
-            return Ok(closed);
+        let mut closed = 0;
+        if self.pausing.is_some() {
+            // Any node's: a conditional statement per row, so replicas racing end each once.
+            closed += self.reap_paused().await?;
         }
-        // A long call through another replica holds its sandbox as much as one through this.
-        let ids: Vec<String> = due.iter().map(|r| r.id.clone()).collect();
+        if self.pauses_on_idle() {
+            closed += self.pause_idle_anywhere().await?;
+        }
+        // Closing for the clock is the work of the process that runs the node (a gateway-only
+        // replica has none; the nodes reap their own).
+        if let Some(node) = self.nodes.own_id() {
+            closed += self.close_overdue(node).await?;
+        }
+        Ok(closed)
+    }
+
+    /// The rows of `rows` with no call in flight on any replica.
+    async fn unused(&self, rows: Vec<SandboxRow>) -> Result<Vec<SandboxRow>, LifecycleError> {
+        if rows.is_empty() {
+            return Ok(rows);
+        }
+        let ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         let busy = self.busy_anywhere(&ids).await?;
-        let due: Vec<SandboxRow> = due.into_iter().filter(|r| !busy.contains(&r.id)).collect();
-        let (to_pause, to_close): (Vec<SandboxRow>, Vec<SandboxRow>) = due
-            .into_iter()
-            .partition(|r| self.pauses_on_idle() && r.expires_at.is_none_or(|e| e > now));
-        let pauses = futures::stream::iter(to_pause)
+        Ok(rows.into_iter().filter(|r| !busy.contains(&r.id)).collect())
+    }
+
+    /// Pauses the idle leased sandboxes of every node (through the node RPCs for another
+    /// process's node); closes those it may not pause. Returns how many it closed.
+    async fn pause_idle_anywhere(&self) -> Result<usize, LifecycleError> {
+        let mut conn = self.db.acquire().await?;
+        let idle = sandboxes::idle_anywhere(&mut conn, Utc::now()).await?;
+        drop(conn);
+        let idle = self.unused(idle).await?;
+        let pauses = futures::stream::iter(idle)
             .map(|row| async move {
                 let paused = self.pause_idle(&row).await;
                 (row, paused)
@@ -101,30 +117,74 @@ impl SandboxService {
             .buffer_unordered(PAUSES_AT_ONCE)
             .collect::<Vec<_>>()
             .await;
-        let mut to_close = to_close;
+        let mut closed = 0;
         for (row, paused) in pauses {
             match paused {
-                Ok(true) => {}
-                // Over the tenant's paused limits: closed as without pauses.
-                Ok(false) => to_close.push(row),
+                Ok(IdlePause::Paused | IdlePause::Skipped) => {}
+                // Over the tenant's paused limits, or a runtime that cannot checkpoint: closed
+                // as without pauses.
+                Ok(IdlePause::Close) => {
+                    if self.end(&row, CloseReason::Idle).await?.is_some() {
+                        tracing::info!(sandbox_id = %row.id, node = %row.node, "closed an idle sandbox it could not pause");
+                        closed += 1;
+                    }
+                }
                 // Still running (the pause was undone); the next pass tries again.
                 Err(err) => {
-                    tracing::warn!(error = %err, sandbox_id = %row.id, "pausing an idle sandbox failed");
+                    tracing::warn!(error = %err, sandbox_id = %row.id, node = %row.node, "pausing an idle sandbox failed");
                 }
             }
         }
-        for row in to_close {
+        Ok(closed)
+    }
+
+    /// Closes this node's leased sandboxes past their lifetime, and past their idle timeout
+    /// unless they are paused instead (by this process, or left to the gateways).
+    async fn close_overdue(&self, node: &str) -> Result<usize, LifecycleError> {
+        let now = Utc::now();
+        let mut conn = self.db.acquire().await?;
+        let due = sandboxes::overdue(&mut conn, node, now).await?;
+        drop(conn);
+        let pauses = self.pauses_on_idle();
+        let left = self
+            .idle_left_to_gateways
+            .map(|d| chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX));
+        let due: Vec<SandboxRow> = due
+            .into_iter()
+            .filter(|r| {
+                if r.expires_at.is_some_and(|e| e <= now) {
+                    return true;
+                }
+                match (pauses, left) {
+                    (true, _) => false,
+                    (false, Some(left)) => r.idle_deadline().is_none_or(|d| d + left <= now),
+                    (false, None) => true,
+                }
+            })
+            .collect();
+        let mut closed = 0;
+        for row in self.unused(due).await? {
             let reason = if row.expires_at.is_some_and(|e| e <= now) {
                 CloseReason::Lifetime
             } else {
                 CloseReason::Idle
             };
+            if left.is_some() && reason == CloseReason::Idle {
+                tracing::warn!(sandbox_id = %row.id, "no gateway paused this idle sandbox (snapshots.paused_by_gateways); closing it");
+            }
             if self.end(&row, reason.clone()).await?.is_some() {
                 tracing::info!(sandbox_id = %row.id, tenant_id = ?row.tenant_id, reason = reason.as_str(), "closed an overdue sandbox");
                 closed += 1;
             }
         }
         Ok(closed)
+    }
+
+    /// On a node whose gateways pause (`snapshots.paused_by_gateways`): idle sandboxes are left
+    /// to them for `grace` past their idle deadline before this node closes them.
+    pub fn with_idle_left_to_gateways(mut self, grace: Duration) -> Self {
+        self.idle_left_to_gateways = Some(grace);
+        self
     }
 
     /// At start-up: the pauses of this node's sandboxes that a crash of this process cut short

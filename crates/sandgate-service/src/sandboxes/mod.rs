@@ -95,6 +95,9 @@ pub struct SandboxService {
     pub(crate) idle_clock: idle_clock::IdleClock,
     /// Pause and resume (none: an idle sandbox is closed).
     pub(crate) pausing: Option<Pausing>,
+    /// On a node whose deployment's gateways pause: how long past its idle deadline an idle
+    /// sandbox is left to them before this node closes it (none: closed at its deadline).
+    pub(crate) idle_left_to_gateways: Option<std::time::Duration>,
 }
 
 impl SandboxService {
@@ -114,6 +117,7 @@ impl SandboxService {
             cache: crate::cache::ChangeCache::default(),
             idle_clock: idle_clock::IdleClock::default(),
             pausing: None,
+            idle_left_to_gateways: None,
         }
     }
 

@@ -9,8 +9,13 @@
 //! paused. A resume is `paused → resuming` (one caller wins; the others wait), the restore, then
 //! `resuming → leased` with its new container: a crash in between leaves it paused.
 //!
-//! Who decides to pause is the reaper of the node that runs the sandbox (one process per
-//! sandbox), and the `begin_pause` statement (a call that touched it since wins).
+//! Who decides to pause is one place, with the key custody: the reaper of every process that
+//! holds it (`serve`, `serve --gateway-only`) pauses idle sandboxes on any node, through the
+//! node RPCs (`CheckpointSealed`, the sealed stream coming back through this process into its
+//! store). A `sandgate node` holds neither keys nor store: with `snapshots.paused_by_gateways`
+//! it leaves idle sandboxes to the gateways. The `begin_pause` statement decides each race: of
+//! the processes that saw a sandbox idle, one takes it `pausing` (a call that touched it since
+//! wins over all of them), and a node's close (`leased` only) cannot end it any more.
 
 use std::time::Duration;
 
@@ -46,6 +51,18 @@ pub struct Pausing {
     pub retention: Duration,
 }
 
+/// What the reaper's pause of an idle sandbox came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdlePause {
+    /// Paused now.
+    Paused,
+    /// Not this process's to pause any more: a call touched it, or another process took it.
+    Skipped,
+    /// To be closed instead (over the tenant's paused limits, or a runtime that cannot
+    /// checkpoint).
+    Close,
+}
+
 /// That a call's sandbox was resumed from a pause, and after how long.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resumed {
@@ -78,11 +95,9 @@ impl SandboxService {
         })
     }
 
-    /// Pauses an idle leased sandbox (the reaper's choice): true when it is paused now, false
-    /// when it was not idle any more, or over the tenant's paused limits (then the caller
-    /// closes it).
-    #[tracing::instrument(skip_all, fields(sandbox_id = %row.id))]
-    pub(crate) async fn pause_idle(&self, row: &SandboxRow) -> Result<bool, ServiceError> {
+    /// Pauses an idle leased sandbox on any node (the reaper's choice); see [`IdlePause`].
+    #[tracing::instrument(skip_all, fields(sandbox_id = %row.id, node = %row.node))]
+    pub(crate) async fn pause_idle(&self, row: &SandboxRow) -> Result<IdlePause, ServiceError> {
         let pausing = self.pausing()?;
         let tenant = row.tenant_id.expect("a leased sandbox has a tenant");
         let mut conn = self.db.acquire().await?;
@@ -94,19 +109,19 @@ impl SandboxService {
                 bytes,
                 "the tenant's paused limits are reached; closing instead"
             );
-            return Ok(false);
+            return Ok(IdlePause::Close);
         }
         let Some(row) = pauses::begin_pause(&mut conn, &row.id, true).await? else {
-            return Ok(false);
+            return Ok(IdlePause::Skipped);
         };
         drop(conn);
         match self.pause_row(pausing, &row).await {
-            Ok(_) => Ok(true),
+            Ok(_) => Ok(IdlePause::Paused),
             // A runtime that cannot checkpoint (runc here): closed, as without pauses, and the
             // conversation's next call hears that its state was lost.
             Err(ServiceError::Sandbox(err)) if checkpoints_unavailable(&err) => {
                 tracing::info!(error = %err, "this sandbox's runtime cannot checkpoint; closing it instead of pausing");
-                Ok(false)
+                Ok(IdlePause::Close)
             }
             Err(err) => Err(err),
         }

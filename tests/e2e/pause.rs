@@ -316,11 +316,14 @@ async fn retention_closes_a_paused_sandbox_and_its_conversation_hears_why() {
     let database = support::fresh_database().await;
     let plain = plain_dir();
     let store = StoreDir::new();
-    let mut env = pausing_env(&plain, &store);
-    // A pause is kept 3 s: the retention pass closes it then.
-    env.push(("SANDGATE_RETENTION__PAUSED_SECONDS", "3"));
-    let gateway = Gateway::start(&database, &env).await;
+    // The deployment keeps pauses its default 30 days; this tenant's own retention is 3 s
+    // (`admin tenant retention --paused`): the retention pass closes its pause then.
+    let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
     let tenant = gateway.create_tenant().await;
+    let set = gateway
+        .cli(&["admin", "tenant", "retention", &tenant, "--paused", "3s"])
+        .await;
+    assert!(set.contains("paused sandboxes kept 3s"), "{set}");
     let token = gateway.token(&tenant).await;
     let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
         .await

@@ -380,6 +380,25 @@ pub async fn set_tenant_retention(
     Ok(value.map_or(config.retention.transcripts_seconds, |v| v as u64))
 }
 
+/// Sets a tenant's own retention of paused sandboxes (`None`: back to the configured
+/// `retention.paused_seconds`); returns the retention now in force, seconds. The reaper's next
+/// pass closes the tenant's paused sandboxes older than it and deletes their snapshots.
+pub async fn set_tenant_paused_retention(
+    config: &Config,
+    tenant: Uuid,
+    seconds: Option<u32>,
+) -> Result<u64, RetentionError> {
+    let db = config.migrated_pool().await?;
+    let mut conn = sandgate_store::acquire(&db).await?;
+    let value = seconds
+        .map(|s| i32::try_from(s).map_err(|_| RetentionError::TooLong))
+        .transpose()?;
+    if !sandgate_store::pauses::set_paused_retention(&mut conn, tenant, value).await? {
+        return Err(RetentionError::NoSuchTenant(tenant));
+    }
+    Ok(value.map_or(config.retention.paused_seconds, |v| v as u64))
+}
+
 /// The transcript retention in force for a tenant, seconds.
 pub async fn tenant_retention(
     db: &PgPool,

@@ -179,8 +179,9 @@ pub async fn undo_cut_transitions(
     .await?)
 }
 
-/// Paused sandboxes past their lifetime at `now`, or paused longer than `retention_seconds`:
-/// to be closed and their snapshots deleted.
+/// Paused sandboxes past their lifetime at `now`, or paused longer than their tenant's own
+/// retention (`tenants.paused_retention_seconds`), else `retention_seconds`: to be closed and
+/// their snapshots deleted.
 #[tracing::instrument(skip_all)]
 pub async fn paused_overdue(
     conn: &mut PgConnection,
@@ -189,7 +190,11 @@ pub async fn paused_overdue(
 ) -> Result<Vec<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM sandboxes WHERE state = 'paused' AND (
-             expires_at <= $1 OR paused_at + make_interval(secs => $2) <= $1)"
+             expires_at <= $1
+             OR paused_at + make_interval(secs => COALESCE(
+                    (SELECT n.paused_retention_seconds::double precision FROM tenants n
+                      WHERE n.id = sandboxes.tenant_id),
+                    $2)) <= $1)"
     )))
     .bind(now)
     .bind(retention_seconds as f64)
@@ -306,4 +311,35 @@ pub async fn end_all_paused_of_tenant(
     .bind(reason)
     .fetch_all(conn)
     .await?)
+}
+
+/// A tenant's own retention of paused sandboxes, seconds: `None` when there is no such tenant,
+/// `Some(None)` when it has none of its own (the configured default holds).
+#[tracing::instrument(skip_all, fields(%tenant))]
+pub async fn paused_retention_of(
+    conn: &mut PgConnection,
+    tenant: uuid::Uuid,
+) -> Result<Option<Option<i32>>, StoreError> {
+    Ok(sqlx::query_scalar::<_, Option<i32>>(
+        "SELECT paused_retention_seconds FROM tenants WHERE id = $1",
+    )
+    .bind(tenant)
+    .fetch_optional(conn)
+    .await?)
+}
+
+/// Sets (or with `None` clears) a tenant's own retention of paused sandboxes. False when there
+/// is no such tenant.
+#[tracing::instrument(skip_all, fields(%tenant))]
+pub async fn set_paused_retention(
+    conn: &mut PgConnection,
+    tenant: uuid::Uuid,
+    seconds: Option<i32>,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query("UPDATE tenants SET paused_retention_seconds = $2 WHERE id = $1")
+        .bind(tenant)
+        .bind(seconds)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected() == 1)
 }

@@ -139,14 +139,20 @@ enum TenantCommand {
         #[arg(long, value_parser = limit::<i32>)]
         max_calls_in_flight: Option<Setting<i32>>,
     },
-    /// Set how long the tenant's transcripts are kept after their sandbox ended (e.g. `7d`,
-    /// `12h`, `0s`), or `default` for the configured default. Prints the retention in force.
+    /// Set how long the tenant's transcripts are kept after their sandbox ended, and how long
+    /// its paused sandboxes are kept (their snapshots deleted after), e.g. `7d`, `12h`, `0s`, or
+    /// `default` for the configured default. Prints the retention in force of what was set.
+    #[command(group(clap::ArgGroup::new("what").required(true).multiple(true)))]
     Retention {
         /// The tenant id.
         tenant: uuid::Uuid,
-        /// How long, or `default`.
-        #[arg(long, value_parser = retention)]
-        transcripts: Setting<u32>,
+        /// How long transcripts are kept after their sandbox ended, or `default`
+        /// (`retention.transcripts_seconds`).
+        #[arg(long, value_parser = retention, group = "what")]
+        transcripts: Option<Setting<u32>>,
+        /// How long a paused sandbox is kept, or `default` (`retention.paused_seconds`).
+        #[arg(long, value_parser = retention, group = "what")]
+        paused: Option<Setting<u32>>,
     },
     /// Show or change a tenant's package policy (packages on demand: `pip install` in its
     /// sandboxes). Rules are a project name with optional version specifiers, e.g. `numpy` or
@@ -470,12 +476,24 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
         Admin::Tenant(TenantCommand::Retention {
             tenant,
             transcripts,
+            paused,
         }) => {
-            let seconds = retention::set_tenant_retention(&config, tenant, transcripts.0).await?;
-            println!(
-                "transcripts kept {} after their sandbox ends",
-                humantime::format_duration(std::time::Duration::from_secs(seconds))
-            );
+            if let Some(transcripts) = transcripts {
+                let seconds =
+                    retention::set_tenant_retention(&config, tenant, transcripts.0).await?;
+                println!(
+                    "transcripts kept {} after their sandbox ends",
+                    humantime::format_duration(std::time::Duration::from_secs(seconds))
+                );
+            }
+            if let Some(paused) = paused {
+                let seconds =
+                    retention::set_tenant_paused_retention(&config, tenant, paused.0).await?;
+                println!(
+                    "paused sandboxes kept {}",
+                    humantime::format_duration(std::time::Duration::from_secs(seconds))
+                );
+            }
         }
         Admin::Tenant(TenantCommand::Packages {
             tenant,

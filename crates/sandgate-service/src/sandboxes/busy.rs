@@ -40,6 +40,9 @@ pub struct BusyGuard {
     mark: CallMark,
     /// The process's idle-clock writes, which coalesce the one at the call's end.
     clock: IdleClock,
+    /// The work behind answered calls, which `SandboxService::drain_removals` waits for: the
+    /// write at the call's end runs there.
+    after: tokio_util::task::TaskTracker,
 }
 
 /// A call's mark in Postgres: written by a task once the call has run [`MARK_AFTER`], renewed
@@ -138,6 +141,7 @@ impl BusyGuard {
             db: service.db.clone(),
             mark: CallMark::start(&service.db, id, service.limits.call_slot_ttl_seconds),
             clock: service.idle_clock.clone(),
+            after: service.after_answer.clone(),
         })
     }
 }
@@ -174,7 +178,9 @@ impl Drop for BusyGuard {
         }
         let (db, clock) = (self.db.clone(), self.clock.clone());
         let ids = vec![self.id.clone()];
-        runtime.spawn(async move {
+        // Tracked, so that a drain waits for it: a reaper pass after a drain sees the clock and
+        // the mark as this call left them.
+        runtime.spawn(self.after.track_future(async move {
             let mut touched = touch.is_none();
             let result = async {
                 let mut conn = db.acquire().await?;
@@ -195,6 +201,6 @@ impl Drop for BusyGuard {
                 }
                 tracing::warn!(error = %err, sandbox_id = %ids[0], "refreshing the idle clock after a call failed");
             }
-        });
+        }));
     }
 }

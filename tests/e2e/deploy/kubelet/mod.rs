@@ -41,7 +41,11 @@ const POSTGRES_PORT: u16 = 5432;
 const DB_CA: &str = "/etc/sandgate/db-ca/ca.crt";
 
 /// The test's value for every key of every Secret template.
-fn secret_values(server: &OwnPostgres, db_ca: &Pki, pki: &Pki) -> BTreeMap<(String, String), String> {
+fn secret_values(
+    server: &OwnPostgres,
+    db_ca: &Pki,
+    pki: &Pki,
+) -> BTreeMap<(String, String), String> {
     let url = |(user, password): (&str, &str)| {
         server.verify_full_url(user, password, "sandgate", std::path::Path::new(DB_CA))
     };
@@ -51,8 +55,16 @@ fn secret_values(server: &OwnPostgres, db_ca: &Pki, pki: &Pki) -> BTreeMap<(Stri
         ("sandgate-secrets", "gateway-database-url", url(GATEWAY)),
         ("sandgate-secrets", "node-database-url", url(NODE)),
         ("sandgate-secrets", "migrator-database-url", url(MIGRATOR)),
-        ("sandgate-secrets", "keys-secret", "a keys secret of the kubelet test, 32+ chars".into()),
-        ("sandgate-secrets", "cookie-secret", "a cookie secret of the kubelet test, 32+ chars".into()),
+        (
+            "sandgate-secrets",
+            "keys-secret",
+            "a keys secret of the kubelet test, 32+ chars".into(),
+        ),
+        (
+            "sandgate-secrets",
+            "cookie-secret",
+            "a cookie secret of the kubelet test, 32+ chars".into(),
+        ),
         ("sandgate-db-ca", "ca.crt", db_ca.ca_pem()),
         ("sandgate-gateway-tls", "tls.crt", gateway_cert),
         ("sandgate-gateway-tls", "tls.key", gateway_key),
@@ -71,7 +83,9 @@ fn secret_values(server: &OwnPostgres, db_ca: &Pki, pki: &Pki) -> BTreeMap<(Stri
 /// the test's own: the stack's engine is shared).
 fn config_edits(manifests: &Manifests, instance: &str) -> Vec<(String, String)> {
     let config = manifests.config_map("sandgate-config");
-    let file = config.get("config.toml").expect("the ConfigMap has config.toml");
+    let file = config
+        .get("config.toml")
+        .expect("the ConfigMap has config.toml");
     let edits: Vec<(String, String)> = file
         .lines()
         .map(str::trim)
@@ -85,13 +99,20 @@ fn config_edits(manifests: &Manifests, instance: &str) -> Vec<(String, String)> 
             }
         })
         .collect();
-    assert_eq!(edits.len(), 2, "config.toml has an instance and a sandbox image placeholder: {edits:?}");
+    assert_eq!(
+        edits.len(),
+        2,
+        "config.toml has an instance and a sandbox image placeholder: {edits:?}"
+    );
     edits
 }
 
 fn docker_socket() -> PathBuf {
     let host = std::env::var("DOCKER_HOST").unwrap_or_default();
-    PathBuf::from(host.strip_prefix("unix://").unwrap_or("/var/run/docker.sock"))
+    PathBuf::from(
+        host.strip_prefix("unix://")
+            .unwrap_or("/var/run/docker.sock"),
+    )
 }
 
 /// A Postgres serving only TLS, with the database and the deployment's roles.
@@ -125,17 +146,27 @@ async fn finishes(container: &mut Container) -> bool {
 async fn answers(container: &mut Container, kind: &str) {
     let probe = container.spec[kind].clone();
     let get = probe["httpGet"].as_object().unwrap_or_else(|| {
-        panic!("{}: its {kind} is an httpGet probe: {probe}", container.what)
+        panic!(
+            "{}: its {kind} is an httpGet probe: {probe}",
+            container.what
+        )
     });
     let port = container.probe_port(&get["port"]);
     let path = get["path"].as_str().unwrap_or("/");
     let timeout = Duration::from_secs(probe["timeoutSeconds"].as_u64().unwrap_or(1));
-    let client = reqwest::Client::builder().timeout(timeout).build().expect("a client");
+    let client = reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .expect("a client");
     let url = format!("http://127.0.0.1:{port}{path}");
     let start = Instant::now();
     loop {
         if let Some(status) = container.child.try_wait().expect("its status") {
-            panic!("{} exited ({status}) before its {kind} answered:\n{}", container.what, container.log());
+            panic!(
+                "{} exited ({status}) before its {kind} answered:\n{}",
+                container.what,
+                container.log()
+            );
         }
         let last = match client.get(&url).send().await {
             Ok(r) if (200..400).contains(&r.status().as_u16()) => return,
@@ -157,7 +188,12 @@ async fn answers(container: &mut Container, kind: &str) {
 async fn migrate(kubelet: &Kubelet<'_>, job: &Workload) {
     let container = job.containers().remove(0);
     let mut run = kubelet.start(job, &container);
-    assert!(finishes(&mut run).await, "{} succeeds:\n{}", run.what, run.log());
+    assert!(
+        finishes(&mut run).await,
+        "{} succeeds:\n{}",
+        run.what,
+        run.log()
+    );
 
     let mut misspelt = container.clone();
     misspelt["env"]
@@ -165,7 +201,10 @@ async fn migrate(kubelet: &Kubelet<'_>, job: &Workload) {
         .expect("the Job has env")
         .push(json!({"name": "SANDGATE_DATABASE__AUTO_MIGRATEE", "value": "false"}));
     let mut run = kubelet.start(job, &misspelt);
-    assert!(!finishes(&mut run).await, "an unknown SANDGATE_ variable is refused");
+    assert!(
+        !finishes(&mut run).await,
+        "an unknown SANDGATE_ variable is refused"
+    );
     assert!(
         run.log().contains("auto_migratee"),
         "the refusal names the unknown key:\n{}",
@@ -176,8 +215,14 @@ async fn migrate(kubelet: &Kubelet<'_>, job: &Workload) {
 /// Who connects to a port the process binds, by the configuration key that binds it.
 fn clients_of(key: &str, gateways: &[Peer]) -> Vec<Peer> {
     match key {
-        "SANDGATE_LISTEN" => vec![Peer::pod("ingress-nginx", &[("app.kubernetes.io/name", "ingress-nginx")])],
-        "SANDGATE_METRICS__LISTEN" => vec![Peer::pod("monitoring", &[("app.kubernetes.io/name", "prometheus")])],
+        "SANDGATE_LISTEN" => vec![Peer::pod(
+            "ingress-nginx",
+            &[("app.kubernetes.io/name", "ingress-nginx")],
+        )],
+        "SANDGATE_METRICS__LISTEN" => vec![Peer::pod(
+            "monitoring",
+            &[("app.kubernetes.io/name", "prometheus")],
+        )],
         "SANDGATE_NODE__LISTEN" => gateways.to_vec(),
         other => panic!("a listening key the test knows: {other}"),
     }
@@ -197,7 +242,11 @@ fn check_policies(manifests: &Manifests, running: &[(Workload, Container)], jobs
     let policies = manifests.network_policies();
     let gateways: Vec<Peer> = running
         .iter()
-        .filter(|(_, c)| c.spec["args"].as_array().is_some_and(|a| a.iter().any(|v| v == "serve")))
+        .filter(|(_, c)| {
+            c.spec["args"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v == "serve"))
+        })
         .map(|(w, c)| peer_of(w, &c.spec))
         .collect();
     assert!(!gateways.is_empty(), "a gateway runs");
@@ -210,9 +259,19 @@ fn check_policies(manifests: &Manifests, running: &[(Workload, Container)], jobs
                 .env
                 .iter()
                 .find(|(k, v)| k.ends_with("LISTEN") && *v == bound)
-                .unwrap_or_else(|| panic!("{}: the declared port {name} ({port}) is bound by a *LISTEN variable", container.what));
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{}: the declared port {name} ({port}) is bound by a *LISTEN variable",
+                        container.what
+                    )
+                });
             for client in clients_of(key, &gateways) {
-                used.push((client, server.clone(), *port, format!("{key} of {}", container.what)));
+                used.push((
+                    client,
+                    server.clone(),
+                    *port,
+                    format!("{key} of {}", container.what),
+                ));
             }
         }
     }
@@ -221,31 +280,66 @@ fn check_policies(manifests: &Manifests, running: &[(Workload, Container)], jobs
         labels: [("app.kubernetes.io/name".to_owned(), "postgres".to_owned())].into(),
         ports: vec![("postgres".into(), POSTGRES_PORT)],
     };
-    let mut outgoing: Vec<(Workload, Value)> = running.iter().map(|(w, c)| (w.clone(), c.spec.clone())).collect();
-    outgoing.extend(jobs.iter().flat_map(|j| j.containers().into_iter().map(|c| (j.clone(), c))));
+    let mut outgoing: Vec<(Workload, Value)> = running
+        .iter()
+        .map(|(w, c)| (w.clone(), c.spec.clone()))
+        .collect();
+    outgoing.extend(
+        jobs.iter()
+            .flat_map(|j| j.containers().into_iter().map(|c| (j.clone(), c))),
+    );
     for (workload, container) in &outgoing {
         let me = peer_of(workload, container);
-        used.push((me.clone(), postgres.clone(), POSTGRES_PORT, format!("{} to Postgres", workload.what)));
+        used.push((
+            me.clone(),
+            postgres.clone(),
+            POSTGRES_PORT,
+            format!("{} to Postgres", workload.what),
+        ));
     }
     for gateway in &gateways {
         // The package index the gateway's relay downloads from (packages.index_url, HTTPS).
         let index = Peer::External(Ipv4Addr::new(198, 51, 100, 7));
-        used.push((gateway.clone(), index, 443, "a gateway to the package index".into()));
+        used.push((
+            gateway.clone(),
+            index,
+            443,
+            "a gateway to the package index".into(),
+        ));
     }
     for (client, server, port, what) in &used {
-        assert!(connects(&policies, client, server, *port), "the NetworkPolicies let through {what} (port {port}) from {client:?}");
+        assert!(
+            connects(&policies, client, server, *port),
+            "the NetworkPolicies let through {what} (port {port}) from {client:?}"
+        );
     }
     // The attacker: a pod of another namespace wearing a gateway's labels, and every user of
     // one port trying the others.
-    let intruder = Peer::pod("elsewhere", &[("app.kubernetes.io/name", "sandgate-gateway")]);
+    let intruder = Peer::pod(
+        "elsewhere",
+        &[("app.kubernetes.io/name", "sandgate-gateway")],
+    );
     for (_, server, port, what) in &used {
         if matches!(server, Peer::Pod { .. }) {
-            assert!(!connects(&policies, &intruder, server, *port), "{what}: a pod of another namespace is refused");
+            assert!(
+                !connects(&policies, &intruder, server, *port),
+                "{what}: a pod of another namespace is refused"
+            );
         }
         for (other, _, _, _) in &used {
-            let allowed = used.iter().any(|(c, s, p, _)| p == port && format!("{c:?}") == format!("{other:?}") && format!("{s:?}") == format!("{server:?}"));
-            if !allowed && !matches!(other, Peer::External(_)) && !matches!(server, Peer::External(_)) {
-                assert!(!connects(&policies, other, server, *port), "{what} (port {port}): {other:?}, which has no use for it, is refused");
+            let allowed = used.iter().any(|(c, s, p, _)| {
+                p == port
+                    && format!("{c:?}") == format!("{other:?}")
+                    && format!("{s:?}") == format!("{server:?}")
+            });
+            if !allowed
+                && !matches!(other, Peer::External(_))
+                && !matches!(server, Peer::External(_))
+            {
+                assert!(
+                    !connects(&policies, other, server, *port),
+                    "{what} (port {port}): {other:?}, which has no use for it, is refused"
+                );
             }
         }
     }
@@ -265,8 +359,15 @@ async fn every_kubernetes_container_runs_as_the_kubelet_would_and_answers_its_pr
         secrets.keys().cloned().collect::<Vec<_>>(),
         "the test has a value for every key of the Secret templates, and no other"
     );
-    let instance = format!("e2e-kubelet-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let instance = format!(
+        "e2e-kubelet-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
     let root = std::env::temp_dir().join(&instance);
+    let _cleanup = Cleanup {
+        instance: instance.clone(),
+        root: root.clone(),
+    };
     let kubelet = Kubelet {
         manifests: &manifests,
         secrets,
@@ -275,9 +376,14 @@ async fn every_kubernetes_container_runs_as_the_kubelet_would_and_answers_its_pr
         root: root.clone(),
     };
 
-    let (jobs, workloads): (Vec<Workload>, Vec<Workload>) =
-        manifests.workloads().into_iter().partition(|w| w.what.starts_with("Job/"));
-    assert!(!jobs.is_empty() && workloads.len() >= 2, "a migrate Job, nodes and gateways");
+    let (jobs, workloads): (Vec<Workload>, Vec<Workload>) = manifests
+        .workloads()
+        .into_iter()
+        .partition(|w| w.what.starts_with("Job/"));
+    assert!(
+        !jobs.is_empty() && workloads.len() >= 2,
+        "a migrate Job, nodes and gateways"
+    );
     for job in &jobs {
         migrate(&kubelet, job).await;
     }
@@ -286,7 +392,11 @@ async fn every_kubernetes_container_runs_as_the_kubelet_would_and_answers_its_pr
         for spec in workload.containers() {
             let mut container = kubelet.start(workload, &spec);
             for (key, value) in &container.env {
-                assert!(!value.contains("0.0.0.0:"), "{}: {key}={value} binds a port the container does not declare", container.what);
+                assert!(
+                    !value.contains("0.0.0.0:"),
+                    "{}: {key}={value} binds a port the container does not declare",
+                    container.what
+                );
             }
             for kind in ["startupProbe", "livenessProbe", "readinessProbe"] {
                 answers(&mut container, kind).await;
@@ -295,8 +405,20 @@ async fn every_kubernetes_container_runs_as_the_kubelet_would_and_answers_its_pr
         }
     }
     check_policies(&manifests, &running, &jobs);
-
+    // The processes stop (kill_on_drop) before _cleanup removes their containers and files.
     drop(running);
-    remove_containers_of(&instance);
-    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Removes the test's sandbox containers and pod files, whether it passed or failed.
+#[derive(Debug)]
+struct Cleanup {
+    instance: String,
+    root: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        remove_containers_of(&self.instance);
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
 }

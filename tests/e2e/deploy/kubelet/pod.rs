@@ -126,7 +126,9 @@ impl Kubelet<'_> {
     fn secret(&self, name: &str, key: &str) -> String {
         self.secrets
             .get(&(name.to_owned(), key.to_owned()))
-            .unwrap_or_else(|| panic!("the Secret template {name} has the key {key} that a pod reads"))
+            .unwrap_or_else(|| {
+                panic!("the Secret template {name} has the key {key} that a pod reads")
+            })
             .clone()
     }
 
@@ -182,10 +184,9 @@ impl Kubelet<'_> {
         };
         match mount["subPath"].as_str() {
             Some(sub) => {
-                let (_, content) = files
-                    .iter()
-                    .find(|(k, _)| k == sub)
-                    .unwrap_or_else(|| panic!("{}: the volume has the subPath {sub}", workload.what));
+                let (_, content) = files.iter().find(|(k, _)| k == sub).unwrap_or_else(|| {
+                    panic!("{}: the volume has the subPath {sub}", workload.what)
+                });
                 std::fs::create_dir_all(target.parent().expect("a parent")).expect("its parent");
                 std::fs::write(&target, content).expect("the subPath file");
             }
@@ -199,7 +200,14 @@ impl Kubelet<'_> {
     }
 
     /// The container's environment, translated (see the module).
-    fn env(&self, workload: &Workload, container: &Value, mounts: &[String], root: &Path, ports: &[(String, u16, u16)]) -> Vec<(String, String)> {
+    fn env(
+        &self,
+        workload: &Workload,
+        container: &Value,
+        mounts: &[String],
+        root: &Path,
+        ports: &[(String, u16, u16)],
+    ) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = Vec::new();
         for var in container["env"].as_array().cloned().unwrap_or_default() {
             let name = text(&var["name"], "an env name").to_owned();
@@ -207,13 +215,19 @@ impl Kubelet<'_> {
             let value = if let Some(v) = var["value"].as_str() {
                 expand(v, &env)
             } else if let Some(field) = from["fieldRef"]["fieldPath"].as_str() {
-                assert_eq!(field, "status.podIP", "{}: a fieldRef the test knows", workload.what);
+                assert_eq!(
+                    field, "status.podIP",
+                    "{}: a fieldRef the test knows",
+                    workload.what
+                );
                 POD_IP.to_owned()
             } else if let Some(r) = from.get("secretKeyRef") {
                 self.secret(text(&r["name"], "a Secret"), text(&r["key"], "a key"))
             } else if let Some(r) = from.get("configMapKeyRef") {
                 let data = self.manifests.config_map(text(&r["name"], "a ConfigMap"));
-                data.get(text(&r["key"], "a key")).expect("the ConfigMap key").clone()
+                data.get(text(&r["key"], "a key"))
+                    .expect("the ConfigMap key")
+                    .clone()
             } else {
                 panic!("{}: {name} has a value the test knows", workload.what);
             };
@@ -230,10 +244,17 @@ impl Kubelet<'_> {
 
     /// Starts `container` of `workload`.
     pub fn start(&self, workload: &Workload, container: &Value) -> Container {
-        let what = format!("{}/{}", workload.what, text(&container["name"], "a container name"));
+        let what = format!(
+            "{}/{}",
+            workload.what,
+            text(&container["name"], "a container name")
+        );
         let root = self.root.join(what.replace('/', "_"));
         std::fs::create_dir_all(&root).expect("the pod's directory");
-        let mount_list = container["volumeMounts"].as_array().cloned().unwrap_or_default();
+        let mount_list = container["volumeMounts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         let mut mounts: Vec<String> = mount_list
             .iter()
             .map(|m| text(&m["mountPath"], "a mountPath").to_owned())
@@ -256,7 +277,10 @@ impl Kubelet<'_> {
             .args(&args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -118,11 +118,8 @@ fn peer_matches(entry: &Value, peer: &Peer) -> bool {
             if entry.get("ipBlock").is_some() {
                 return false;
             }
-            let ns_labels: Strings = [(
-                "kubernetes.io/metadata.name".to_owned(),
-                namespace.clone(),
-            )]
-            .into();
+            let ns_labels: Strings =
+                [("kubernetes.io/metadata.name".to_owned(), namespace.clone())].into();
             let ns_ok = match entry.get("namespaceSelector") {
                 Some(selector) => selects(selector, &ns_labels),
                 None => namespace == NAMESPACE,
@@ -193,12 +190,7 @@ pub fn allows(
 
 /// Whether a TCP connection from `client` (a pod of the namespace with `client_labels`, or a
 /// peer) to `server` on `port` gets through both ends' policies.
-pub fn connects(
-    policies: &[Value],
-    client: &Peer,
-    server: &Peer,
-    port: u16,
-) -> bool {
+pub fn connects(policies: &[Value], client: &Peer, server: &Peer, port: u16) -> bool {
     let server_ports = match server {
         Peer::Pod { ports, .. } => ports.clone(),
         Peer::External(_) => Vec::new(),

@@ -18,12 +18,12 @@ use crate::support::node::{NodeStart, TlsFiles};
 use crate::support::own_postgres::{OwnPostgres, PASSWORD, SUPERUSER, ServerTls};
 use crate::support::{self, Gateway, eventually, sandgate_command};
 
-const MIGRATOR: (&str, &str) = ("sandgate_migrator", "migrator-password-for-tests");
-const GATEWAY: (&str, &str) = ("sandgate_gateway", "gateway-password-for-tests");
-const NODE: (&str, &str) = ("sandgate_node", "node-password-for-tests");
+pub(crate) const MIGRATOR: (&str, &str) = ("sandgate_migrator", "migrator-password-for-tests");
+pub(crate) const GATEWAY: (&str, &str) = ("sandgate_gateway", "gateway-password-for-tests");
+pub(crate) const NODE: (&str, &str) = ("sandgate_node", "node-password-for-tests");
 
 /// Runs deploy/postgres/roles.sql with psql as the superuser, as an operator would.
-fn make_roles(url: &str) {
+pub(crate) fn make_roles(url: &str) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/postgres/roles.sql");
     let output = std::process::Command::new("psql")
         .arg(url)

@@ -4,6 +4,7 @@
 
 mod compose;
 mod images;
+mod kubelet;
 mod kubernetes;
 
 use std::path::PathBuf;

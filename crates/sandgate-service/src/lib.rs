@@ -6,6 +6,8 @@
 //! - [`lifecycle`]: the reaper, reconciliation of Docker with Postgres, the warm pool's rows.
 //! - [`audit`]: the audit trail's writer (one event per tool call, kept through outages).
 //! - [`cache`]: live tokens and tenant limits cached briefly, invalidated across replicas.
+//! - [`egress`]: egress a tenant chooses: host rules and secrets sealed under a key of their
+//!   own (stored and checked; no connection leaves a sandbox yet).
 //! - [`grants`]: the OAuth grant rules: codes, refresh rotation, approvals, clients, sessions.
 //! - [`health`]: readiness (Postgres, Docker, the sandbox image).
 //! - [`keys`]: the signing-key ring (access tokens).
@@ -30,6 +32,7 @@ pub mod admin;
 pub mod audit;
 pub mod cache;
 pub mod config;
+pub mod egress;
 pub mod grants;
 pub mod health;
 pub mod keys;

@@ -17,6 +17,7 @@ pub mod changes;
 pub mod clients;
 pub mod conversations;
 pub mod downloads;
+pub mod egress;
 pub mod grants;
 pub mod hygiene;
 pub mod keys;

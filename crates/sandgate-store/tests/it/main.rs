@@ -1,6 +1,7 @@
 //! The store against the real Postgres: each test gets a database of its own, migrated.
 
 mod audit;
+mod egress;
 mod nodes;
 mod quotas;
 mod sandboxes;

@@ -1,0 +1,17 @@
+//! Egress a tenant chooses (issue 29): the policy (which hosts and ports a tenant's sandboxes may
+//! reach, with optional budgets) and the secrets the egress component may put into requests to
+//! them, sealed under a key of their own.
+//!
+//! This is the first slice: the rules and secrets are checked, sealed and stored
+//! (`sandgate admin tenant egress`, `sandgate admin tenant secret`); no connection leaves a
+//! sandbox yet (no proxy in the agent, no relay, no egress component), so every sandbox still
+//! has no route out.
+
+mod rules;
+mod secrets;
+
+pub use rules::{HostPattern, RuleError, parse_rule};
+pub use secrets::{
+    DEVELOPMENT_SECRETS_KEY, SecretBinding, SecretError, SecretSealer, check_header_name,
+    check_secret_name, check_secret_value,
+};

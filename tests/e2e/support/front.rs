@@ -13,7 +13,9 @@ use super::eventually;
 
 /// The repository's file `path` (relative to its root), read.
 pub fn repo_file(path: &str) -> String {
-    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(path);
+    let full = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path);
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
 }
 
@@ -109,8 +111,16 @@ impl Nginx {
             "/etc/sandgate/proxy/tls.key",
             key.to_str().expect("utf-8"),
         );
-        site = replaced(&site, "proxy_read_timeout 610s", &format!("proxy_read_timeout {read_timeout}"));
-        site = replaced(&site, "proxy_send_timeout 610s", &format!("proxy_send_timeout {read_timeout}"));
+        site = replaced(
+            &site,
+            "proxy_read_timeout 610s",
+            &format!("proxy_read_timeout {read_timeout}"),
+        );
+        site = replaced(
+            &site,
+            "proxy_send_timeout 610s",
+            &format!("proxy_send_timeout {read_timeout}"),
+        );
         std::fs::write(dir.join("sandgate.conf"), site).expect("the site file");
         // What Debian's /etc/nginx/nginx.conf would be around the include, in the test's own
         // directory (pid, logs, temporary files).
@@ -176,7 +186,14 @@ impl Nginx {
     /// against [`Nginx::ca_file`]; `000` when it does not answer).
     pub async fn status(&self, path: &str) -> String {
         let output = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--path-as-is"])
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--path-as-is",
+            ])
             .arg("--cacert")
             .arg(&self.ca_file)
             .arg(format!("{}{path}", self.base_url))
@@ -219,10 +236,7 @@ impl Prometheus {
         let rules = dir.join("sandgate-alerts.yml");
         std::fs::write(&rules, repo_file("deploy/prometheus/sandgate-alerts.yml")).expect("rules");
         let targets = |addrs: &[&str]| -> String {
-            addrs
-                .iter()
-                .map(|a| format!("          - {a}\n"))
-                .collect()
+            addrs.iter().map(|a| format!("          - {a}\n")).collect()
         };
         let mut config = repo_file("deploy/prometheus/prometheus.yml");
         config = replaced(
@@ -244,7 +258,10 @@ impl Prometheus {
         std::fs::write(&config_file, config).expect("prometheus.yml");
         let child = Command::new(&prometheus)
             .arg(format!("--config.file={}", config_file.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
             .arg(format!("--web.listen-address={addr}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -262,7 +279,9 @@ impl Prometheus {
 
     /// GET `path` of its HTTP API, as JSON, when it answers.
     pub async fn api(&self, path: &str) -> Option<serde_json::Value> {
-        let response = reqwest::get(format!("{}{path}", self.base_url)).await.ok()?;
+        let response = reqwest::get(format!("{}{path}", self.base_url))
+            .await
+            .ok()?;
         response.json().await.ok()
     }
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Brings up what sandgate's integration tests and a local gateway need:
 # a Docker engine, a Postgres cluster of its own, the sandbox image,
-# docker-compose (for the test of deploy/compose.yaml), and a second Docker
+# docker-compose (for the test of deploy/compose.yaml), Debian's nginx and
+# Prometheus (their binaries only, for the test of deploy/nginx/ and
+# deploy/prometheus/), and a second Docker
 # engine on this machine (for the test of two sandbox nodes side by side).
 # Idempotent: when everything is up it returns in seconds. CI runs it too.
 #
@@ -724,6 +726,30 @@ compose_up() {
 	apt_install docker-compose || die "docker-compose could not be installed; the deploy tests need it"
 }
 
+# nginx and Prometheus (Debian's): the e2e test `front` runs deploy/nginx/sandgate.conf and
+# deploy/prometheus/ with their binaries, each on a loopback port of its own. The packages'
+# services are not wanted: while installing, a policy-rc.d (when the machine has none) keeps them
+# from starting, and on a systemd host they are disabled afterwards (nginx would otherwise listen
+# on port 80 of every interface, Prometheus on 9090).
+front_tools_up() {
+	local missing=() policy=/usr/sbin/policy-rc.d ours=0 ok=0
+	[[ -x /usr/sbin/nginx ]] || missing+=(nginx)
+	command -v promtool >/dev/null || missing+=(prometheus)
+	((${#missing[@]})) || return 0
+	log "front: installing ${missing[*]} (Debian packages; their services stay off)"
+	if [[ ! -e $policy ]]; then
+		printf '#!/bin/sh\nexit 101\n' | "${as_root[@]}" tee "$policy" >/dev/null
+		"${as_root[@]}" chmod 755 "$policy"
+		ours=1
+	fi
+	apt_install "${missing[@]}" && ok=1
+	((!ours)) || "${as_root[@]}" rm -f "$policy"
+	((ok)) || die "${missing[*]} could not be installed; the e2e test front needs them"
+	if [[ -d /run/systemd/system ]]; then
+		"${as_root[@]}" systemctl disable --now nginx prometheus >/dev/null 2>&1 || true
+	fi
+}
+
 # ---- main ------------------------------------------------------------------
 
 cmd=${1:-up}
@@ -764,6 +790,7 @@ docker_up
 pg_up
 image_up
 compose_up
+front_tools_up
 docker2_up
 image2_up
 

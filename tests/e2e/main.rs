@@ -9,6 +9,7 @@ mod db_tls;
 mod deploy;
 mod endings;
 mod error_kinds;
+mod front;
 mod gateway_share;
 mod handoff;
 mod hostile;

@@ -12,7 +12,7 @@ use tokio::process::Command;
 
 use crate::support::{self, Gateway};
 
-const SCRIPT: &str = concat!(
+pub(crate) const SCRIPT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../tests/e2e/python/support_analyst.py"
 );
@@ -55,11 +55,26 @@ pub(crate) async fn run_python(
     token: &str,
     within: Duration,
 ) -> String {
+    run_python_with_env(python, script, args, mcp_url, token, &[], within).await
+}
+
+/// [`run_python`] with `env` added to the script's environment (e.g. `SSL_CERT_FILE`, the CA an
+/// HTTPS endpoint's certificate is checked against).
+pub(crate) async fn run_python_with_env(
+    python: &str,
+    script: &str,
+    args: &[&str],
+    mcp_url: &str,
+    token: &str,
+    env: &[(&str, &str)],
+    within: Duration,
+) -> String {
     let script = Path::new(script);
     assert!(script.is_file(), "{} exists", script.display());
     let child = Command::new(python)
         .arg(script)
         .args(args)
+        .envs(env.iter().copied())
         .env("SANDGATE_MCP_URL", mcp_url)
         .env("SANDGATE_MCP_TOKEN", token)
         .env("PYTHONUNBUFFERED", "1")

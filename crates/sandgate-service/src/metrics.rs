@@ -51,6 +51,8 @@ struct NodeGauges {
     leased: Gauge,
     slots: Gauge,
     heartbeat_age: Gauge<f64, AtomicU64>,
+    /// 1 while the last read of the nodes from Postgres succeeded in time, else 0.
+    database_up: Gauge,
     /// When they were last read (single flight: a scrape waits for the read in progress).
     read_at: tokio::sync::Mutex<Option<Instant>>,
 }
@@ -84,6 +86,12 @@ impl NodeGauges {
              node.away_after_seconds it is away, past node.lost_after_seconds its sandboxes \
              are marked lost)",
             gauges.heartbeat_age.clone(),
+        );
+        registry.register(
+            "database_up",
+            "1 when this process's last read of Postgres for /metrics succeeded within 2 s, \
+             else 0",
+            gauges.database_up.clone(),
         );
         gauges
     }
@@ -129,9 +137,18 @@ impl NodeGauges {
             sandgate_store::nodes::pools(&mut conn).await
         };
         match tokio::time::timeout(NODES_READ_WITHIN, read).await {
-            Ok(Ok(pools)) => self.set(&pools),
-            Ok(Err(err)) => tracing::warn!(error = %err, "reading the nodes for /metrics failed"),
-            Err(_) => tracing::warn!("reading the nodes for /metrics took too long"),
+            Ok(Ok(pools)) => {
+                self.database_up.set(1);
+                self.set(&pools);
+            }
+            Ok(Err(err)) => {
+                self.database_up.set(0);
+                tracing::warn!(error = %err, "reading the nodes for /metrics failed");
+            }
+            Err(_) => {
+                self.database_up.set(0);
+                tracing::warn!("reading the nodes for /metrics took too long");
+            }
         }
     }
 }

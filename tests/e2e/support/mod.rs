@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, Command};
 use tokio::task::JoinSet;
 
+pub mod front;
 pub mod node;
 pub mod oauth;
 pub mod own_postgres;
@@ -182,7 +183,7 @@ impl Gateway {
         let mcp_url = line
             .rsplit(' ')
             .next()
-            .filter(|u| u.starts_with("http://"))
+            .filter(|u| u.starts_with("http://") || u.starts_with("https://"))
             .unwrap_or_else(|| panic!("unexpected first line from sandgate serve: {line:?}"));
         // This process's own address (the MCP URL is a load balancer's when one is in front).
         let base_url = line

@@ -396,13 +396,17 @@ impl TcpProxy {
     /// Starts forwarding from a given address (to bring a stopped proxy back on the same port).
     /// Connections of the stopped proxy may hold the port for a moment: retried until free.
     pub async fn start_on(addr: SocketAddr, upstream: String) -> TcpProxy {
-        let listener = eventually(Duration::from_secs(30), "the proxy's port to be free", || async {
-            match TcpListener::bind(addr).await {
-                Ok(listener) => Some(listener),
-                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => None,
-                Err(e) => panic!("binding {addr}: {e}"),
-            }
-        })
+        let listener = eventually(
+            Duration::from_secs(30),
+            "the proxy's port to be free",
+            || async {
+                match TcpListener::bind(addr).await {
+                    Ok(listener) => Some(listener),
+                    Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => None,
+                    Err(e) => panic!("binding {addr}: {e}"),
+                }
+            },
+        )
         .await;
         Self::serve(listener, upstream)
     }

@@ -18,7 +18,7 @@ use crate::support::{self, Gateway};
 
 const LIMIT: Duration = Duration::from_secs(300);
 
-fn plain_dir() -> String {
+pub fn plain_dir() -> String {
     std::env::var("SANDGATE_SNAPSHOTS__PLAIN_DIR")
         .unwrap_or_else(|_| "/var/cache/sandgate/docker/plain".into())
 }

@@ -45,7 +45,7 @@ pub async fn download(
 }
 
 /// The file name offered to the browser: the path's last part, in safe characters.
-fn download_name(path: &str) -> String {
+pub(crate) fn download_name(path: &str) -> String {
     path.rsplit('/')
         .next()
         .filter(|n| !n.is_empty())

@@ -55,7 +55,7 @@ pub struct RunForm {
 
 /// The checks every action makes before it acts (see the module docs): the session and what
 /// the console knows of the conversation.
-async fn admitted(
+pub(super) async fn admitted(
     state: &AppState,
     headers: &HeaderMap,
     csrf: Option<&str>,
@@ -70,6 +70,21 @@ async fn admitted(
     Ok((session, found))
 }
 
+/// The checks of an action that changes the sandbox: [`admitted`]'s, then the takeover role
+/// and a recent sign-in ([`refusal_to_act`]).
+pub(super) async fn acting(
+    state: &AppState,
+    headers: &HeaderMap,
+    csrf: Option<&str>,
+    conversation: &str,
+) -> Result<(Session, Found), Response> {
+    let (session, found) = admitted(state, headers, csrf, conversation).await?;
+    match refusal_to_act(&session) {
+        Some(refusal) => Err(refusal),
+        None => Ok((session, found)),
+    }
+}
+
 /// `POST /console/run`: runs the form's cell or command in the conversation's sandbox (its
 /// live one, else a new one leased for it), answering with `text/event-stream`: `stdout`,
 /// `stderr` and `display` (a base64 PNG) events as the output comes, then `done`.
@@ -79,14 +94,11 @@ pub async fn run(
     Form(form): Form<RunForm>,
 ) -> Response {
     let conversation = form.conversation.trim().to_owned();
-    let (session, found) =
-        match admitted(&state, &headers, form.csrf.as_deref(), &conversation).await {
-            Ok(ok) => ok,
-            Err(r) => return r,
-        };
-    if let Some(refusal) = refusal_to_act(&session) {
-        return refusal;
-    }
+    let (session, found) = match acting(&state, &headers, form.csrf.as_deref(), &conversation).await
+    {
+        Ok(ok) => ok,
+        Err(r) => return r,
+    };
     let kind = match form.kind.as_str() {
         "cell" => Kind::Cell,
         "command" => Kind::Command,
@@ -240,7 +252,7 @@ impl Job {
 }
 
 /// Records a person's action in the audit trail, under `user:<email>`.
-fn audit(
+pub(super) fn audit(
     state: &AppState,
     caller: &Caller,
     conversation: &str,
@@ -285,7 +297,7 @@ fn command_summary(outcome: &sandgate_service::domain::CommandOutcome) -> (Outco
     }
 }
 
-async fn person(state: &AppState, session: &Session) -> Result<Caller, Response> {
+pub(super) async fn person(state: &AppState, session: &Session) -> Result<Caller, Response> {
     state
         .sandboxes
         .person_caller(session.tenant_id, session.user_id, &session.email)
@@ -293,12 +305,12 @@ async fn person(state: &AppState, session: &Session) -> Result<Caller, Response>
         .map_err(|_| unavailable())
 }
 
-fn bad_request(message: &str) -> Response {
+pub(super) fn bad_request(message: &str) -> Response {
     error_page(StatusCode::BAD_REQUEST, "Cannot do that", message)
 }
 
 /// A refusal by the service (a quota, a limit, an ended sandbox), as a page.
-fn refused(err: &ServiceError) -> Response {
+pub(super) fn refused(err: &ServiceError) -> Response {
     let status = match err.kind() {
         sandgate_service::ErrorKind::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
         sandgate_service::ErrorKind::Unavailable | sandgate_service::ErrorKind::Internal => {
@@ -326,14 +338,11 @@ pub async fn interrupt(
     Form(form): Form<InterruptForm>,
 ) -> Response {
     let conversation = form.conversation.trim().to_owned();
-    let (session, found) =
-        match admitted(&state, &headers, form.csrf.as_deref(), &conversation).await {
-            Ok(ok) => ok,
-            Err(r) => return r,
-        };
-    if let Some(refusal) = refusal_to_act(&session) {
-        return refusal;
-    }
+    let (session, found) = match acting(&state, &headers, form.csrf.as_deref(), &conversation).await
+    {
+        Ok(ok) => ok,
+        Err(r) => return r,
+    };
     let Some(row) = found.live else {
         return see_other(&conversation_url(&conversation));
     };
@@ -387,13 +396,10 @@ pub async fn upload(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let conversation = query.conversation.trim().to_owned();
-    let (session, found) = match admitted(&state, &headers, csrf.as_deref(), &conversation).await {
+    let (session, found) = match acting(&state, &headers, csrf.as_deref(), &conversation).await {
         Ok(ok) => ok,
         Err(r) => return r,
     };
-    if let Some(refusal) = refusal_to_act(&session) {
-        return refusal;
-    }
     let name = query.name.trim();
     if name.is_empty() || name.contains('/') || name.starts_with('.') || name.len() > 255 {
         return bad_request("Give the file a plain name (no slashes, not starting with a dot).");

@@ -19,8 +19,9 @@
 //! `sandbox=""` frame under that policy. Forms carry the session's CSRF token; actions also
 //! refuse a cross-site `Origin` / `Sec-Fetch-Site`.
 //!
-//! "Take over in a copy" (`fork_sandbox`) and resuming a paused sandbox plug in at
-//! [`pages::takeover_options`], which today offers working in the live sandbox only.
+//! - [`takeover`]: "take over in a copy" (the sandbox forked into a conversation of its own,
+//!   the bot's left alone), resuming a paused sandbox, and the console's file download (bound
+//!   to the signed-in user's tenant, as every other console URL).
 
 use std::sync::LazyLock;
 
@@ -39,6 +40,7 @@ use crate::oauth::{html as oauth_html, session};
 
 pub mod act;
 pub mod pages;
+pub mod takeover;
 
 /// The console's paths.
 pub mod paths {
@@ -54,6 +56,12 @@ pub mod paths {
     pub const UPLOAD: &str = "/console/upload";
     /// Confirms the password again (POST form).
     pub const CONFIRM: &str = "/console/confirm";
+    /// Forks the conversation's sandbox into a copy of its own (POST form).
+    pub const FORK: &str = "/console/fork";
+    /// Resumes the conversation's paused sandbox (POST form).
+    pub const RESUME: &str = "/console/resume";
+    /// Downloads a file of the conversation's sandbox (`?conversation=&path=`).
+    pub const FILE: &str = "/console/file";
 }
 
 /// How long after proving their password a user may run code.
@@ -89,6 +97,9 @@ pub fn routes(max_upload_bytes: usize) -> Router<AppState> {
         .route(paths::RUN, post(act::run))
         .route(paths::INTERRUPT, post(act::interrupt))
         .route(paths::CONFIRM, post(act::confirm))
+        .route(paths::FORK, post(takeover::fork))
+        .route(paths::RESUME, post(takeover::resume))
+        .route(paths::FILE, get(takeover::file))
         .layer(DefaultBodyLimit::max(MAX_FORM_BYTES));
     let uploads = Router::new()
         .route(paths::UPLOAD, post(act::upload))

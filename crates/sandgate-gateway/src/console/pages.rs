@@ -5,8 +5,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use maud::{Markup, html};
 use sandgate_service::grants::Session;
-use sandgate_service::links::LinkOwner;
-use sandgate_service::sandboxes::{SandboxRow, Target};
+use sandgate_service::sandboxes::{SandboxRow, SandboxState, Target};
 use sandgate_service::transcripts::{
     HtmlResults, Subject, Transcript, TranscriptError, human_bytes, render_parts,
 };
@@ -175,18 +174,25 @@ pub async fn conversation(
         Ok(f) => f,
         Err(r) => return r,
     };
-    let files = match &found.live {
+    // Only a running sandbox's files are listed: reading a paused one's would resume it.
+    let running = found
+        .live
+        .as_ref()
+        .filter(|r| r.state == SandboxState::Leased);
+    let files = match running {
         Some(row) => files_of(&state, &session, id, row).await,
         None => Vec::new(),
     };
+    let running = running.is_some();
     let body = html! {
         div.card {
             h1 #title { "Conversation " (id) }
             @match &found.live {
-                Some(row) => p.muted #sandbox { "Live sandbox " code { (row.id) } ". What you run here runs in the bot's sandbox: it will find your variables and files, and be told a person acted." }
+                Some(row) if row.state == SandboxState::Leased => p.muted #sandbox { "Live sandbox " code { (row.id) } ". What you run here runs in this conversation's sandbox: the bot will find your variables and files, and be told a person acted." }
+                Some(row) => p.muted #sandbox { "Sandbox " code { (row.id) } " is paused (its state is kept in a snapshot). Running code, or resuming it, brings it back with its variables and files." }
                 None => p.muted #sandbox { "This conversation has no live sandbox; running code leases a new one for it." }
             }
-            (takeover_options(&found))
+            (takeover_options(&session, id, &found))
             p.muted { a href=(super::paths::LIST) { "All conversations" } }
         }
         div.card #notebook {
@@ -201,7 +207,7 @@ pub async fn conversation(
             }
         }
         (act_card(&session, id))
-        (files_card(&session, id, &files, found.live.is_some()))
+        (files_card(&session, id, &files, running))
     };
     page(
         StatusCode::OK,
@@ -211,12 +217,32 @@ pub async fn conversation(
     )
 }
 
-/// Where "take over in a copy" (fork the sandbox and work in the copy) and "resume" (a paused
-/// sandbox) plug in once the service has `fork_sandbox` and paused sandboxes: today the console
-/// works in the live sandbox (or leases a new one for the conversation).
-pub fn takeover_options(found: &Found) -> Markup {
-    let _ = found;
-    html! {}
+/// How a takeover user may take over besides working in the live sandbox: resume a paused
+/// sandbox, or "take over in a copy" (fork it into a conversation of its own and work there,
+/// leaving the bot's sandbox untouched). Nothing for a reader, or without a sandbox.
+pub fn takeover_options(session: &Session, id: &str, found: &Found) -> Markup {
+    let takeover = session.role == crate::admin::UserRole::Takeover;
+    let Some(row) = found.live.as_ref().filter(|_| takeover) else {
+        return html! {};
+    };
+    let paused = row.state != SandboxState::Leased;
+    html! {
+        div.actions #takeover {
+            @if paused {
+                form #resume-form method="post" action=(paths::RESUME) {
+                    (hidden("csrf", &session.csrf_token))
+                    (hidden("conversation", id))
+                    button.primary #resume type="submit" { "Resume the sandbox" }
+                }
+            }
+            form #fork-form method="post" action=(paths::FORK) {
+                (hidden("csrf", &session.csrf_token))
+                (hidden("conversation", id))
+                button #fork type="submit" { "Take over in a copy" }
+            }
+            span.muted { "A copy has the same variables and files, in a conversation of its own; the bot's sandbox is left alone." }
+        }
+    }
 }
 
 /// The run, interrupt and confirm forms (or why there are none).
@@ -270,8 +296,8 @@ struct FileLine {
     link: String,
 }
 
-/// The sandbox's files under /home/user, each with a download link (the `/files/` path:
-/// attachment, `nosniff`, 15 minutes).
+/// The sandbox's files under /home/user, each with the console's download link (bound to the
+/// signed-in user's tenant; attachment, `nosniff`).
 async fn files_of(
     state: &AppState,
     session: &Session,
@@ -300,9 +326,7 @@ async fn files_of(
     files
         .into_iter()
         .map(|(path, size)| {
-            let (link, _) = state
-                .links
-                .mint(LinkOwner::session(session.tenant_id), &row.id, &path);
+            let link = super::takeover::file_url(id, &path);
             FileLine { path, size, link }
         })
         .collect()

@@ -25,10 +25,23 @@ pub struct Forked {
 }
 
 impl SandboxService {
-    /// Forks the tenant's sandbox `sandbox_id` (a paused one is resumed first). Another
-    /// tenant's sandbox is `NotFound`, like a missing one.
-    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id = %sandbox_id))]
+    /// Forks the tenant's sandbox `sandbox_id` (a paused one is resumed first), the copy bound
+    /// to no conversation. Another tenant's sandbox is `NotFound`, like a missing one.
     pub async fn fork(&self, caller: &Caller, sandbox_id: &str) -> Result<Forked, ServiceError> {
+        self.fork_into(caller, sandbox_id, None).await
+    }
+
+    /// Forks as [`Self::fork`] does, binding the copy to `conversation` when one is given (the
+    /// console's "take over in a copy": a conversation of its own, so its page, transcript and
+    /// tenant checks are a conversation's like any other). A `conversation` that already has a
+    /// live sandbox is refused by the store's one-live-sandbox-per-conversation rule.
+    #[tracing::instrument(skip_all, fields(tenant_id = %caller.tenant, sandbox_id = %sandbox_id))]
+    pub async fn fork_into(
+        &self,
+        caller: &Caller,
+        sandbox_id: &str,
+        conversation: Option<&str>,
+    ) -> Result<Forked, ServiceError> {
         let pausing = self.pausing_for("forking")?;
         let source = self.resolve(caller, Some(sandbox_id), None, None).await?;
         {
@@ -90,7 +103,7 @@ impl SandboxService {
         let sandbox = restored?;
         let lease = NewLease {
             tenant_id: tenant,
-            conversation_id: None,
+            conversation_id: conversation,
             idle_timeout_seconds: source
                 .row
                 .idle_timeout_seconds

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use sandgate_node::SandboxHandle;
 use sandgate_sandbox::{ChannelError, ContainerFate, SandboxError, SandboxProfile};
 use sandgate_store::PgPool;
-use sandgate_store::sandboxes::{self, CloseReason, SandboxState};
+use sandgate_store::sandboxes::{self, CloseReason};
 use uuid::Uuid;
 
 use crate::config::LimitsConfig;
@@ -46,7 +46,7 @@ pub use people::{ConversationLine, MAX_CONVERSATIONS_LISTED, PeopleNote};
 pub use quota::CallPermit;
 pub use run::{CommandLine, OutputSink, RunLimits};
 /// A sandbox's row, as the faces read it.
-pub use sandgate_store::sandboxes::SandboxRow;
+pub use sandgate_store::sandboxes::{SandboxRow, SandboxState};
 
 /// A sandbox resolved for a call: the live handle and its row.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! The console (issue 28) end to end: a tenant's user takes over the bot's live sandbox in
 //! headless Chromium while the bot is the official Python SDK; and the attackers: another
 //! tenant's user, a read-only user, a cross-site form, a stale sign-in, a revoked session,
-//! hostile output.
+//! hostile output; and in [`copy`], resuming a paused sandbox and taking over in a copy.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,6 +16,8 @@ use crate::python_sdk::{python, run_python};
 use crate::support::oauth::{Browser as HttpBrowser, PASSWORD, Stack, hidden, url_encode};
 use crate::support::{self, eventually};
 use crate::webdriver::Browser;
+
+mod copy;
 
 const BOT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -278,7 +280,7 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
     let conversation = format!("ticket-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
     bot.ok(
         "execute_code",
-        json!({"conversation_id": conversation, "code": "secret = 41"}),
+        json!({"conversation_id": conversation, "code": "secret = 41\nopen('secret.txt', 'w').write('41')"}),
     )
     .await;
     let page = format!("/console/conversation?id={}", url_encode(&conversation));
@@ -342,6 +344,28 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
         .await
         .unwrap();
     assert_eq!(upload.status(), StatusCode::NOT_FOUND, "uploads");
+    let download = them
+        .get(&stack.url(&format!(
+            "/console/file?conversation={}&path=%2Fhome%2Fuser%2Fsecret.txt",
+            url_encode(&conversation)
+        )))
+        .await;
+    assert_eq!(download.status, StatusCode::NOT_FOUND, "file downloads");
+    assert_eq!(download.body, missing.body, "downloads: the missing page");
+    for action in ["/console/fork", "/console/resume"] {
+        let refused = them
+            .post(
+                &stack.url(action),
+                &[("csrf", &their_csrf), ("conversation", &conversation)],
+            )
+            .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::NOT_FOUND,
+            "{action}: {}",
+            refused.body
+        );
+    }
 
     // The owner's user: a form without the token, or from another site, is refused.
     let (mut owner, csrf) = signed_in(&stack, &stack.email).await;
@@ -354,6 +378,26 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
     ] {
         assert!(shown.headers.contains_key(h), "the page carries {h}");
     }
+    assert!(
+        shown.body.contains("/console/file?conversation=") && !shown.body.contains("/files/"),
+        "the page's downloads are the console's own"
+    );
+    let download = owner
+        .get(&stack.url(&format!(
+            "/console/file?conversation={}&path=%2Fhome%2Fuser%2Fsecret.txt",
+            url_encode(&conversation)
+        )))
+        .await;
+    assert_eq!(download.status, StatusCode::OK, "{}", download.body);
+    assert_eq!(download.body, "41", "the file's bytes");
+    assert!(
+        download.headers["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("attachment"),
+        "a download, not a page"
+    );
+    assert_eq!(download.headers["x-content-type-options"], "nosniff");
     let csp = shown.headers["content-security-policy"].to_str().unwrap();
     assert!(
         csp.contains("default-src 'none'")

@@ -156,6 +156,14 @@ impl Browser {
             .unwrap_or_else(|err| panic!("the text of {css}: {err}"))
     }
 
+    /// The visible text of the first element matching a CSS selector now, `None` when there is
+    /// none (or the page is between two documents): for polling, where [`Browser::text`] would
+    /// wait and panic.
+    pub async fn text_now(&self, css: &str) -> Option<String> {
+        let element = self.client.find(Locator::Css(css)).await.ok()?;
+        element.text().await.ok()
+    }
+
     /// Resizes the window (e.g. a desktop size for a screenshot).
     pub async fn resize(&self, width: u32, height: u32) {
         self.client

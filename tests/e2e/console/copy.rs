@@ -18,7 +18,6 @@ use crate::support::{self};
 use crate::webdriver::Browser;
 
 #[tokio::test]
-#[ignore = "work in progress: in Chromium the page after the Resume button shows no #sandbox within 10 s, while the same POST by HTTP answers 303 to the conversation page; not yet found why"]
 async fn a_person_resumes_a_paused_sandbox_and_takes_over_in_a_copy() {
     if !runsc2024_registered() {
         return;

@@ -51,16 +51,26 @@ async fn takeover(stack: &Stack, email: &str) {
 
 /// Waits until the element's visible text contains `needle`; returns the text.
 async fn text_with(browser: &Browser, css: &str, needle: &str) -> String {
-    eventually(
-        Duration::from_secs(90),
-        &format!("{css} to show {needle:?}"),
-        || async {
-            // The page may be reloading (after an upload): a stale element is read again.
-            let text = browser.find(css).await.text().await.ok()?;
-            text.contains(needle).then_some(text)
-        },
-    )
-    .await
+    let deadline = Duration::from_secs(90);
+    let start = std::time::Instant::now();
+    loop {
+        // The page may be reloading (after an upload or a form's post): an element that is
+        // missing or stale is read again.
+        if let Some(text) = browser.text_now(css).await
+            && text.contains(needle)
+        {
+            return text;
+        }
+        if start.elapsed() >= deadline {
+            let url = browser.url().await;
+            let body = browser.text_now("body").await.unwrap_or_default();
+            panic!(
+                "timed out after {deadline:?} waiting for {css} to show {needle:?}; the page at \
+                 {url} reads:\n{body}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn bot(stack: &Stack, token: &str, args: &[&str]) -> String {

@@ -208,16 +208,25 @@ pub async fn signed_in(
 /// Whether a state-changing request came from our own pages: no cross-site `Sec-Fetch-Site`,
 /// and an `Origin`, when sent, that is the public origin. (The CSRF token is checked too.)
 pub fn same_origin(state: &AppState, headers: &HeaderMap) -> bool {
-    let site_ok = headers
+    from_our_pages(&state.config.public_url(), headers)
+}
+
+/// [`same_origin`] against the public URL `public`. Our pages send no referrer, and for a form
+/// post from such a page a browser sends `Origin: null` (the Fetch standard's rule for the
+/// `no-referrer` policy; Chromium does); that is taken as ours only where the browser's own
+/// `Sec-Fetch-Site` (which no page can set) says `same-origin`.
+fn from_our_pages(public: &str, headers: &HeaderMap) -> bool {
+    let site = headers
         .get("sec-fetch-site")
-        .and_then(|v| v.to_str().ok())
-        .is_none_or(|v| v == "same-origin" || v == "none");
+        .map(|v| v.to_str().unwrap_or("unreadable"));
+    let site_ok = site.is_none_or(|v| v == "same-origin" || v == "none");
     let origin_ok = headers
         .get(header::ORIGIN)
-        .and_then(|v| v.to_str().ok())
+        .map(|v| v.to_str().unwrap_or("unreadable"))
         .is_none_or(|origin| {
-            url::Url::parse(&state.config.public_url())
-                .is_ok_and(|public| public.origin().ascii_serialization() == origin)
+            (origin == "null" && site == Some("same-origin"))
+                || url::Url::parse(public)
+                    .is_ok_and(|public| public.origin().ascii_serialization() == origin)
         });
     site_ok && origin_ok
 }
@@ -241,4 +250,57 @@ pub fn refusal_to_act(session: &Session) -> Option<Response> {
         ));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{HeaderMap, HeaderValue};
+
+    use super::from_our_pages;
+
+    const PUBLIC: &str = "https://sandgate.example.test/";
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn our_own_pages_posts_are_ours() {
+        for ours in [
+            headers(&[]),
+            headers(&[("origin", "https://sandgate.example.test")]),
+            headers(&[
+                ("origin", "https://sandgate.example.test"),
+                ("sec-fetch-site", "same-origin"),
+            ]),
+            // A form post from a page with `Referrer-Policy: no-referrer`, as Chromium sends it.
+            headers(&[("origin", "null"), ("sec-fetch-site", "same-origin")]),
+        ] {
+            assert!(from_our_pages(PUBLIC, &ours), "{ours:?}");
+        }
+    }
+
+    #[test]
+    fn another_sites_posts_are_not() {
+        for theirs in [
+            headers(&[("origin", "https://evil.example.test")]),
+            headers(&[("origin", "http://sandgate.example.test")]),
+            headers(&[("sec-fetch-site", "cross-site")]),
+            headers(&[("sec-fetch-site", "same-site")]),
+            // An opaque origin (a sandboxed frame, a data: URL) without the browser's word.
+            headers(&[("origin", "null")]),
+            headers(&[("origin", "null"), ("sec-fetch-site", "cross-site")]),
+            headers(&[("origin", "null"), ("sec-fetch-site", "none")]),
+            headers(&[
+                ("origin", "https://sandgate.example.test"),
+                ("sec-fetch-site", "cross-site"),
+            ]),
+        ] {
+            assert!(!from_our_pages(PUBLIC, &theirs), "{theirs:?}");
+        }
+    }
 }

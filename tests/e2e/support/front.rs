@@ -211,7 +211,20 @@ impl Nginx {
 
 impl Drop for Nginx {
     fn drop(&mut self) {
-        // SIGQUIT would wait for open streams; the test is done with them.
+        // SIGTERM: nginx's fast shutdown, in which the master stops its workers before it
+        // exits (SIGKILL to the master alone left its worker running, orphaned, on its port;
+        // SIGQUIT would wait for open streams, and the test is done with them).
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < deadline
+                && !matches!(self.child.try_wait(), Ok(Some(_)))
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         let _ = self.child.start_kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -501,22 +501,38 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
     let refused = viewer.post(&stack.url("/console/run"), &pairs).await;
     assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
 
-    // The person's interrupt stops the bot's running cell too, and the bot is told who did.
+    // The person's interrupt stops the bot's running cell too, once it has printed; the bot is
+    // told who did, and gets what the cell printed until then (so does the transcript).
+    let mut slow_bot = Client::connect(&stack.gateway.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("connects");
+    let (_, unused) = tokio::sync::mpsc::unbounded_channel();
+    let mut progress = std::mem::replace(&mut slow_bot.progress, unused);
     let slow = {
-        let (url, token, conversation) =
-            (stack.gateway.mcp_url(), token.clone(), conversation.clone());
+        let conversation = conversation.clone();
         tokio::spawn(async move {
-            let bot = Client::connect(&url, &token, Era::Stateless)
+            slow_bot
+                .call(
+                    "execute_code",
+                    json!({"conversation_id": conversation,
+                           "code": "import time\nprint('half way through', flush=True)\ntime.sleep(120)"}),
+                )
                 .await
-                .expect("connects");
-            bot.call(
-                "execute_code",
-                json!({"conversation_id": conversation, "code": "import time\ntime.sleep(120)"}),
-            )
-            .await
-            .expect("the interrupted call answers")
+                .expect("the interrupted call answers")
         })
     };
+    let mut streamed = String::new();
+    tokio::time::timeout(Duration::from_secs(90), async {
+        while !streamed.contains("half way through") {
+            let p = progress
+                .recv()
+                .await
+                .expect("progress notifications until the cell prints");
+            streamed.push_str(p.message.as_deref().unwrap_or_default());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the bot's cell streams its first line: {streamed:?}"));
     let cookie = owner.cookies();
     let http = reqwest::Client::new();
     eventually(
@@ -543,6 +559,25 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
         "the bot's result says a person interrupted it: {}",
         interrupted.text
     );
+    assert_eq!(
+        interrupted.structured["stdout"], "half way through\n",
+        "the bot's result has what the cell printed before the interrupt: {:?}",
+        interrupted.structured
+    );
+    // The transcript is written behind the answer: read the page until it has the entry.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let shown = owner.get(&stack.url(&page)).await;
+        if shown.body.contains("half way through") && shown.body.contains("KeyboardInterrupt") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the interrupted cell's output is in the transcript: {}",
+            shown.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // The bot's variable was touched only by the owner's confirmed run.
     let seen = bot

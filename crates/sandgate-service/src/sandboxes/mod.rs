@@ -25,6 +25,7 @@ pub mod lifecycle;
 mod limits;
 pub mod nodes;
 mod ops;
+mod partial;
 mod pause;
 mod people;
 mod quota;

@@ -4,7 +4,8 @@
 //!
 //! Cancellation is the face's: dropping the returned future interrupts the cell or kills the
 //! command (the sandbox's kernel survives an interrupt). A person may also interrupt a running
-//! call from the console (`people`): the call then answers that a person interrupted it.
+//! call from the console (`people`): the call then answers with its output until then
+//! (`partial`) and that a person interrupted it.
 
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use sandgate_sandbox::{
 use sandgate_transcript::Entry;
 use tokio::sync::mpsc;
 
+use super::partial::{self, Partial};
 use super::{Caller, Resolved, SandboxService, ServiceError, Target};
 use crate::transcripts::{self, Transcripts};
 
@@ -59,12 +61,20 @@ impl SandboxService {
             output_limit: limits.output_limit,
             ..ExecOptions::default()
         };
-        let call = resolved.sandbox.exec(code, options, output);
+        let (text_limit, image_limit) = (options.output_limit, options.display_limit);
         let registered = self.running.register(&resolved.row.id);
         let started = std::time::Instant::now();
-        let outcome = tokio::select! {
-            ran = self.with_package_index(&resolved, call) => self.checked(&resolved, ran).await?,
-            by = registered.interrupt.wait() => interrupted_cell(&by, started.elapsed()),
+        let ran = partial::run_keeping(
+            output,
+            text_limit,
+            image_limit,
+            |sink| self.with_package_index(&resolved, resolved.sandbox.exec(code, options, sink)),
+            registered.interrupt.wait(),
+        )
+        .await;
+        let outcome = match ran {
+            Ok(ran) => self.checked(&resolved, ran).await?,
+            Err((by, partial)) => interrupted_cell(&by, started.elapsed(), partial),
         };
         drop(registered);
         let mut entry = transcripts::cell_entry(code, &outcome);
@@ -93,12 +103,25 @@ impl SandboxService {
             output_limit: limits.output_limit,
             cwd: line.cwd.map(str::to_owned),
         };
-        let call = resolved.sandbox.command(line.command, options, output);
+        let text_limit = options.output_limit;
         let registered = self.running.register(&resolved.row.id);
         let started = std::time::Instant::now();
-        let outcome = tokio::select! {
-            ran = self.with_package_index(&resolved, call) => self.checked(&resolved, ran).await?,
-            by = registered.interrupt.wait() => interrupted_command(&by, started.elapsed()),
+        let ran = partial::run_keeping(
+            output,
+            text_limit,
+            0,
+            |sink| {
+                self.with_package_index(
+                    &resolved,
+                    resolved.sandbox.command(line.command, options, sink),
+                )
+            },
+            registered.interrupt.wait(),
+        )
+        .await;
+        let outcome = match ran {
+            Ok(ran) => self.checked(&resolved, ran).await?,
+            Err((by, partial)) => interrupted_command(&by, started.elapsed(), partial),
         };
         drop(registered);
         let mut entry = transcripts::command_entry(line.command, line.cwd, &outcome);
@@ -118,10 +141,14 @@ impl SandboxService {
     }
 }
 
-/// What an interrupted cell answers: a `KeyboardInterrupt` naming the person (its output so
-/// far went to the face's stream; the kernel and its variables are kept).
-fn interrupted_cell(by: &str, ran: Duration) -> ExecOutcome {
+/// What an interrupted cell answers: its output until then, and a `KeyboardInterrupt` naming
+/// the person (the kernel and its variables are kept).
+fn interrupted_cell(by: &str, ran: Duration, partial: Partial) -> ExecOutcome {
     ExecOutcome {
+        stdout: partial.stdout,
+        stderr: partial.stderr,
+        displays: partial.displays,
+        truncated: partial.truncated,
         error: Some(CellError {
             name: "KeyboardInterrupt".to_owned(),
             value: interrupted_by(by),
@@ -132,11 +159,20 @@ fn interrupted_cell(by: &str, ran: Duration) -> ExecOutcome {
     }
 }
 
-/// What an interrupted command answers: killed (SIGINT's number), saying by whom.
-fn interrupted_command(by: &str, ran: Duration) -> CommandOutcome {
+/// What an interrupted command answers: its output until then, killed (SIGINT's number),
+/// saying by whom.
+fn interrupted_command(by: &str, ran: Duration, partial: Partial) -> CommandOutcome {
+    let mut stderr = partial.stderr;
+    if !stderr.is_empty() && !stderr.ends_with('\n') {
+        stderr.push('\n');
+    }
+    stderr.push_str(&interrupted_by(by));
+    stderr.push('\n');
     CommandOutcome {
-        stderr: format!("{}\n", interrupted_by(by)),
+        stdout: partial.stdout,
+        stderr,
         signal: Some(2),
+        truncated: partial.truncated,
         duration: ran,
         ..CommandOutcome::default()
     }

@@ -4,7 +4,8 @@
 //! another's reaper; stopping a replica leaves what another leased; a dropped attach connection
 //! is re-attached with the kernel kept; 2025-11-25 sessions and 2026-07-28 conversations move
 //! between replicas (rmcp's client and the official Python SDK) and survive a replica killed
-//! mid-call; a login cookie from one replica is good on another.
+//! mid-call; a login cookie from one replica is good on another; a person's interrupt from one
+//! replica's console stops the bot's cell running through another.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use tokio::task::JoinHandle;
 
 use crate::lifecycle::{FAST, db, plain, row_state, sandbox_id};
 use crate::mcp_client::{Client, Era, ToolResult};
-use crate::support::oauth::{Browser, PASSWORD};
+use crate::support::oauth::{Browser, PASSWORD, hidden};
 use crate::support::replicas::{Deployment, RoundRobin, ownership_problems, spawn_replica};
 use crate::support::{self, Gateway, TcpProxy, eventually};
 
@@ -511,4 +512,81 @@ async fn a_login_cookie_from_one_replica_is_accepted_by_another_and_refused_unde
         "and sends the browser to log in: {:?}",
         on_c.location
     );
+}
+
+#[tokio::test]
+async fn a_person_on_one_replica_interrupts_the_bots_cell_running_through_another() {
+    let deployment = Deployment::new().await;
+    let a = spawn_replica(0, &deployment, &[]).await;
+    let b = spawn_replica(1, &deployment, &[]).await;
+    let tenant = a.create_tenant().await;
+    let email = format!(
+        "ana-{}@example.com",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    a.cli_stdin(
+        &[
+            "admin", "user", "create", "--tenant", &tenant, "--email", &email,
+        ],
+        &format!("{PASSWORD}\n"),
+    )
+    .await;
+    a.cli(&[
+        "admin", "user", "role", "--email", &email, "--role", "takeover",
+    ])
+    .await;
+    // The bot's cell runs through A, and has printed.
+    let mut bot = Client::connect(&a.mcp_url(), &a.token(&tenant).await, Era::Stateless)
+        .await
+        .expect("connects to A");
+    let (_, unused) = tokio::sync::mpsc::unbounded_channel();
+    let mut progress = std::mem::replace(&mut bot.progress, unused);
+    let slow = tokio::spawn(async move {
+        bot.call(
+            "execute_code",
+            json!({"conversation_id": "ticket-replicas",
+                   "code": "import time\nprint('half way through', flush=True)\ntime.sleep(120)"}),
+        )
+        .await
+        .expect("the interrupted call answers")
+    });
+    let mut streamed = String::new();
+    tokio::time::timeout(WITHIN, async {
+        while !streamed.contains("half way through") {
+            let p = progress
+                .recv()
+                .await
+                .expect("progress until the cell prints");
+            streamed.push_str(p.message.as_deref().unwrap_or_default());
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the bot's cell streams its first line: {streamed:?}"));
+
+    // A person signed in on B presses the interrupt once.
+    let mut person = Browser::at(&b.base_url);
+    let to_login = person.get(&format!("{}/console", b.base_url)).await;
+    let login = to_login.location.expect("a stranger logs in first");
+    person.log_in(&login, &email, PASSWORD).await;
+    let apps = person.get(&format!("{}/apps", b.base_url)).await;
+    let csrf = hidden(&apps.body, "csrf").expect("a CSRF token");
+    let stopped = person
+        .post(
+            &format!("{}/console/interrupt", b.base_url),
+            &[("csrf", &csrf), ("conversation", "ticket-replicas")],
+        )
+        .await;
+    assert_eq!(stopped.status, StatusCode::SEE_OTHER, "{}", stopped.body);
+    let interrupted = tokio::time::timeout(WITHIN, slow)
+        .await
+        .expect("B's interrupt stops the cell running through A")
+        .expect("the call task");
+    assert!(
+        interrupted
+            .text
+            .contains(&format!("a person ({email}) interrupted")),
+        "the bot's result says a person interrupted it: {}",
+        interrupted.text
+    );
+    assert_eq!(interrupted.structured["stdout"], "half way through\n");
 }

@@ -146,6 +146,9 @@ impl Services {
         )
         .await?;
         let (background_stop, background) = (core.background_stop, core.background);
+        // The calls run here (a node runs none), and other replicas' consoles may interrupt them.
+        core.sandboxes
+            .listen_for_interrupts(background_stop.clone(), &background);
         let audit = AuditLog::start(db.clone(), background_stop.clone(), &background);
         crate::retention::start_purge(
             db.clone(),

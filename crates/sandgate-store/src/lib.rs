@@ -20,6 +20,7 @@ pub mod downloads;
 pub mod egress;
 pub mod grants;
 pub mod hygiene;
+pub mod interrupts;
 pub mod keys;
 pub mod mcp_session_states;
 pub mod mcp_sessions;

@@ -7,23 +7,42 @@
 //! - A person may interrupt any running call of a sandbox, the bot's too
 //!   ([`SandboxService::interrupt_calls`]): the calls running in this process are registered
 //!   here, and an interrupted one drops its sandbox call (which interrupts the cell or kills the
-//!   command) and answers that a person interrupted it. Only calls running in this process are
-//!   reached: with several gateway replicas, the console's interrupt reaches the calls of the
-//!   replica that serves it.
+//!   command) and answers that a person interrupted it. The replica that serves the console
+//!   interrupts its own calls at once, and tells the others through Postgres
+//!   (`sandgate_store::interrupts`: a row and a notification of its id), whose listener
+//!   ([`SandboxService::listen_for_interrupts`]) interrupts theirs. An interrupt notified while
+//!   a replica's listener is reconnecting is lost for that replica (the person presses again).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use chrono::{DateTime, Utc};
+use sandgate_store::interrupts::{self, InterruptListener};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use super::{SandboxService, ServiceError};
 
+/// Pause before listening again after the interrupt listener lost or could not make its
+/// connection.
+const RELISTEN_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The calls running in this process, by sandbox id.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct RunningCalls {
     calls: Arc<Mutex<HashMap<String, Vec<Arc<Interrupt>>>>>,
+    /// This process, as the origin of the interrupts it asks other replicas for.
+    origin: Uuid,
+}
+
+impl Default for RunningCalls {
+    fn default() -> Self {
+        Self {
+            calls: Arc::default(),
+            origin: Uuid::new_v4(),
+        }
+    }
 }
 
 /// A running call's interrupt: cancelled by a person, whose email it keeps.
@@ -125,7 +144,75 @@ impl SandboxService {
         sandgate_store::sandboxes::get(&mut conn, tenant, sandbox_id)
             .await?
             .ok_or_else(|| ServiceError::NotFound(sandbox_id.to_owned()))?;
-        Ok(self.running.interrupt(sandbox_id, by))
+        let here = self.running.interrupt(sandbox_id, by);
+        // The other replicas' calls in this sandbox.
+        interrupts::request(&mut conn, tenant, sandbox_id, by, self.running.origin).await?;
+        Ok(here)
+    }
+
+    /// Interrupts this process's calls that other replicas' consoles ask to interrupt, until
+    /// `stop`, on `tasks`; listening again after a lost connection.
+    pub fn listen_for_interrupts(&self, stop: CancellationToken, tasks: &TaskTracker) {
+        let service = self.clone();
+        tasks.spawn(async move {
+            loop {
+                let connected = tokio::select! {
+                    () = stop.cancelled() => return,
+                    connected = InterruptListener::connect(&service.db) => connected,
+                };
+                match connected {
+                    Ok(listener) => service.follow_interrupts(listener, &stop).await,
+                    Err(err) => tracing::warn!(
+                        error = %err,
+                        "cannot listen for other replicas' interrupts; trying again"
+                    ),
+                }
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(RELISTEN_EVERY) => {}
+                }
+            }
+        });
+    }
+
+    async fn follow_interrupts(&self, mut listener: InterruptListener, stop: &CancellationToken) {
+        loop {
+            let next = tokio::select! {
+                () = stop.cancelled() => return,
+                next = listener.next() => next,
+            };
+            match next {
+                Ok(Some(Some(id))) => self.interrupt_as_asked(id).await,
+                Ok(Some(None)) => tracing::warn!("an interrupt notification that is not an id"),
+                Ok(None) => tracing::info!(
+                    "the interrupt listener reconnected; interrupts in between were missed"
+                ),
+                Err(err) => {
+                    tracing::warn!(error = %err, "the interrupt listener lost its connection");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Interrupts this process's calls in the sandbox of interrupt `id`, unless this process
+    /// asked for it (and interrupted them already).
+    async fn interrupt_as_asked(&self, id: i64) {
+        let asked = async {
+            let mut conn = self.db.acquire().await?;
+            interrupts::get(&mut conn, id).await
+        }
+        .await;
+        match asked {
+            Ok(Some(row)) if row.origin != self.running.origin => {
+                let stopped = self.running.interrupt(&row.sandbox_id, &row.by_email);
+                tracing::info!(sandbox_id = %row.sandbox_id, stopped, "interrupted at another replica's request");
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, id, "cannot read another replica's interrupt");
+            }
+        }
     }
 
     /// Marks that the person `by` acted in `sandbox_id` now.

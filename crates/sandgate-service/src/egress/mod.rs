@@ -7,11 +7,12 @@
 //! sandbox yet (no proxy in the agent, no relay, no egress component), so every sandbox still
 //! has no route out.
 
+pub mod admin;
 mod rules;
 mod secrets;
 
 pub use rules::{HostPattern, RuleError, parse_rule};
 pub use secrets::{
-    DEVELOPMENT_SECRETS_KEY, SecretBinding, SecretError, SecretSealer, check_header_name,
-    check_secret_name, check_secret_value,
+    DEVELOPMENT_SECRETS_KEY, MAX_VALUE_BYTES, SecretBinding, SecretError, SecretSealer,
+    check_header_name, check_secret_name, check_secret_value,
 };

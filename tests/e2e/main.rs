@@ -7,6 +7,7 @@ mod console;
 mod db_roles;
 mod db_tls;
 mod deploy;
+mod egress;
 mod endings;
 mod error_kinds;
 mod front;

@@ -49,7 +49,8 @@ pub mod telemetry;
 pub use sandgate_mcp as mcp;
 pub use sandgate_oauth as oauth;
 pub use sandgate_service::{
-    Config, admin, audit, config, keys, lifecycle, resource_uri, retention, sandboxes, transcripts,
+    Config, admin, audit, config, egress, keys, lifecycle, resource_uri, retention, sandboxes,
+    transcripts,
 };
 
 use crate::keys::KeyRing;

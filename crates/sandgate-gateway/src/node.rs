@@ -116,7 +116,7 @@ fn drop_secrets(config: &mut Config) {
     for key in config.drop_gateway_secrets() {
         tracing::warn!(
             key,
-            "a node uses no signing key or cookie secret: this one is ignored; remove it from \
+            "a node uses no signing key, cookie secret or egress key: this one is ignored; remove it from \
              the node's environment"
         );
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use chrono::Utc;
 use sandgate_auth::Scope;
 use sandgate_auth::secret::{self, SecretKind};
-use sandgate_store::audit::AuditEvent;
+use sandgate_store::audit::AuditLine;
 use sandgate_store::sandboxes::SandboxRow;
 use sandgate_store::tenants::TenantLimits;
 use sandgate_store::{StoreError, clients, grants, tenants, users};
@@ -74,6 +74,31 @@ pub enum AdminError {
         asked: u64,
         /// The cap, seconds.
         max: u64,
+    },
+    /// An egress rule or host was refused.
+    #[error(transparent)]
+    EgressRule(#[from] crate::egress::RuleError),
+    /// A secret's name, binding or value was refused.
+    #[error(transparent)]
+    Secret(#[from] crate::egress::SecretError),
+    /// No egress secrets key in force (empty off loopback).
+    #[error(
+        "tenant secrets are off: egress.secrets_key is empty and this deployment is not \
+         loopback-only. Set SANDGATE_EGRESS__SECRETS_KEY (or egress.secrets_key in the \
+         configuration file) to at least 32 random characters of its own, e.g. the output of \
+         `openssl rand -base64 48`, the same on every replica"
+    )]
+    NoSecretsKey,
+    /// The tenant has no secret of that name.
+    #[error(
+        "tenant {tenant} has no secret named {name}; `sandgate admin tenant secret list {tenant}` \
+         shows its secrets"
+    )]
+    NoSuchSecret {
+        /// The tenant.
+        tenant: Uuid,
+        /// The name asked for.
+        name: String,
     },
     /// No admin-issued token has that id.
     #[error("no admin-issued token with id {0:?}; `sandgate admin token list` shows them")]
@@ -219,19 +244,19 @@ pub fn render_limits(own: &TenantLimits, effective: &Limits) -> String {
     .join("\n")
 }
 
-/// A tenant's most recent audit events, newest first.
+/// A tenant's most recent audit events, newest first, with what each operator change was.
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn audit(
     config: &Config,
     tenant: Uuid,
     limit: i64,
-) -> Result<Vec<AuditEvent>, AdminError> {
+) -> Result<Vec<AuditLine>, AdminError> {
     let db = config.migrated_pool().await?;
     let mut conn = db.acquire().await?;
     if tenants::get(&mut conn, tenant).await?.is_none() {
         return Err(AdminError::NoSuchTenant(tenant));
     }
-    Ok(sandgate_store::audit::recent(&mut conn, tenant, limit).await?)
+    Ok(sandgate_store::audit::recent_lines(&mut conn, tenant, limit).await?)
 }
 
 /// A change to a tenant's package policy (`sandgate admin tenant packages`).
@@ -353,15 +378,15 @@ pub fn render_package_installs(installs: &[sandgate_store::packages::PackageInst
     out
 }
 
-/// Renders audit events as a table, one line each.
-pub fn render_audit(events: &[AuditEvent]) -> String {
+/// Renders audit events as a table, one line each; an operator's change ends with what it was.
+pub fn render_audit(lines: &[AuditLine]) -> String {
     let mut out = format!(
-        "{:<24} {:<20} {:<10} {:<16} {:>8}  {:<40} {:<24} {:<40} {}",
+        "{:<24} {:<26} {:<10} {:<16} {:>8}  {:<40} {:<24} {:<40} {}",
         "AT", "TOOL", "OUTCOME", "ERROR", "MS", "SANDBOX", "CONVERSATION", "TOKEN", "BY"
     );
-    for e in events {
+    for AuditLine { event: e, detail } in lines {
         out.push_str(&format!(
-            "\n{:<24} {:<20} {:<10} {:<16} {:>8}  {:<40} {:<24} {:<40} {}",
+            "\n{:<24} {:<26} {:<10} {:<16} {:>8}  {:<40} {:<24} {:<40} {}",
             e.at.format("%Y-%m-%dT%H:%M:%S%.3fZ"),
             e.tool,
             e.outcome.as_str(),
@@ -372,6 +397,9 @@ pub fn render_audit(events: &[AuditEvent]) -> String {
             e.token_id.as_deref().unwrap_or("-"),
             e.subject.as_deref().unwrap_or("-"),
         ));
+        if let Some(detail) = detail {
+            out.push_str(&format!("  {detail}"));
+        }
     }
     out
 }

@@ -1,4 +1,5 @@
-//! The audit trail: one event per tool call (who, which sandbox, outcome, duration).
+//! The audit trail: one event per tool call (who, which sandbox, outcome, duration), and one per
+//! operator change of a tenant's egress (what changed: `detail`).
 //! Never the code, its output, file contents or tokens.
 
 use chrono::{DateTime, Utc};
@@ -198,6 +199,58 @@ pub async fn recent(
     Ok(sqlx::query_as::<_, AuditEvent>(
         "SELECT at, tenant_id, token_id, subject, conversation_id, sandbox_id, tool, outcome,
                 error_kind, duration_ms
+         FROM audit_events WHERE tenant_id = $1 ORDER BY at DESC, id DESC LIMIT $2",
+    )
+    .bind(tenant_id)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// An audit event as the trail shows it: the event, and what an operator's change was.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct AuditLine {
+    /// The event.
+    #[sqlx(flatten)]
+    pub event: AuditEvent,
+    /// For an operator's change (`sandgate admin …`), what changed; `None` for a tool call.
+    pub detail: Option<String>,
+}
+
+/// Appends an operator's change of `tenant_id`'s settings (`action`, e.g.
+/// `admin_tenant_secret_set`, in the event's tool column), by `subject`, with what changed. The
+/// caller keeps secret values out of `detail`.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, action = %action))]
+pub async fn record_change(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    subject: &str,
+    action: &str,
+    detail: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO audit_events (tenant_id, subject, tool, outcome, duration_ms, detail)
+         VALUES ($1, $2, $3, 'ok', 0, $4)",
+    )
+    .bind(tenant_id)
+    .bind(subject)
+    .bind(action)
+    .bind(detail)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// [`recent`] with each event's detail.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn recent_lines(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    limit: i64,
+) -> Result<Vec<AuditLine>, StoreError> {
+    Ok(sqlx::query_as::<_, AuditLine>(
+        "SELECT at, tenant_id, token_id, subject, conversation_id, sandbox_id, tool, outcome,
+                error_kind, duration_ms, detail
          FROM audit_events WHERE tenant_id = $1 ORDER BY at DESC, id DESC LIMIT $2",
     )
     .bind(tenant_id)

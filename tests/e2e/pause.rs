@@ -95,7 +95,7 @@ pub fn pausing_env<'a>(plain: &'a str, store: &'a StoreDir) -> Vec<(&'a str, &'a
 }
 
 /// The running containers of `instance`.
-fn running(instance: &str) -> Vec<String> {
+pub fn running(instance: &str) -> Vec<String> {
     support::docker_words(&[
         "ps",
         "-q",
@@ -113,14 +113,14 @@ pub async fn until_paused(instance: &str, store: &StoreDir) {
     .await;
 }
 
-fn text_plain(result: &Value) -> String {
+pub fn text_plain(result: &Value) -> String {
     result["result"]["text/plain"]
         .as_str()
         .unwrap_or_default()
         .to_owned()
 }
 
-async fn cell(client: &Client, conversation: &str, code: &str) -> Value {
+pub async fn cell(client: &Client, conversation: &str, code: &str) -> Value {
     let answer = client
         .ok(
             "execute_code",
@@ -453,6 +453,41 @@ async fn a_fork_diverges_from_its_source() {
         text_plain(&fork_view),
         "(False, 2)",
         "the fork sees none of the source's later changes: {fork_view}"
+    );
+
+    // Both transcripts mark the fork, each naming the other sandbox; the copy's holds none of
+    // the source's cells, the source's none of the copy's.
+    let source_page = crate::pause_many::transcript(&client, &source, "html").await;
+    let fork_page = crate::pause_many::transcript(&client, &fork, "html").await;
+    let mark = |page: &str, kind: &str| {
+        let at = page
+            .find(&format!("data-kind=\"{kind}\""))
+            .unwrap_or_else(|| panic!("a {kind} mark: {page}"));
+        page[at..at + page[at..].find("</div>").expect("its end")].to_owned()
+    };
+    assert!(
+        mark(&source_page, "forked_into").contains(&fork),
+        "the source's transcript names the copy: {source_page}"
+    );
+    assert!(
+        mark(&fork_page, "forked_from").contains(&source),
+        "the copy's transcript names the source: {fork_page}"
+    );
+    assert!(
+        source_page.contains("a = 1") && !source_page.contains("a = 2"),
+        "{source_page}"
+    );
+    assert!(
+        fork_page.contains("a = 2") && !fork_page.contains("a = 1"),
+        "{fork_page}"
+    );
+    let notes =
+        crate::pause_many::notes(&crate::pause_many::transcript(&client, &fork, "ipynb").await);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("Forked from sandbox") && n.contains(&source.replace('_', "\\_"))),
+        "the copy's notebook names the source: {notes:#?}"
     );
     support::remove_containers_of(&gateway.instance);
 }

@@ -180,6 +180,44 @@ async fn official_python_sdk_installs_packages_from_the_loopback_index() {
     );
 }
 
+/// Issue 27's pause and resume through the official SDK, in both protocol eras: a cell sets a
+/// variable and writes a file, the sandbox idles past its 2 s timeout and is paused (the script
+/// polls `list_sandboxes`), and the next call by `conversation_id` sees both under the same
+/// `sandbox_id`, saying it resumed; its transcript marks the pause and the resume.
+#[tokio::test]
+async fn official_python_sdk_resumes_a_paused_sandbox_in_both_eras() {
+    let python = python();
+    if !crate::pause::runsc2024_registered() {
+        return;
+    }
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/e2e/python/pause_resume.py"
+    );
+    let database = support::fresh_database().await;
+    let plain = crate::pause::plain_dir();
+    let store = crate::pause::StoreDir::new();
+    let gateway = Gateway::start(&database, &crate::pause::pausing_env(&plain, &store)).await;
+    let tenant = gateway.create_tenant().await;
+    let token = gateway.token(&tenant).await;
+    for mode in ["legacy", "2026-07-28"] {
+        let stdout = run_python(
+            &python,
+            script,
+            &["--mode", mode],
+            &gateway.mcp_url(),
+            &token,
+            Duration::from_secs(360),
+        )
+        .await;
+        assert!(
+            stdout.contains(&format!("ok ({mode})")),
+            "the script reported success for {mode}:\n{stdout}"
+        );
+    }
+    support::remove_containers_of(&gateway.instance);
+}
+
 /// The first ```python block of the README, as printed there.
 fn readme_python_example() -> String {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))

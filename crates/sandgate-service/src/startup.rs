@@ -361,6 +361,7 @@ fn pausing(
         max_paused: config.snapshots.max_paused,
         tenant_max_bytes: config.snapshots.tenant_max_bytes,
         retention: Duration::from_secs(config.retention.paused_seconds),
+        transcripts: crate::transcripts::bound_of(&config.retention),
     }))
 }
 

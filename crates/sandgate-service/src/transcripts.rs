@@ -22,7 +22,7 @@ use sandgate_sandbox::{CommandOutcome, ExecOutcome, FileInfo};
 use sandgate_store::sandboxes::SandboxRow;
 use sandgate_store::transcripts::{self as store, Appended, NewEntry, Owner};
 use sandgate_store::{PgPool, StoreError};
-use sandgate_transcript::{Bound, Cell, CellError, Command, Entry, FileEvent, Part, Record};
+use sandgate_transcript::{Cell, CellError, Command, Entry, FileEvent, Part, Record};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -38,7 +38,7 @@ pub use sandgate_transcript::Omitted;
 pub use sandgate_transcript::html::CONTENT_SECURITY_POLICY;
 /// A loaded transcript and its rendering inside another page (the console), for the faces.
 pub use sandgate_transcript::html::{HtmlResults, render_parts};
-pub use sandgate_transcript::{Transcript, human_bytes};
+pub use sandgate_transcript::{Bound, Transcript, human_bytes};
 
 /// Most entries waiting to be written. Calls need Postgres to start, so the queue fills only
 /// when Postgres goes away with calls running; an entry can be large (output, charts).
@@ -248,18 +248,10 @@ impl Transcripts {
         stop: CancellationToken,
         tasks: &TaskTracker,
     ) -> Self {
-        let bound = Bound {
-            max_entries: config.transcript_max_entries,
-            max_bytes: config.transcript_max_bytes,
-            tenant_max_bytes: config.transcript_tenant_max_bytes,
-        };
+        let bound = bound_of(config);
         let sink = EntrySink {
             db: db.clone(),
-            bound: store::Bound {
-                max_entries: i32::try_from(bound.max_entries).unwrap_or(i32::MAX),
-                max_bytes: i64::try_from(bound.max_bytes).unwrap_or(i64::MAX),
-                tenant_max_bytes: i64::try_from(bound.tenant_max_bytes).unwrap_or(i64::MAX),
-            },
+            bound: store_bound(bound),
         };
         let bounds = Bounds {
             queued: QUEUE_ENTRIES,
@@ -483,6 +475,52 @@ impl Transcripts {
         }
         summaries.reverse();
         Ok((summaries, conversation_id, omitted))
+    }
+}
+
+/// How much one sandbox's transcript keeps, from the `[retention]` settings.
+pub fn bound_of(config: &RetentionConfig) -> Bound {
+    Bound {
+        max_entries: config.transcript_max_entries,
+        max_bytes: config.transcript_max_bytes,
+        tenant_max_bytes: config.transcript_tenant_max_bytes,
+    }
+}
+
+/// A bound in the store's terms.
+fn store_bound(bound: Bound) -> store::Bound {
+    store::Bound {
+        max_entries: i32::try_from(bound.max_entries).unwrap_or(i32::MAX),
+        max_bytes: i64::try_from(bound.max_bytes).unwrap_or(i64::MAX),
+        tenant_max_bytes: i64::try_from(bound.tenant_max_bytes).unwrap_or(i64::MAX),
+    }
+}
+
+/// Writes a mark of what happened to a sandbox itself (its pause, its resume, a fork) into its
+/// transcript now, under `bound`, in a transaction of its own once the transition it marks has
+/// committed: not through a process's queue, because the service operations that make marks
+/// (the reaper's pause, a resume, a fork) run where no [`Transcripts`] is at hand, and a
+/// resume's mark must come before the entry of the call that resumed it. A mark that cannot be
+/// written is logged and counted lost; the transition stands.
+pub(crate) async fn write_mark(db: &PgPool, bound: Bound, row: &SandboxRow, entry: Entry) {
+    let Some(tenant_id) = row.tenant_id else {
+        return;
+    };
+    let sink = EntrySink {
+        db: db.clone(),
+        bound: store_bound(bound),
+    };
+    let kind = entry.kind();
+    let queued = Queued {
+        tenant_id,
+        sandbox_id: row.id.clone(),
+        conversation_id: row.conversation_id.clone(),
+        at: Utc::now(),
+        entry,
+    };
+    if let Err(err) = sink.append(&[&queued]).await {
+        lost_counter().inc();
+        tracing::warn!(error = %err, sandbox_id = %row.id, kind, "a transcript mark was not written");
     }
 }
 

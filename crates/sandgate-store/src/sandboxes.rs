@@ -537,21 +537,32 @@ pub async fn count_leased_on_node(conn: &mut PgConnection, node: &str) -> Result
     )
 }
 
-/// Leased sandboxes on any node past their idle deadline at `now` and not past their lifetime:
-/// the ones a process holding the key custody pauses (a split deployment's nodes leave them to
-/// it). Each is then taken by the conditional `pauses::begin_pause`, so racing processes pause
-/// each once.
+/// Leased sandboxes past their idle deadline at `now` and not past their lifetime, on this
+/// process's own node (`own_node`) or on a registered node that answers (heartbeat within
+/// `away_after_seconds`): the ones a process holding the key custody pauses (a split
+/// deployment's nodes leave them to it). A sandbox on an *away* node (silent, not yet lost) is
+/// left out: its node cannot checkpoint it now, and a pause begun there would hold the row
+/// `pausing` (its calls waiting on it instead of hearing that the node is away) until the RPC
+/// gave up, then restart its idle clock. Each is then taken by the conditional
+/// `pauses::begin_pause`, so racing processes pause each once.
 #[tracing::instrument(skip_all)]
 pub async fn idle_anywhere(
     conn: &mut PgConnection,
     now: DateTime<Utc>,
+    own_node: Option<&str>,
+    away_after_seconds: i64,
 ) -> Result<Vec<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS} FROM sandboxes WHERE state = 'leased'
            AND (expires_at IS NULL OR expires_at > $1)
-           AND COALESCE(last_used_at, leased_at) + make_interval(secs => idle_timeout_seconds) <= $1"
+           AND COALESCE(last_used_at, leased_at) + make_interval(secs => idle_timeout_seconds) <= $1
+           AND (node = $2 OR EXISTS (
+                 SELECT 1 FROM nodes n WHERE n.id = sandboxes.node
+                    AND n.heartbeat_at > now() - make_interval(secs => $3)))"
     )))
     .bind(now)
+    .bind(own_node)
+    .bind(away_after_seconds as f64)
     .fetch_all(conn)
     .await?)
 }

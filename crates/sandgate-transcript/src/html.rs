@@ -19,7 +19,7 @@ h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem;border-bottom:1px solid 
 .entry{margin:1rem 0;border:1px solid #dde;border-radius:6px;padding:.5rem .8rem}\
 .meta{color:#667;font-size:.8rem}pre{white-space:pre-wrap;word-break:break-word;margin:.3rem 0;padding:.4rem;background:#f5f6fa;border-radius:4px}\
 pre.source{background:#eef3ff}pre.stderr,pre.error{background:#fff0f0}pre.html{background:#fffbe6}\
-img{max-width:100%;border:1px solid #eee}.note{color:#955;font-style:italic}";
+img{max-width:100%;border:1px solid #eee}.note{color:#955;font-style:italic}.mark{color:#345;font-weight:600}";
 
 /// How an HTML result (`text/html`) is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,16 +87,20 @@ fn render_part(transcript: &Transcript, part: &Part, html_results: HtmlResults) 
             }
             @for record in &part.records {
                 div.entry data-kind=(record.entry.kind()) data-seq=(record.seq)
-                    data-by=(record.entry.by().unwrap_or("bot")) {
+                    data-by=(record.entry.actor().tag()) {
                     p.meta {
                         (record.at.format("%H:%M:%S UTC")) " · "
-                        span.by { @match record.entry.by() { Some(p) => { "by " (p) }, None => { "by the bot" } } }
+                        span.by { (record.entry.actor().describe()) }
                     }
                     @match &record.entry {
                         Entry::Cell(cell) => (render_cell(cell, html_results)),
                         Entry::Command(command) => (render_command(command)),
                         Entry::Upload(file) => (render_file("Uploaded", file)),
                         Entry::Fetch(file) => (render_file("Fetched", file)),
+                        Entry::Pause(mark) => p.mark { (mark.describe()) },
+                        Entry::Resume(mark) => p.mark { (mark.describe()) },
+                        Entry::ForkedInto(mark) => p.mark { (mark.describe_into()) },
+                        Entry::ForkedFrom(mark) => p.mark { (mark.describe_from()) },
                     }
                 }
             }
@@ -236,5 +240,29 @@ mod tests {
         );
         assert!(page.contains("ZeroDivisionError: division by zero"));
         assert!(page.contains("2 later call(s)"), "truncation is marked");
+    }
+
+    #[test]
+    fn pauses_resumes_and_forks_are_marked_and_name_the_other_sandbox() {
+        let page = render(&sample::transcript());
+        for (kind, text) in [
+            ("pause", "Paused (idle past its timeout)"),
+            ("resume", "Resumed after 1 h 2 min paused"),
+            ("forked_into", "made as sandbox sbx_copy&lt;1&gt;"),
+            ("forked_from", "Forked from sandbox sbx_source"),
+        ] {
+            let at = page
+                .find(&format!("data-kind=\"{kind}\""))
+                .unwrap_or_else(|| panic!("a {kind} entry: {page}"));
+            let entry = &page[at..at + page[at..].find("</div>").expect("its end")];
+            assert!(
+                entry.contains(text),
+                "the {kind} mark says {text:?}: {entry}"
+            );
+        }
+        assert!(
+            page.contains("data-by=\"sandgate\"") && page.contains("by sandgate (idle timeout)"),
+            "a pause on idle is sandgate's, not the bot's"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! What ran in a sandbox, kept so a person can take over a conversation: every cell and command
-//! (code, output, result, error, charts, duration, time) and every file uploaded or fetched (name,
-//! size, hash; never the file itself).
+//! (code, output, result, error, charts, duration, time), every file uploaded or fetched (name,
+//! size, hash; never the file itself), and the marks of what happened to the sandbox itself:
+//! its pauses, its resumes (after how long) and its forks (naming the other sandbox).
 //!
 //! - [`Entry`]: one thing that happened, as stored (JSON) by the gateway.
 //! - [`Transcript`]: a conversation's entries, sandbox by sandbox, with what was not kept.
@@ -33,6 +34,16 @@ pub enum Entry {
     Upload(FileEvent),
     /// A file the model fetched from the sandbox (`get_file`).
     Fetch(FileEvent),
+    /// The sandbox was paused: checkpointed into the snapshot store, its container removed.
+    Pause(PauseMark),
+    /// The sandbox was resumed from a pause.
+    Resume(ResumeMark),
+    /// A copy of this sandbox was made (`fork_sandbox`, the console's copy): the mark in the
+    /// source's transcript, naming the copy.
+    ForkedInto(ForkMark),
+    /// This sandbox began as a copy of another: the mark in the copy's transcript, naming the
+    /// source.
+    ForkedFrom(ForkMark),
 }
 
 impl Entry {
@@ -42,6 +53,25 @@ impl Entry {
             Entry::Cell(c) => c.by.as_deref(),
             Entry::Command(c) => c.by.as_deref(),
             Entry::Upload(f) | Entry::Fetch(f) => f.by.as_deref(),
+            Entry::Pause(m) => m.by.as_deref(),
+            Entry::Resume(m) => m.by.as_deref(),
+            Entry::ForkedInto(m) | Entry::ForkedFrom(m) => m.by.as_deref(),
+        }
+    }
+
+    /// Who it was, as a reader sees it: the person, sandgate itself (a pause on idle), or the
+    /// bot.
+    pub fn actor(&self) -> Actor<'_> {
+        match (self.by(), self) {
+            (Some(person), _) => Actor::Person(person),
+            (
+                None,
+                Entry::Pause(PauseMark {
+                    cause: PauseCause::Idle,
+                    ..
+                }),
+            ) => Actor::Sandgate,
+            (None, _) => Actor::Bot,
         }
     }
 
@@ -52,6 +82,9 @@ impl Entry {
             Entry::Cell(c) => c.by = by,
             Entry::Command(c) => c.by = by,
             Entry::Upload(f) | Entry::Fetch(f) => f.by = by,
+            Entry::Pause(m) => m.by = by,
+            Entry::Resume(m) => m.by = by,
+            Entry::ForkedInto(m) | Entry::ForkedFrom(m) => m.by = by,
         }
     }
 
@@ -62,7 +95,128 @@ impl Entry {
             Entry::Command(_) => "command",
             Entry::Upload(_) => "upload",
             Entry::Fetch(_) => "fetch",
+            Entry::Pause(_) => "pause",
+            Entry::Resume(_) => "resume",
+            Entry::ForkedInto(_) => "forked_into",
+            Entry::ForkedFrom(_) => "forked_from",
         }
+    }
+}
+
+/// Who did what an entry records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Actor<'a> {
+    /// A signed-in person, from the console (their email).
+    Person(&'a str),
+    /// The bot, through MCP.
+    Bot,
+    /// sandgate itself (a pause of a sandbox idle past its timeout).
+    Sandgate,
+}
+
+impl Actor<'_> {
+    /// `by ana@example.com`, `by the bot`, `by sandgate (idle timeout)`.
+    pub fn describe(&self) -> String {
+        match self {
+            Actor::Person(p) => format!("by {p}"),
+            Actor::Bot => "by the bot".to_owned(),
+            Actor::Sandgate => "by sandgate (idle timeout)".to_owned(),
+        }
+    }
+
+    /// The short form of a page's `data-by` attribute: the person, `bot` or `sandgate`.
+    pub fn tag(&self) -> &str {
+        match self {
+            Actor::Person(p) => p,
+            Actor::Bot => "bot",
+            Actor::Sandgate => "sandgate",
+        }
+    }
+}
+
+/// Why a sandbox was paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseCause {
+    /// It was idle past its timeout (sandgate's reaper).
+    Idle,
+    /// `pause_sandbox` asked for it.
+    Asked,
+}
+
+/// A pause of the sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PauseMark {
+    /// Why.
+    pub cause: PauseCause,
+    /// The person who paused it from the console (their email); `None`: the bot, or sandgate
+    /// for a pause on idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+impl PauseMark {
+    /// The sentence a reader sees.
+    pub fn describe(&self) -> String {
+        let why = match self.cause {
+            PauseCause::Idle => "idle past its timeout",
+            PauseCause::Asked => "pause_sandbox asked for it",
+        };
+        format!(
+            "Paused ({why}): its memory and files were kept in the snapshot store and its \
+             container removed; the next call resumes it."
+        )
+    }
+}
+
+/// A resume of the sandbox from a pause.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResumeMark {
+    /// How long it was paused, seconds.
+    pub paused_seconds: f64,
+    /// The person whose console call resumed it (their email); `None`: the bot's call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+impl ResumeMark {
+    /// The sentence a reader sees.
+    pub fn describe(&self) -> String {
+        format!(
+            "Resumed after {} paused, with its variables and files.",
+            human_duration(self.paused_seconds)
+        )
+    }
+}
+
+/// A fork: the other sandbox of the pair (the copy in the source's mark, the source in the
+/// copy's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkMark {
+    /// The other sandbox, `sbx_…`.
+    pub sandbox_id: String,
+    /// The person who forked it from the console (their email); `None`: the bot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+impl ForkMark {
+    /// The sentence a reader sees in the source's transcript.
+    pub fn describe_into(&self) -> String {
+        format!(
+            "Forked: a copy of this sandbox's memory and files was made as sandbox {}; what \
+             runs there is in its own transcript.",
+            self.sandbox_id
+        )
+    }
+
+    /// The sentence a reader sees in the copy's transcript.
+    pub fn describe_from(&self) -> String {
+        format!(
+            "Forked from sandbox {}: this sandbox began as a copy of its memory and files; what \
+             ran before is in that sandbox's transcript.",
+            self.sandbox_id
+        )
     }
 }
 
@@ -294,6 +448,28 @@ pub fn human_bytes(n: u64) -> String {
     }
 }
 
+/// `3.2` → `3 s`, `4000` → `1 h 6 min`, `200000` → `2 d 7 h`: a length of time as a person
+/// would say it (to the second under a minute).
+pub fn human_duration(seconds: f64) -> String {
+    let total = if seconds.is_finite() && seconds > 0.0 {
+        seconds.round() as u64
+    } else {
+        0
+    };
+    let (d, h, m, s) = (
+        total / 86_400,
+        total % 86_400 / 3600,
+        total % 3600 / 60,
+        total % 60,
+    );
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s} s"),
+        (0, 0, _) => format!("{m} min {s} s"),
+        (0, _, _) => format!("{h} h {m} min"),
+        _ => format!("{d} d {h} h"),
+    }
+}
+
 /// The `text/plain` of a bundle, when it has one.
 pub(crate) fn plain(bundle: &MimeBundle) -> Option<&str> {
     bundle.get("text/plain").and_then(|v| v.as_str())
@@ -369,6 +545,22 @@ pub(crate) mod sample {
                 sha256: "ab12".into(),
                 by: None,
             }),
+            Entry::Pause(PauseMark {
+                cause: PauseCause::Idle,
+                by: None,
+            }),
+            Entry::Resume(ResumeMark {
+                paused_seconds: 3725.4,
+                by: None,
+            }),
+            Entry::ForkedInto(ForkMark {
+                sandbox_id: "sbx_copy<1>".into(),
+                by: Some("ana@example.com".into()),
+            }),
+            Entry::ForkedFrom(ForkMark {
+                sandbox_id: "sbx_source".into(),
+                by: None,
+            }),
         ];
         Transcript {
             conversation_id: Some("ticket-<1234>".into()),
@@ -415,6 +607,30 @@ mod tests {
             let back: Entry = serde_json::from_value(json).expect("deserializes");
             assert_eq!(back, record.entry);
         }
+    }
+
+    #[test]
+    fn durations_read_like_a_person_said_them() {
+        assert_eq!(human_duration(3.2), "3 s");
+        assert_eq!(human_duration(75.0), "1 min 15 s");
+        assert_eq!(human_duration(3725.4), "1 h 2 min");
+        assert_eq!(human_duration(200_000.0), "2 d 7 h");
+        assert_eq!(human_duration(f64::NAN), "0 s");
+    }
+
+    #[test]
+    fn a_pause_on_idle_is_sandgates_and_a_mark_with_a_person_is_theirs() {
+        let records = &sample::transcript().parts[0].records;
+        let actor = |kind: &str| {
+            records
+                .iter()
+                .find(|r| r.entry.kind() == kind)
+                .map(|r| r.entry.actor())
+                .expect("the sample has one")
+        };
+        assert_eq!(actor("pause"), Actor::Sandgate);
+        assert_eq!(actor("resume"), Actor::Bot);
+        assert_eq!(actor("forked_into"), Actor::Person("ana@example.com"));
     }
 
     #[test]

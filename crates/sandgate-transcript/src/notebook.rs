@@ -22,6 +22,14 @@ pub fn render(transcript: &Transcript) -> Value {
                 Entry::Command(command) => command_cell(&id, &when, command),
                 Entry::Upload(file) => markdown(&id, &file_note("Uploaded", &when, file)),
                 Entry::Fetch(file) => markdown(&id, &file_note("Fetched", &when, file)),
+                Entry::Pause(mark) => markdown(&id, &mark_note(&when, record, &mark.describe())),
+                Entry::Resume(mark) => markdown(&id, &mark_note(&when, record, &mark.describe())),
+                Entry::ForkedInto(mark) => {
+                    markdown(&id, &mark_note(&when, record, &mark.describe_into()))
+                }
+                Entry::ForkedFrom(mark) => {
+                    markdown(&id, &mark_note(&when, record, &mark.describe_from()))
+                }
             });
         }
         if part.dropped > 0 {
@@ -192,6 +200,15 @@ fn file_note(verb: &str, when: &str, file: &FileEvent) -> String {
     )
 }
 
+/// A mark (a pause, a resume, a fork) as a note: its sentence, when, and who.
+fn mark_note(when: &str, record: &crate::Record, sentence: &str) -> String {
+    format!(
+        "**{}** ({when}, {})",
+        md_escape(sentence),
+        md_escape(&record.entry.actor().describe())
+    )
+}
+
 /// A name chosen by untrusted code, made safe inside a one-line code span: no backtick (it
 /// would end the span) and no line break or other control character (a blank line ends the
 /// paragraph, and markdown after it, an external image say, would be rendered).
@@ -274,6 +291,32 @@ mod tests {
             4,
             "two code spans only: {note:?}"
         );
+    }
+
+    #[test]
+    fn pauses_resumes_and_forks_are_notes_naming_the_other_sandbox() {
+        let nb = render(&sample::transcript());
+        let sources: Vec<&str> = nb["cells"]
+            .as_array()
+            .expect("cells")
+            .iter()
+            .filter(|c| c["cell_type"] == "markdown")
+            .filter_map(|c| c["source"].as_str())
+            .collect();
+        let note = |needle: &str| {
+            sources
+                .iter()
+                .find(|s| s.contains(needle))
+                .unwrap_or_else(|| panic!("a note with {needle:?}: {sources:?}"))
+                .to_string()
+        };
+        assert!(note("Paused (idle past its timeout)").contains("by sandgate (idle timeout)"));
+        assert!(note("Resumed after 1 h 2 min paused").contains("by the bot"));
+        assert!(
+            note("Forked: a copy").contains(r"sbx\_copy\<1\>"),
+            "the copy is named, escaped"
+        );
+        assert!(note(r"Forked from sandbox sbx\_source").contains("by the bot"));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 use chrono::Utc;
 use sandgate_store::sandboxes::{self, NewLease};
 use sandgate_store::snapshots;
+use sandgate_transcript::{Entry, ForkMark};
 use tokio::io::AsyncWriteExt;
 
 use super::error::over_limit;
@@ -115,6 +116,7 @@ impl SandboxService {
         match self.record_lease(caller, &sandbox, &node_id, &lease).await {
             Ok(row) => {
                 tracing::info!(sandbox_id = %row.id, source = %source.row.id, "forked a sandbox");
+                self.mark_fork(pausing, caller, &source.row, &row).await;
                 Ok(Forked {
                     fork: self.newly_leased(row, sandbox),
                     source_id: source.row.id.clone(),
@@ -125,5 +127,24 @@ impl SandboxService {
                 Err(err)
             }
         }
+    }
+
+    /// Marks the fork in both transcripts: the source's names the copy, the copy's the source.
+    async fn mark_fork(
+        &self,
+        pausing: &super::Pausing,
+        caller: &Caller,
+        source: &sandgate_store::sandboxes::SandboxRow,
+        copy: &sandgate_store::sandboxes::SandboxRow,
+    ) {
+        let mark = |other: &str| ForkMark {
+            sandbox_id: other.to_owned(),
+            by: caller.person.clone(),
+        };
+        let bound = pausing.transcripts;
+        crate::transcripts::write_mark(&self.db, bound, source, Entry::ForkedInto(mark(&copy.id)))
+            .await;
+        crate::transcripts::write_mark(&self.db, bound, copy, Entry::ForkedFrom(mark(&source.id)))
+            .await;
     }
 }

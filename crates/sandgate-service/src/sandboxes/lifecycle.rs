@@ -102,11 +102,20 @@ impl SandboxService {
         Ok(rows.into_iter().filter(|r| !busy.contains(&r.id)).collect())
     }
 
-    /// Pauses the idle leased sandboxes of every node (through the node RPCs for another
-    /// process's node); closes those it may not pause. Returns how many it closed.
+    /// Pauses the idle leased sandboxes of every node that answers (through the node RPCs for
+    /// another process's node; an away node's are left alone); closes those it may not pause.
+    /// Returns how many it closed.
     async fn pause_idle_anywhere(&self) -> Result<usize, LifecycleError> {
         let mut conn = self.db.acquire().await?;
-        let idle = sandboxes::idle_anywhere(&mut conn, Utc::now()).await?;
+        // Not those of an away node: it could not checkpoint them now (they wait for it to
+        // come back, or to be lost).
+        let idle = sandboxes::idle_anywhere(
+            &mut conn,
+            Utc::now(),
+            self.nodes.own_id(),
+            self.nodes.away_after_seconds(),
+        )
+        .await?;
         drop(conn);
         let idle = self.unused(idle).await?;
         let pauses = futures::stream::iter(idle)

@@ -24,6 +24,7 @@ use sandgate_node::SandboxHandle;
 use sandgate_store::pauses::{self, PausedKind};
 use sandgate_store::sandboxes::{SandboxRow, SandboxState};
 use sandgate_store::snapshots;
+use sandgate_transcript::{Entry, PauseCause, PauseMark, ResumeMark};
 use tokio::io::AsyncWriteExt;
 
 use super::{Caller, Resolved, SandboxService, ServiceError};
@@ -49,6 +50,8 @@ pub struct Pausing {
     pub tenant_max_bytes: u64,
     /// How long a paused sandbox is kept.
     pub retention: Duration,
+    /// How much a sandbox's transcript keeps (its pause, resume and fork marks count in it).
+    pub transcripts: crate::transcripts::Bound,
 }
 
 /// What the reaper's pause of an idle sandbox came to.
@@ -115,7 +118,11 @@ impl SandboxService {
             return Ok(IdlePause::Skipped);
         };
         drop(conn);
-        match self.pause_row(pausing, &row).await {
+        let mark = PauseMark {
+            cause: PauseCause::Idle,
+            by: None,
+        };
+        match self.pause_row(pausing, &row, mark).await {
             Ok(_) => Ok(IdlePause::Paused),
             // A runtime that cannot checkpoint (runc here): closed, as without pauses, and the
             // conversation's next call hears that its state was lost.
@@ -127,16 +134,24 @@ impl SandboxService {
         }
     }
 
-    /// Checkpoints a `pausing` row into the store and records it paused; on failure the row is
-    /// leased again (its container still runs).
+    /// Checkpoints a `pausing` row into the store and records it paused, `mark` in its
+    /// transcript; on failure the row is leased again (its container still runs).
     async fn pause_row(
         &self,
         pausing: &Pausing,
         row: &SandboxRow,
+        mark: PauseMark,
     ) -> Result<SandboxRow, ServiceError> {
         match self.checkpoint_into_store(pausing, row).await {
             Ok(paused) => {
                 self.remove_container(&row.id, Some(row)).await;
+                crate::transcripts::write_mark(
+                    &self.db,
+                    pausing.transcripts,
+                    &paused,
+                    Entry::Pause(mark),
+                )
+                .await;
                 tracing::info!(sandbox_id = %row.id, snapshot = ?paused.snapshot_id, "paused an idle sandbox");
                 Ok(paused)
             }
@@ -243,7 +258,11 @@ impl SandboxService {
             return Box::pin(self.pause(caller, sandbox_id)).await;
         };
         drop(conn);
-        self.pause_row(pausing, &row).await
+        let mark = PauseMark {
+            cause: PauseCause::Asked,
+            by: caller.person.clone(),
+        };
+        self.pause_row(pausing, &row, mark).await
     }
 
     /// The tenant's sandbox once no pause or resume of it is under way: a call that finds it
@@ -331,6 +350,17 @@ impl SandboxService {
                     .paused_at
                     .map_or(0.0, |at| (Utc::now() - at).as_seconds_f64().max(0.0));
                 tracing::info!(sandbox_id = %live.id, node = %live.node, paused_seconds, "resumed a paused sandbox");
+                let mark = ResumeMark {
+                    paused_seconds,
+                    by: caller.person.clone(),
+                };
+                crate::transcripts::write_mark(
+                    &self.db,
+                    pausing.transcripts,
+                    &live,
+                    Entry::Resume(mark),
+                )
+                .await;
                 Ok(Some((live, Resumed { paused_seconds })))
             }
             Err(err) => {

@@ -2,6 +2,7 @@
 //! snapshots (`SANDGATE_TEST_SNAPSHOT_DOCKER`, `SANDGATE_TEST_SNAPSHOT_PLAIN`; see
 //! crates/sandgate-sandbox/tests/it/snapshot.rs).
 
+mod pause_away;
 mod pause_faults;
 mod sealed_snapshots;
 mod support;

@@ -91,6 +91,7 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
             max_paused: 10,
             tenant_max_bytes: u64::MAX,
             retention: Duration::from_secs(3600),
+            transcripts: sandgate_service::transcripts::bound_of(&config.retention),
         });
     let mut conn = db.pool.acquire().await.unwrap();
     let tenant = tenants::create(&mut conn, "owner").await.unwrap().id;

@@ -1,6 +1,6 @@
-# Shared steps of the offline image recipes deploy/gateway/build.sh and deploy/postgres/build.sh
-# (sourced, not run): logging, content hashes, a Debian root from debootstrap or from .debs, and
-# `docker import`. deploy/sandbox/build.sh predates this file and keeps its own copies of these
+# Shared steps of the offline image recipes deploy/gateway/build.sh, deploy/nginx/build.sh and
+# deploy/postgres/build.sh (sourced, not run): logging, content hashes, a Debian root from
+# debootstrap or from .debs, and `docker import`. deploy/sandbox/build.sh predates this file and keeps its own copies of these
 # steps: moving it here would change the sandbox image's recipe hash (its tag) for no gain in
 # the image.
 #
@@ -51,6 +51,28 @@ img_begin() {
 		echo "$tag"
 		exit 0
 	fi
+}
+
+# img_version: sandgate's version (Cargo.toml's [workspace.package] version), which every image's
+# tag starts with (<version>-<recipe hash>) and its org.opencontainers.image.version label says.
+img_version() {
+	local v
+	v=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\([^"]*\)".*/\1/p' \
+		"$(dirname "${BASH_SOURCE[0]}")/../Cargo.toml" | head -n1)
+	[[ -n $v ]] || img_die "no version in Cargo.toml's [workspace.package]"
+	echo "$v"
+}
+
+# img_oci_labels TITLE DESCRIPTION VERSION RECIPE: the OCI annotation labels every image carries
+# (https://github.com/opencontainers/image-spec/blob/main/annotations.md), one KEY=VALUE per line.
+img_oci_labels() {
+	printf '%s\n' \
+		"org.opencontainers.image.title=$1" \
+		"org.opencontainers.image.description=$2" \
+		"org.opencontainers.image.version=$3" \
+		"org.opencontainers.image.licenses=Apache-2.0" \
+		"org.opencontainers.image.vendor=sandgate" \
+		"sandgate.recipe=$4"
 }
 
 # img_recipe_files DIR: the recipe's files in DIR (not *.md), sorted, one name per line.
@@ -144,6 +166,54 @@ img_chroot_script() {
 	"${r[@]}" umount "$root/var/cache/sandgate-debs" "$root/proc"
 	"${r[@]}" rm -rf "$root/var/cache/sandgate-debs" "$root/tmp/sandgate"
 	"${r[@]}" sh -c ": >'$root/etc/resolv.conf'; : >'$root/etc/hostname'; : >'$root/etc/machine-id'"
+}
+
+# img_package_versions PACKAGES_TXT: sets IMG_VERSIONS to pkg=version of the candidate in this
+# machine's apt lists of each package PACKAGES_TXT names (whitespace-separated, # comments),
+# running `apt-get update` once when one is unknown (a fresh machine may have no lists yet).
+img_package_versions() {
+	local packages p v updated=0
+	mapfile -t packages < <(sed -e 's/#.*//' "$1" | tr -s ' \t' '\n' | sed -e '/^$/d')
+	IMG_VERSIONS=()
+	for p in "${packages[@]}"; do
+		v=$(img_candidate "$p")
+		if [[ -z $v || $v == "(none)" ]] && ((!updated)); then
+			img_log "apt knows no candidate for $p: apt-get update"
+			"${IMG_AS_ROOT[@]}" apt-get update -qq >&2 || true
+			updated=1
+			v=$(img_candidate "$p")
+		fi
+		[[ -n $v && $v != "(none)" ]] || img_die "apt knows no candidate for $p (is it in this machine's apt sources?)"
+		IMG_VERSIONS+=("$p=$v")
+	done
+}
+img_candidate() { apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: //p'; }
+
+# img_unpack_debs DEBS ROOT PKG=VERSION...: the files of each package version (`apt-get download`
+# into DEBS unless its .deb is there already, then `dpkg-deb -x`, no maintainer scripts) in ROOT.
+img_unpack_debs() {
+	local debs=$1 root=$2 pv p v deb sandbox_user
+	shift 2
+	mkdir -p "$debs"
+	for pv in "$@"; do
+		p=${pv%%=*}
+		v=${pv#*=}
+		# apt-get download names files <pkg>_<version with : as %3a>_<arch>.deb.
+		deb=$(find "$debs" -maxdepth 1 -name "${p}_${v//:/%3a}_*.deb" | head -n 1)
+		if [[ -z $deb ]]; then
+			img_log "  apt-get download $pv"
+			# As root apt's sandbox user cannot write the cache: download as root, without the warning.
+			sandbox_user=()
+			((EUID != 0)) || sandbox_user=(-o APT::Sandbox::User=root)
+			if ! (cd "$debs" && apt-get download -qq "${sandbox_user[@]}" "$pv" >"$debs/../apt.log" 2>&1); then
+				sed "s/^/[$IMG_NAME]   | /" "$debs/../apt.log" >&2
+				img_die "apt-get download $pv failed"
+			fi
+			deb=$(find "$debs" -maxdepth 1 -name "${p}_${v//:/%3a}_*.deb" | head -n 1)
+			[[ -n $deb ]] || img_die "apt-get download $pv left no .deb in $debs"
+		fi
+		dpkg-deb -x "$deb" "$root"
+	done
 }
 
 # img_import ROOT TAG MESSAGE [--change INSTRUCTION]...: `docker import` of ROOT (numeric owners,

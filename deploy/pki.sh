@@ -13,6 +13,12 @@
 #   deploy/pki.sh add-both DIR NAME [--dns D]... [--ip A]... [--days N]
 #                                           both roles (a `sandgate serve` with node.listen that
 #                                           is a node and dials others), into DIR/both/NAME
+#   deploy/pki.sh add-proxy DIR NAME [--dns D]... [--ip A]... [--days N]
+#                                           the TLS reverse proxy's server certificate (the
+#                                           public name clients use; ECDSA P-256, which every
+#                                           TLS client takes), into DIR/proxies/NAME: for a
+#                                           private deployment whose clients trust DIR/ca.crt
+#                                           (a proxy for the internet wants a public CA's)
 #   deploy/pki.sh revoke DIR CERT           revokes CERT (a tls.crt this CA signed) and writes
 #                                           DIR/crl.pem (node.tls_crl: copy it to every process)
 #
@@ -20,6 +26,7 @@
 #   node     extendedKeyUsage=serverAuth, URI SAN urn:sandgate:role:node, the DNS/IP SANs its
 #            advertise_url names (a node refuses to start with a certificate not naming it)
 #   gateway  extendedKeyUsage=clientAuth, URI SAN urn:sandgate:role:gateway
+# A proxy certificate (serverAuth, no sandgate role URI) is refused in both places.
 # Every directory written holds {tls.crt,tls.key,ca.crt}. Keys are ed25519; leaves are valid
 # --days (default 90; sandgate reads renewed files at the next connection, so re-issue and
 # replace the files well before expiry), the CA 3650 days. Run as root, keys are made readable
@@ -50,14 +57,18 @@ san() {
 	printf '%s' "${out%,}"
 }
 
-# leaf DEST CN EXTENSIONS: a key and a certificate signed by DIR's CA into DEST.
+# leaf DEST CN EXTENSIONS [OPENSSL_KEY_ARGS...]: a key (ed25519 unless OPENSSL_KEY_ARGS say
+# otherwise) and a certificate signed by DIR's CA into DEST.
 leaf() {
 	local dest=$1 cn=$2 ext=$3
+	shift 3
+	local key_args=("$@")
+	((${#key_args[@]})) || key_args=(-newkey ed25519)
 	[[ ! -e $dest/tls.crt ]] || die "$dest/tls.crt exists: remove it first to re-issue"
 	mkdir -p "$dest"
 	(
 		umask 077
-		openssl req -new -nodes -newkey ed25519 -keyout "$dest/tls.key" \
+		openssl req -new -nodes "${key_args[@]}" -keyout "$dest/tls.key" \
 			-out "$dest/tls.csr" -subj "/CN=$cn" 2>/dev/null
 	)
 	openssl x509 -req -in "$dest/tls.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
@@ -81,6 +92,10 @@ node_ext() {
 gateway_ext() {
 	printf 'subjectAltName=URI:%s\nextendedKeyUsage=clientAuth\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature' \
 		"$GATEWAY_URI"
+}
+proxy_ext() {
+	printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature' \
+		"$(san "$@")"
 }
 both_ext() {
 	printf 'subjectAltName=URI:%s,URI:%s,%s\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature' \
@@ -144,7 +159,7 @@ EOF
 }
 
 case ${1:-} in
-add-node | add-gateway | add-both)
+add-node | add-gateway | add-both | add-proxy)
 	cmd=$1
 	(($# >= 3)) || die "usage: deploy/pki.sh $cmd DIR NAME [--dns D]... [--ip A]... [--days N]"
 	dir=$2 name=$3
@@ -156,6 +171,10 @@ add-node | add-gateway | add-both)
 	add-node) leaf "$dir/nodes/$name" "sandgate-node-$name" "$(node_ext "${names[@]}")" ;;
 	add-gateway) leaf "$dir/gateways/$name" "sandgate-gateway-$name" "$(gateway_ext)" ;;
 	add-both) leaf "$dir/both/$name" "sandgate-$name" "$(both_ext "${names[@]}")" ;;
+	add-proxy)
+		leaf "$dir/proxies/$name" "${names[0]}" "$(proxy_ext "${names[@]}")" \
+			-newkey ec -pkeyopt ec_paramgen_curve:P-256
+		;;
 	esac
 	;;
 revoke)
@@ -165,7 +184,7 @@ revoke)
 	revoke "$3"
 	;;
 "" | -h | --help)
-	die "usage: deploy/pki.sh DIR [NODE_NAME ...] | add-node DIR NAME [--dns D]... [--ip A]... | add-gateway DIR NAME | add-both DIR NAME ... | revoke DIR CERT"
+	die "usage: deploy/pki.sh DIR [NODE_NAME ...] | add-node DIR NAME [--dns D]... [--ip A]... | add-gateway DIR NAME | add-both DIR NAME ... | add-proxy DIR NAME [--dns D]... | revoke DIR CERT"
 	;;
 *)
 	# The first form: a new CA, DIR/node and DIR/gateway.

@@ -2,7 +2,7 @@
 # sandgate's benchmark, side by side with the alternatives, in one run (docs/benchmarks.md):
 #
 #   scripts/bench.sh [--quick] [--no-peers] [--no-150] [--no-snapshots | --snapshots-only]
-#                    [--no-series | --series-only | --exec-only]
+#                    [--no-series | --series-only | --exec-only] [--pauses-only]
 #
 # Brings the local stack up (Docker engine, Postgres, the sandbox image), installs the peers
 # (bench/peers/requirements.txt) into $SANDGATE_CACHE/bench-venv, builds the image llm-sandbox
@@ -18,7 +18,9 @@
 # node, through the sandbox crate), for before/after comparisons (docs/benchmarks.md).
 # --no-snapshots skips issue 26's rows (template restores, checkpoint and restore, the series on
 # runsc2024 restored from a template), which run where the engine has runsc2024;
-# --snapshots-only runs only those (with --quick: a few of each, to try them).
+# --snapshots-only runs only those (with --quick: a few of each, to try them), with issue 27's
+# pause rows (pause_sandbox, the resume, fork_sandbox, the snapshot's size) after them;
+# --pauses-only runs only the pause rows.
 set -euo pipefail
 
 for arg in "$@"; do

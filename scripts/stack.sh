@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Brings up what sandgate's integration tests and a local gateway need:
 # a Docker engine, a Postgres cluster of its own, the sandbox image,
-# docker-compose (for the test of deploy/compose.yaml), Debian's nginx and
+# docker-compose (for the test of deploy/compose.yaml), Debian's docker-registry, nginx and
 # Prometheus (their binaries only, for the test of deploy/nginx/ and
 # deploy/prometheus/), and a second Docker
 # engine on this machine (for the test of two sandbox nodes side by side).
@@ -727,7 +727,9 @@ compose_up() {
 }
 
 # nginx and Prometheus (Debian's): the e2e test `front` runs deploy/nginx/sandgate.conf and
-# deploy/prometheus/ with their binaries, each on a loopback port of its own. The packages'
+# deploy/prometheus/ with their binaries, each on a loopback port of its own; Debian's
+# docker-registry: the e2e test `image_pull` serves the sandbox image to the second engine from
+# a registry on that engine's loopback. The packages'
 # services are not wanted: while installing, a policy-rc.d (when the machine has none) keeps them
 # from starting, and on a systemd host they are disabled afterwards (nginx would otherwise listen
 # on port 80 of every interface, Prometheus on 9090).
@@ -735,6 +737,7 @@ front_tools_up() {
 	local missing=() policy=/usr/sbin/policy-rc.d ours=0 ok=0
 	[[ -x /usr/sbin/nginx ]] || missing+=(nginx)
 	command -v promtool >/dev/null || missing+=(prometheus)
+	command -v docker-registry >/dev/null || missing+=(docker-registry)
 	((${#missing[@]})) || return 0
 	log "front: installing ${missing[*]} (Debian packages; their services stay off)"
 	if [[ ! -e $policy ]]; then
@@ -746,7 +749,7 @@ front_tools_up() {
 	((!ours)) || "${as_root[@]}" rm -f "$policy"
 	((ok)) || die "${missing[*]} could not be installed; the e2e test front needs them"
 	if [[ -d /run/systemd/system ]]; then
-		"${as_root[@]}" systemctl disable --now nginx prometheus >/dev/null 2>&1 || true
+		"${as_root[@]}" systemctl disable --now nginx prometheus docker-registry >/dev/null 2>&1 || true
 	fi
 }
 

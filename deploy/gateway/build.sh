@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the gateway/node image sandgate:<hash> — one image, the `sandgate` binary; the command
+# Builds the gateway/node image sandgate:<version>-<hash> — one image, the `sandgate` binary; the command
 # picks the role (`serve`, `migrate`, `admin …`) — unless it already exists, and prints its tag as
 # the last line on stdout. Progress goes to stderr. Offline: nothing is pulled from a registry.
 #
@@ -59,23 +59,8 @@ if [[ -z $binary ]]; then
 fi
 [[ -x $binary ]] || img_die "$binary is not an executable"
 
-mapfile -t packages < <(sed -e 's/#.*//' "$here/packages.txt" | tr -s ' \t' '\n' | sed -e '/^$/d')
-# pkg=version of each package's candidate in this machine's apt lists (updated once when one is
-# unknown: a fresh machine may have no lists yet).
-candidate() { apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: //p'; }
-versions=()
-updated=0
-for p in "${packages[@]}"; do
-	v=$(candidate "$p")
-	if [[ -z $v || $v == "(none)" ]] && ((!updated)); then
-		img_log "apt knows no candidate for $p: apt-get update"
-		"${IMG_AS_ROOT[@]}" apt-get update -qq >&2 || true
-		updated=1
-		v=$(candidate "$p")
-	fi
-	[[ -n $v && $v != "(none)" ]] || img_die "apt knows no candidate for $p (is it in this machine's apt sources?)"
-	versions+=("$p=$v")
-done
+img_package_versions "$here/packages.txt"
+versions=("${IMG_VERSIONS[@]}")
 
 mapfile -t files < <(img_recipe_files "$here")
 hash=$(
@@ -85,7 +70,8 @@ hash=$(
 		printf '%s\n' "${versions[@]}"
 	} | img_hash "$here" "${files[@]}"
 )
-tag="sandgate:$hash"
+version=$(img_version)
+tag="sandgate:$version-$hash"
 if ((tag_only)); then
 	echo "$tag"
 	exit 0
@@ -104,29 +90,7 @@ mkdir -p "$root"
 
 t=$(img_now_ms)
 img_log "step 1/3: the packages' files (${versions[*]})"
-debs=()
-for pv in "${versions[@]}"; do
-	p=${pv%%=*}
-	v=${pv#*=}
-	# apt-get download names files <pkg>_<version with : as %3a>_<arch>.deb.
-	deb=$(find "$work/debs" -maxdepth 1 -name "${p}_${v//:/%3a}_*.deb" | head -n 1)
-	if [[ -z $deb ]]; then
-		img_log "  apt-get download $pv"
-		# As root apt's sandbox user cannot write the cache: download as root, without the warning.
-		sandbox_user=()
-		((EUID != 0)) || sandbox_user=(-o APT::Sandbox::User=root)
-		if ! (cd "$work/debs" && apt-get download -qq "${sandbox_user[@]}" "$pv" >"$work/apt.log" 2>&1); then
-			sed "s/^/[$IMG_NAME]   | /" "$work/apt.log" >&2
-			img_die "apt-get download $pv failed"
-		fi
-		deb=$(find "$work/debs" -maxdepth 1 -name "${p}_${v//:/%3a}_*.deb" | head -n 1)
-		[[ -n $deb ]] || img_die "apt-get download $pv left no .deb in $work/debs"
-	fi
-	debs+=("$deb")
-done
-for deb in "${debs[@]}"; do
-	dpkg-deb -x "$deb" "$root"
-done
+img_unpack_debs "$work/debs" "$root" "${versions[@]}"
 img_log "step 1/3: done in $(img_since "$t")"
 
 t=$(img_now_ms)
@@ -169,6 +133,10 @@ img_log "step 2/3: done in $(img_since "$t") ($(du -sh "$root" | cut -f1))"
 
 t=$(img_now_ms)
 img_log "step 3/3: docker import -> $tag"
+labels=()
+while IFS= read -r label; do
+	labels+=(--change "LABEL ${label%%=*}=\"${label#*=}\"")
+done < <(img_oci_labels sandgate "sandgate gateway and node: the sandgate binary (serve, node, migrate, admin) on Debian's glibc" "$version" "$hash")
 img_import "$root" "$tag" "sandgate gateway/node: the sandgate binary on glibc (${versions[*]})" \
 	--change "USER $UID_GID:$UID_GID" \
 	--change "WORKDIR /var/lib/sandgate" \
@@ -177,7 +145,7 @@ img_import "$root" "$tag" "sandgate gateway/node: the sandgate binary on glibc (
 	--change "ENV SANDGATE_PACKAGES__CACHE_DIR=/var/cache/sandgate/packages" \
 	--change "ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt" \
 	--change "EXPOSE 8080" \
-	--change "LABEL sandgate.recipe=$hash" \
+	"${labels[@]}" \
 	--change 'ENTRYPOINT ["/usr/local/bin/sandgate"]' \
 	--change 'CMD ["serve"]'
 img_remove_root "$root"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the Postgres image sandgate-postgres:<recipe hash> from Debian bookworm's postgresql-15,
+# Builds the Postgres image sandgate-postgres:<version>-<recipe hash> from Debian bookworm's postgresql-15,
 # offline (nothing is pulled from a registry), unless it already exists, and prints its tag as the
 # last line on stdout. Progress goes to stderr.
 #
@@ -40,7 +40,8 @@ done
 
 mapfile -t files < <(img_recipe_files "$here")
 recipe_hash=$(img_hash "$here" "${files[@]}" <"$here/../lib.sh")
-tag="sandgate-postgres:$recipe_hash"
+version=$(img_version)
+tag="sandgate-postgres:$version-$recipe_hash"
 if ((tag_only)); then
 	echo "$tag"
 	exit 0
@@ -78,8 +79,12 @@ fi
 t=$(img_now_ms)
 img_log "step 3/3: docker build (entrypoint, user postgres)"
 build_log="$work/docker-build-$recipe_hash.log"
+labels=()
+while IFS= read -r label; do labels+=(--label "$label"); done < <(img_oci_labels sandgate-postgres \
+	"PostgreSQL 15 from Debian bookworm for sandgate: TLS, the roles sandgate_migrator, sandgate_gateway and sandgate_node" \
+	"$version" "$recipe_hash")
 if ! DOCKER_BUILDKIT=0 docker build --build-arg "BASE=$base_tag" --build-arg "RECIPE=$recipe_hash" \
-	-t "$tag" "$here" >"$build_log" 2>&1; then
+	"${labels[@]}" -t "$tag" "$here" >"$build_log" 2>&1; then
 	img_log "docker build failed; last lines of $build_log:"
 	tail -n 25 "$build_log" | sed "s/^/[$IMG_NAME]   | /" >&2
 	exit 1

@@ -72,7 +72,11 @@ recipe_files() {
 
 mapfile -t files < <(recipe_files)
 recipe_hash=$(hash_files "${files[@]}")
-tag="sandgate-sandbox:$recipe_hash"
+# sandgate's version (Cargo.toml's [workspace.package]) begins the tag and is the image's
+# org.opencontainers.image.version label.
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\([^"]*\)".*/\1/p' "$here/../../Cargo.toml" | head -n1)
+[[ -n $version ]] || die "no version in Cargo.toml's [workspace.package]"
+tag="sandgate-sandbox:$version-$recipe_hash"
 
 if ((tag_only)); then
 	echo "$tag"
@@ -246,7 +250,7 @@ build_offline_base() {
 
 t_all=$(now_ms)
 log "building $tag ($mode recipe)"
-build_args=(--build-arg "RECIPE=$recipe_hash")
+build_args=(--build-arg "RECIPE=$recipe_hash" --build-arg "VERSION=$version")
 if [[ $mode == offline ]]; then
 	build_offline_base
 	build_args+=(--build-arg "BASE=$BASE_TAG")

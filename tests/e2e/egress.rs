@@ -1,8 +1,10 @@
-//! Egress a tenant chooses (issue 29), the operator's side: `sandgate admin tenant egress` and
-//! `sandgate admin tenant secret …`, the real binary against a database of its own (no gateway
-//! needed: the commands work on Postgres alone).
+//! Egress a tenant chooses (issue 29): the operator's side (`sandgate admin tenant egress` and
+//! `sandgate admin tenant secret …`, the real binary against a database of its own, no gateway
+//! needed) and the plain relay end to end (a cell's CONNECT through the agent's proxy, relayed
+//! to the gateway, which reaches a test server on loopback under a test name).
 
 use std::process::{Output, Stdio};
+use std::time::Duration;
 
 use sandgate_service::egress::{DEVELOPMENT_SECRETS_KEY, SecretSealer};
 use sqlx::Connection;
@@ -528,4 +530,263 @@ async fn off_loopback_secrets_need_a_key_of_their_own() {
             .is_err(),
         "nor under keys.secret"
     );
+}
+
+/// A TCP server on loopback that answers every connection with one HTTP response naming the
+/// request line it read (a plain server reached through a CONNECT tunnel); counts connections.
+async fn answering_server() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&head)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_owned();
+                let body = format!("hello from the test server: {line}");
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = sock.write_all(answer.as_bytes()).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    (addr, count)
+}
+
+/// A cell that GETs `/hello` from `host:port` through the proxy HTTPS_PROXY names (a CONNECT
+/// tunnel, then plain HTTP in it) and prints the body, or the error.
+fn tunnel_cell(host: &str, port: u16) -> String {
+    format!(
+        "import http.client, os, urllib.parse\n\
+         proxy = urllib.parse.urlsplit(os.environ.get('HTTPS_PROXY') or 'http://127.0.0.1:3128')\n\
+         conn = http.client.HTTPConnection(proxy.hostname, proxy.port, timeout=60)\n\
+         conn.set_tunnel('{host}', {port})\n\
+         try:\n    conn.request('GET', '/hello')\n    print('BODY', conn.getresponse().read().decode())\n\
+         except OSError as err:\n    print('ERROR', err)\n"
+    )
+}
+
+#[tokio::test]
+async fn a_cell_reaches_an_allowed_host_through_the_relay_and_nothing_else() {
+    use crate::mcp_client::{Client, Era};
+    use serde_json::json;
+
+    let (server, connections) = answering_server().await;
+    let port = server.port();
+    let database = support::fresh_database().await;
+    let hosts = format!("shop.sandgate.test={server},budget.sandgate.test={server}");
+    let gateway =
+        support::Gateway::start(&database, &[("SANDGATE_EGRESS__TEST_HOSTS", &hosts)]).await;
+    let acme = gateway.create_tenant().await;
+    let other = gateway.create_tenant().await;
+    let allow = format!("shop.sandgate.test:{port}");
+    gateway
+        .cli(&["admin", "tenant", "egress", &acme, "--allow", &allow])
+        .await;
+    let budget = format!("budget.sandgate.test:{port}");
+    gateway
+        .cli(&[
+            "admin",
+            "tenant",
+            "egress",
+            &acme,
+            "--allow",
+            &budget,
+            "--connections-per-minute",
+            "1",
+        ])
+        .await;
+
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&acme).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("client connects");
+    let sandbox = client
+        .ok("create_sandbox", json!({"conversation_id": "egress-1"}))
+        .await
+        .structured["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let run = |code: String| {
+        let client = &client;
+        let sandbox = sandbox.clone();
+        async move {
+            let out = client
+                .ok(
+                    "execute_code",
+                    json!({"sandbox_id": sandbox, "code": code, "timeout_seconds": 120}),
+                )
+                .await;
+            out.structured["stdout"]
+                .as_str()
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        }
+    };
+
+    // The proxy variables are there, for the kernel; loopback stays direct.
+    let env = run("import os\nprint(os.environ.get('HTTPS_PROXY'), os.environ.get('http_proxy'), os.environ.get('NO_PROXY'))".into()).await;
+    assert_eq!(
+        env, "http://127.0.0.1:3128 http://127.0.0.1:3128 localhost,127.0.0.1,::1",
+        "a tenant with a policy gets the proxy variables"
+    );
+
+    // The allowed name reaches the test server through the tunnel.
+    let got = run(tunnel_cell("shop.sandgate.test", port)).await;
+    assert_eq!(
+        got, "BODY hello from the test server: GET /hello HTTP/1.1",
+        "the allowed host answers through the relay"
+    );
+    // urllib through HTTPS_PROXY: a plain http:// URL is refused by the proxy with why.
+    let plain = run(format!(
+        "import urllib.request\ntry:\n    urllib.request.urlopen('http://shop.sandgate.test:{port}/', timeout=30)\nexcept Exception as err:\n    print('ERROR', err)\n"
+    ))
+    .await;
+    assert!(
+        plain.starts_with("ERROR HTTP Error 403") && plain.contains("HTTPS only"),
+        "plain http is refused with a reason: {plain}"
+    );
+
+    // A terminal command gets the variables and the relay too.
+    let command = client
+        .ok(
+            "run_terminal_command",
+            json!({"sandbox_id": sandbox, "command": format!("python3 -c \"{}\"", tunnel_cell("shop.sandgate.test", port).replace('"', "\\\"")), "timeout_seconds": 120}),
+        )
+        .await;
+    assert!(
+        command.structured["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("BODY hello from the test server"),
+        "a command reaches the allowed host too: {}",
+        command.text
+    );
+    let reached = connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        reached, 2,
+        "the test server saw the cell's and the command's connections"
+    );
+
+    // A host not on the list: refused before any lookup, naming what to allow.
+    let denied = run(tunnel_cell("other.sandgate.test", port)).await;
+    assert!(
+        denied.starts_with("ERROR Tunnel connection failed: 403")
+            && denied.contains(&format!("other.sandgate.test:{port} is not in this tenant's egress policy (refused before any DNS lookup)")),
+        "a host off the list is refused with a clear error: {denied}"
+    );
+    // An address literal, even of the reachable test server.
+    let literal = run(tunnel_cell("127.0.0.1", port)).await;
+    assert!(
+        literal.starts_with("ERROR Tunnel connection failed: 403")
+            && literal.contains("is an address"),
+        "an address literal is refused: {literal}"
+    );
+    // The per-minute budget of a rule: one connection, then 429 (three tries: a minute boundary
+    // between two of them resets the count once at most).
+    let mut refused = 0;
+    for _ in 0..3 {
+        let out = run(tunnel_cell("budget.sandgate.test", port)).await;
+        if out.contains("429") && out.contains("connections per minute") {
+            refused += 1;
+        } else {
+            assert!(out.starts_with("BODY "), "under budget it connects: {out}");
+        }
+    }
+    assert!(
+        refused >= 1,
+        "the connections-per-minute budget refuses past it"
+    );
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        reached + 3 - refused,
+        "refused connections never reach the server"
+    );
+
+    // Another tenant, without a policy: no variables, and the proxy refuses a CONNECT itself.
+    let theirs = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&other).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("client connects");
+    let their_sandbox = theirs
+        .ok("create_sandbox", json!({"conversation_id": "egress-2"}))
+        .await
+        .structured["sandbox_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let code = format!(
+        "import os\nprint(sorted(k for k in os.environ if 'proxy' in k.lower()))\n{}",
+        tunnel_cell("shop.sandgate.test", port)
+    );
+    let out = theirs
+        .ok(
+            "execute_code",
+            json!({"sandbox_id": their_sandbox, "code": code, "timeout_seconds": 120}),
+        )
+        .await;
+    let out = out.structured["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        out.starts_with("[]\nERROR Tunnel connection failed: 403")
+            && out.contains("no egress policy"),
+        "a tenant without policy gets nothing: {out}"
+    );
+
+    // Every connection is in the audit trail, with target, outcome and bytes; none in the
+    // other tenant's.
+    let trail = support::eventually(
+        Duration::from_secs(30),
+        "egress connections audited",
+        || async {
+            let trail = gateway.cli(&["admin", "audit", "--tenant", &acme]).await;
+            (trail.matches("egress_connect").count() >= 7).then_some(trail)
+        },
+    )
+    .await;
+    assert!(
+        trail.contains(&format!("shop.sandgate.test:{port} via {server} closed: "))
+            && trail.contains("bytes sent"),
+        "an open connection is audited with its bytes: {trail}"
+    );
+    assert!(
+        trail.contains(&format!("other.sandgate.test:{port} refused: ")),
+        "a refusal is audited: {trail}"
+    );
+    assert!(
+        trail.contains(&format!("127.0.0.1:{port} refused: ")),
+        "{trail}"
+    );
+    let their_trail = gateway.cli(&["admin", "audit", "--tenant", &other]).await;
+    assert!(!their_trail.contains("egress_connect"), "{their_trail}");
 }

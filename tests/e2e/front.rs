@@ -251,3 +251,20 @@ async fn scraped_and_rules_loaded(prometheus: &Prometheus, private: &[String]) {
     let (ok, out) = promtool(&["check", "config", config]).await;
     assert!(ok, "promtool check config: {out}");
 }
+
+/// The shipped alert rules: `promtool check rules` accepts them and their unit tests
+/// (`deploy/prometheus/sandgate-alerts.test.yml`: the certificate-expiry alert fires for a
+/// certificate under 14 days, not for one at 90, and stops after a renewal) pass.
+#[tokio::test]
+async fn the_alert_rules_pass_promtool_test_rules() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/prometheus");
+    let (ok, out) = promtool(&["check", "rules", &format!("{dir}/sandgate-alerts.yml")]).await;
+    assert!(ok, "promtool check rules: {out}");
+    let (ok, out) = promtool(&["test", "rules", &format!("{dir}/sandgate-alerts.test.yml")]).await;
+    assert!(ok, "promtool test rules: {out}");
+    assert!(
+        repo_file("deploy/prometheus/sandgate-alerts.yml")
+            .contains("sandgate_tls_certificate_expiry_timestamp_seconds"),
+        "the certificate-expiry rule is shipped"
+    );
+}

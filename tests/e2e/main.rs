@@ -9,11 +9,13 @@ mod db_tls;
 mod deploy;
 mod egress;
 mod endings;
+mod erasure;
 mod error_kinds;
 mod front;
 mod gateway_share;
 mod handoff;
 mod hostile;
+mod image_pull;
 mod jobs;
 mod lifecycle;
 mod links;
@@ -26,6 +28,7 @@ mod oauth;
 mod package_abuse;
 mod packages;
 mod pause;
+mod pause_files;
 mod pause_many;
 mod pause_remote;
 mod placement;
@@ -35,11 +38,15 @@ mod python_sdk;
 mod quotas;
 mod reads;
 mod replicas;
+#[path = "../shared/s3.rs"]
+#[allow(dead_code)] // shared with sandgate-service's store tests; the e2e tests use part of it
+mod s3;
 mod scale_out;
 mod small_holes;
 mod support;
 mod templates;
 mod ts_sdk;
+mod two_hosts;
 mod upgrades;
 mod webdriver;
 #[path = "../shared/wheels.rs"]

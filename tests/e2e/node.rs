@@ -98,6 +98,20 @@ async fn sandgate_node_serves_its_sandboxes_to_a_gateway_with_a_certificate_of_i
         listed.contains(engine) && listed.contains(&url) && listed.contains(" up "),
         "`admin nodes list` shows the node {engine} at {url}, up; got:\n{listed}"
     );
+    // `node.slots` is 0 here: the slots are the host's memory over what one sandbox of the
+    // default profile may use at most, so sandboxes at their limits fit together.
+    let (slots, memory): (i32, i64) =
+        sqlx::query_as("SELECT slots, memory_bytes FROM nodes WHERE id = $1")
+            .bind(engine)
+            .fetch_one(&mut crate::lifecycle::db(&database).await)
+            .await
+            .expect("the node's row");
+    let most = SandboxProfile::default().container_memory_mb();
+    assert_eq!(
+        i64::from(slots),
+        (memory / i64::try_from(most * 1024 * 1024).expect("fits")).max(1),
+        "{slots} slots for {memory} bytes and sandboxes of {most} MiB"
+    );
 
     // A second node on the same engine is refused while the first one heartbeats.
     let second = NodeStart::new(&database, &format!("{instance}-2"))

@@ -18,6 +18,11 @@ use crate::support::{self, Gateway};
 
 const LIMIT: Duration = Duration::from_secs(300);
 
+/// Held (shared) by every test that checkpoints on the stack's engine, and alone by
+/// `pause_many`: its twenty snapshots at once fill the plaintext tmpfs and the node's restore
+/// places the others need (cargo runs tests in parallel).
+pub static RESTORES: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 pub fn plain_dir() -> String {
     std::env::var("SANDGATE_SNAPSHOTS__PLAIN_DIR")
         .unwrap_or_else(|_| "/var/cache/sandgate/docker/plain".into())
@@ -137,6 +142,7 @@ pub async fn cell(client: &Client, conversation: &str, code: &str) -> Value {
 
 async fn pauses_and_resumes_in(era: Era) {
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
     let plain = plain_dir();
     let store = StoreDir::new();
     let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
@@ -225,6 +231,7 @@ async fn a_paused_sandbox_resumes_after_the_gateway_restarts() {
         return;
     }
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
     let plain = plain_dir();
     let store = StoreDir::new();
     let env = pausing_env(&plain, &store);
@@ -260,6 +267,7 @@ async fn ten_pause_and_resume_cycles_keep_every_file_and_variable_and_the_idle_t
         return;
     }
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
     let plain = plain_dir();
     let store = StoreDir::new();
     let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
@@ -314,6 +322,7 @@ async fn retention_closes_a_paused_sandbox_and_its_conversation_hears_why() {
         return;
     }
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
     let plain = plain_dir();
     let store = StoreDir::new();
     // The deployment keeps pauses its default 30 days; this tenant's own retention is 3 s
@@ -364,6 +373,7 @@ async fn purging_a_tenant_deletes_its_paused_sandboxes_snapshots() {
         return;
     }
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
     let plain = plain_dir();
     let store = StoreDir::new();
     let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
@@ -390,6 +400,7 @@ async fn a_fork_diverges_from_its_source() {
         return;
     }
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
     let plain = plain_dir();
     let store = StoreDir::new();
     let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;

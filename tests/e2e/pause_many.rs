@@ -22,6 +22,8 @@ use crate::support::{self, Gateway};
 
 const LIMIT: Duration = Duration::from_secs(600);
 const SANDBOXES: usize = 20;
+/// Tenant A's sandboxes are started this many at a time (see below).
+const STARTS_AT_ONCE: usize = 4;
 
 /// A transcript resource's text (`format`: `html` or `ipynb`).
 pub async fn transcript(client: &Client, sandbox_id: &str, format: &str) -> String {
@@ -105,17 +107,23 @@ impl Neighbour {
 }
 
 #[tokio::test]
-#[ignore = "heavy: twenty runsc2024 sandboxes checkpointed and restored; on a loaded 2-core \
-            machine one pause took minutes. Run it with `cargo test -p sandgate --test e2e \
-            pause_many -- --ignored`"]
+#[ignore = "heavy: twenty runsc2024 sandboxes checkpointed and restored at once, about five \
+            minutes; in two full suite runs a later resume test (python_sdk's) failed after it, \
+            cause not found yet. Run it alone: `cargo test -p sandgate --test e2e pause_many -- \
+            --ignored`"]
 async fn twenty_sandboxes_pause_and_resume_at_once_while_another_tenant_runs_cells() {
     if !runsc2024_registered() {
         return;
     }
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.write().await;
     let plain = plain_dir();
     let store = StoreDir::new();
-    let gateway = Gateway::start(&database, &pausing_env(&plain, &store)).await;
+    // Twenty restores at once queue behind the node's restores in flight (as many as cores):
+    // the last ones wait longer than a cold start's default bound on a loaded 2-core machine.
+    let mut env = pausing_env(&plain, &store);
+    env.push(("SANDGATE_POOL__START_WAIT_SECONDS", "600"));
+    let gateway = Gateway::start(&database, &env).await;
     let (a, b) = (gateway.create_tenant().await, gateway.create_tenant().await);
     let client = Client::connect(&gateway.mcp_url(), &gateway.token(&a).await, Era::Stateless)
         .await
@@ -135,25 +143,28 @@ async fn twenty_sandboxes_pause_and_resume_at_once_while_another_tenant_runs_cel
     let neighbour = Neighbour::start(neighbour, "b");
 
     // Tenant A's twenty sandboxes, started with a long keep-alive so that none pauses while
-    // the others start; then one cell in each at once, which sets its variable and file and
-    // its idle timeout to 2 s: they go idle together.
+    // the others start, a few at a time: twenty cold runsc starts at once on a loaded 2-core
+    // machine outwait the node's start queue (pool.start_wait_seconds, "limit reached: sandbox
+    // starts"), which is the start path's answer to saturation and not what this test is
+    // about. Then one cell in each at once, which sets its variable and file and its idle
+    // timeout to 2 s: they go idle together.
     let conversations: Vec<String> = (0..SANDBOXES).map(|i| format!("a-{i}")).collect();
-    let created = join_all(conversations.iter().map(|c| {
-        client.ok(
-            "create_sandbox",
-            json!({"conversation_id": c, "keep_alive_seconds": 600}),
-        )
-    }))
-    .await;
-    let ids: Vec<String> = created
-        .iter()
-        .map(|r| {
+    let mut ids: Vec<String> = Vec::new();
+    for batch in conversations.chunks(STARTS_AT_ONCE) {
+        let created = join_all(batch.iter().map(|c| {
+            client.ok(
+                "create_sandbox",
+                json!({"conversation_id": c, "keep_alive_seconds": 600}),
+            )
+        }))
+        .await;
+        ids.extend(created.iter().map(|r| {
             r.structured["sandbox_id"]
                 .as_str()
                 .expect("a sandbox id")
                 .to_owned()
-        })
-        .collect();
+        }));
+    }
     join_all(conversations.iter().enumerate().map(|(i, c)| {
         client.ok(
             "execute_code",
@@ -176,11 +187,18 @@ async fn twenty_sandboxes_pause_and_resume_at_once_while_another_tenant_runs_cel
     .await;
     neighbour.answers_again("after A's pauses").await;
 
-    // Twenty calls at once resume them, each its own.
+    // Twenty calls at once resume them, each its own. Each call gives its sandbox a long
+    // keep-alive again: with its own 2 s it would idle and be paused again while the last of
+    // the twenty still wait for their restore.
+    let snapshots = store.snapshots();
     let answers = join_all(conversations.iter().map(|c| {
         client.call(
             "execute_code",
-            json!({"conversation_id": c, "code": "(v, open('/home/user/mine.txt').read())"}),
+            json!({
+                "conversation_id": c,
+                "keep_alive_seconds": 600,
+                "code": "(v, open('/home/user/mine.txt').read())",
+            }),
         )
     }))
     .await;
@@ -209,8 +227,13 @@ async fn twenty_sandboxes_pause_and_resume_at_once_while_another_tenant_runs_cel
         assert!(out["resumed"].is_object(), "a-{i} says it resumed: {out}");
     }
     assert!(
-        store.snapshots().is_empty(),
+        snapshots.iter().all(|s| !s.exists()),
         "every resumed sandbox's snapshot is deleted"
+    );
+    assert!(
+        store.snapshots().is_empty(),
+        "no resumed sandbox was paused again: {:?}",
+        store.snapshots()
     );
     neighbour.answers_again("after A's resumes").await;
     let (answered, failures) = neighbour.stop().await;

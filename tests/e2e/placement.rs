@@ -289,7 +289,7 @@ async fn a_node_away_past_its_away_deadline_keeps_its_sandboxes_and_variables_wh
 }
 
 #[tokio::test]
-async fn a_gateway_only_replica_needs_no_docker_and_is_ready_once_a_live_node_is_registered() {
+async fn a_gateway_only_replica_needs_no_docker_and_stays_ready_while_its_nodes_drain() {
     let database = support::fresh_database().await;
     let instance = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
     // An engine address nothing answers at: a gateway-only replica never talks to Docker.
@@ -322,7 +322,7 @@ async fn a_gateway_only_replica_needs_no_docker_and_is_ready_once_a_live_node_is
         "a gateway-only replica does not check Docker: {body}"
     );
 
-    let _node = start_node(&database, &instance).await;
+    let node = start_node(&database, &instance).await;
     let body = eventually(
         WITHIN,
         "the replica to be ready once a node runs",
@@ -333,6 +333,26 @@ async fn a_gateway_only_replica_needs_no_docker_and_is_ready_once_a_live_node_is
     )
     .await;
     assert_eq!(body["checks"]["nodes"]["ok"], true, "{body}");
+    assert_eq!(body["checks"]["new_sandboxes"]["ok"], true, "{body}");
+
+    // Every node draining (a roll): the replica stays ready (its pages and the leased sandboxes
+    // serve) and says that new sandboxes wait, and what to do.
+    gateway.cli(&["admin", "nodes", "drain", node.id()]).await;
+    let (status, body) = readyz().await;
+    assert_eq!(status, 200, "a drain does not take the replica out: {body}");
+    assert_eq!(body["status"], "ready", "{body}");
+    assert_eq!(body["checks"]["nodes"]["ok"], true, "{body}");
+    assert_eq!(body["checks"]["new_sandboxes"]["ok"], false, "{body}");
+    assert!(
+        body["checks"]["new_sandboxes"]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("draining") && e.contains("nodes undrain")),
+        "says why and what to do: {body}"
+    );
+    gateway.cli(&["admin", "nodes", "undrain", node.id()]).await;
+    let (status, body) = readyz().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["checks"]["new_sandboxes"]["ok"], true, "{body}");
 }
 
 /// The value of the unlabelled series `metric` (or `metric{labels}`) in a `/metrics` text.

@@ -195,6 +195,7 @@ async fn official_python_sdk_resumes_a_paused_sandbox_in_both_eras() {
         "/../../tests/e2e/python/pause_resume.py"
     );
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
     let plain = crate::pause::plain_dir();
     let store = crate::pause::StoreDir::new();
     let gateway = Gateway::start(&database, &crate::pause::pausing_env(&plain, &store)).await;
@@ -218,18 +219,67 @@ async fn official_python_sdk_resumes_a_paused_sandbox_in_both_eras() {
     support::remove_containers_of(&gateway.instance);
 }
 
-/// The first ```python block of the README, as printed there.
+/// The README's Python example, as printed there: the first ```python block after "With the
+/// official Python SDK".
 fn readme_python_example() -> String {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
         .expect("README.md is readable");
-    let start = readme
+    let intro = readme
+        .find("With the official Python SDK")
+        .expect("the README introduces its Python example");
+    let start = readme[intro..]
         .find("```python\n")
-        .expect("the README has a ```python block")
-        + "```python\n".len();
+        .map(|at| intro + at + "```python\n".len())
+        .expect("the README has a ```python block after its introduction");
     let len = readme[start..]
         .find("\n```")
         .expect("the README's python block ends");
     readme[start..start + len + 1].to_owned()
+}
+
+/// What a run of "1 + 1" cannot show about the example, read from it: it imports no private
+/// module of the SDK (a `_name` one may change in any release), runs with `asyncio.run`, and its
+/// HTTP client waits for reads at least as long as a call may last
+/// (limits.max_call_timeout_seconds), so a long cell is not cut off by the client.
+fn assert_example_is_robust(example: &str) {
+    for line in example.lines() {
+        let line = line.trim();
+        if line.starts_with("import ") || line.starts_with("from ") {
+            let module = line.split_whitespace().nth(1).unwrap_or_default();
+            assert!(
+                module == "__future__" || !module.split('.').any(|part| part.starts_with('_')),
+                "the README's example imports no private module: {line}"
+            );
+        }
+    }
+    assert!(
+        example.contains("asyncio.run(main())"),
+        "the README's example runs its coroutine with asyncio.run:\n{example}"
+    );
+    let max_call: f64 = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../config/default.toml"
+    ))
+    .expect("config/default.toml")
+    .lines()
+    .find_map(|l| l.strip_prefix("max_call_timeout_seconds = "))
+    .and_then(|v| v.trim().parse().ok())
+    .expect("config/default.toml has limits.max_call_timeout_seconds");
+    let read: f64 = example
+        .split("read=")
+        .nth(1)
+        .and_then(|rest| {
+            let number: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            number.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("the README's example sets a read timeout (read=…):\n{example}"));
+    assert!(
+        read >= max_call,
+        "the README's example reads for {read} s, at least limits.max_call_timeout_seconds ({max_call} s)"
+    );
 }
 
 #[tokio::test]
@@ -237,7 +287,9 @@ async fn the_readmes_python_example_runs_as_printed() {
     let python = python();
     let dir = crate::wheels::TempDir::new("sandgate-test-readme-example");
     let script = dir.path().join("readme_example.py");
-    std::fs::write(&script, readme_python_example()).expect("the example is written");
+    let example = readme_python_example();
+    assert_example_is_robust(&example);
+    std::fs::write(&script, example).expect("the example is written");
     let database = support::fresh_database().await;
     let gateway = Gateway::start(&database, &[]).await;
     let tenant = gateway.create_tenant().await;

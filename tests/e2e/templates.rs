@@ -46,6 +46,7 @@ async fn counter(gateway: &Gateway, series: &str) -> f64 {
 #[tokio::test]
 async fn a_runsc2024_pool_restored_from_its_template_serves_a_conversation() {
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
     let plain = plain_dir();
     // No warm pool: every create is a cold start, which restores the template once it is in use.
     let gateway = Gateway::start(
@@ -130,6 +131,7 @@ async fn a_runsc2024_pool_restored_from_its_template_serves_a_conversation() {
 #[tokio::test]
 async fn a_runc_pool_keeps_ordinary_starts_and_readyz_says_why() {
     let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
     let plain = plain_dir();
     let gateway = Gateway::start(
         &database,

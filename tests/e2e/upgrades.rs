@@ -4,6 +4,8 @@
 //! itself; `sandgate migrate` leaves that migration alone; and a database that lacks one of
 //! this binary's migrations is refused with what to run.
 
+use std::time::Duration;
+
 use sqlx::Connection;
 
 use crate::support::{self, Gateway, sandgate_command};
@@ -114,4 +116,156 @@ async fn sandgate_store_last(conn: &mut sqlx::PgConnection) -> (i64, String) {
         .fetch_one(conn)
         .await
         .expect("a known migration")
+}
+
+/// The warm rows of `instance`'s node: (sandbox id, container id).
+async fn warm_rows(database: &str) -> Vec<(String, String)> {
+    sqlx::query_as("SELECT id, container_id FROM sandboxes WHERE state = 'warm' ORDER BY id")
+        .fetch_all(&mut crate::lifecycle::db(database).await)
+        .await
+        .expect("the warm rows")
+}
+
+/// The id of the image a container was created from (empty when it is gone).
+fn container_image(container: &str) -> String {
+    support::docker_words(&["inspect", "--format", "{{.Image}}", container]).join("")
+}
+
+/// The engine's id of `image`.
+fn image_id(image: &str) -> String {
+    support::docker_words(&["image", "inspect", "--format", "{{.Id}}", image]).join("")
+}
+
+#[tokio::test]
+async fn a_node_restarted_with_a_new_sandbox_image_retires_its_old_warm_sandboxes_and_keeps_the_leased()
+ {
+    use crate::lifecycle::{FAST, plain, sandbox_id};
+    use crate::mcp_client::{Client, Era};
+    use serde_json::json;
+
+    // The "new release" of the sandbox image: the stack's with one more label (another id).
+    let old_image = crate::support::node::sandbox_image();
+    let run = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let new_image = format!("sandgate-sandbox-e2e-roll:{run}");
+    let mut build = std::process::Command::new("docker")
+        .args(["build", "-q", "-t", &new_image, "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("docker build runs");
+    {
+        use std::io::Write;
+        let mut stdin = build.stdin.take().expect("piped");
+        writeln!(stdin, "FROM {old_image}\nLABEL sandgate.e2e.roll={run}").expect("the Dockerfile");
+    }
+    assert!(
+        build.wait().expect("docker build ends").success(),
+        "docker build of {new_image}"
+    );
+    let (old_id, new_id) = (image_id(&old_image), image_id(&new_image));
+    assert_ne!(old_id, new_id, "the new image has an id of its own");
+
+    let database = support::fresh_database().await;
+    let env: Vec<(&str, &str)> = FAST
+        .iter()
+        .copied()
+        .chain([("SANDGATE_POOL__MIN_READY", "2")])
+        .collect();
+    let mut first = Gateway::start(&database, &env).await;
+    let tenant = first.create_tenant().await;
+    let token = first.token(&tenant).await;
+    let client = Client::connect(&first.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let leased = sandbox_id(
+        &client
+            .ok(
+                "execute_code",
+                json!({"code": "kept = 'from the old image'"}),
+            )
+            .await,
+    );
+    let old_warm = support::eventually(
+        Duration::from_secs(120),
+        "two warm sandboxes of the old image",
+        || async {
+            let rows = warm_rows(&database).await;
+            (rows.len() >= 2).then_some(rows)
+        },
+    )
+    .await;
+    for (_, container) in &old_warm {
+        assert_eq!(
+            container_image(container),
+            old_id,
+            "warm before the roll: the old image"
+        );
+    }
+    // The node's process ends (a roll) and comes back with the new image.
+    first.kill().await;
+    let env: Vec<(&str, &str)> = env
+        .into_iter()
+        .chain([("SANDGATE_SANDBOX__IMAGE", new_image.as_str())])
+        .collect();
+    let second = Gateway::start_instance(&database, &first.instance, &env).await;
+
+    support::eventually(
+        Duration::from_secs(120),
+        "the old warm sandboxes retired (rows and containers gone) and warm ones of the new image",
+        || async {
+            let rows = warm_rows(&database).await;
+            let old_gone = old_warm.iter().all(|(id, container)| {
+                !rows.iter().any(|(r, _)| r == id) && container_image(container).is_empty()
+            });
+            let new_ready = !rows.is_empty()
+                && rows
+                    .iter()
+                    .all(|(_, container)| container_image(container) == new_id);
+            (old_gone && new_ready).then_some(())
+        },
+    )
+    .await;
+
+    // The leased sandbox keeps its container, image and variables; a new one gets the new image.
+    let token = second.token(&tenant).await;
+    let client = Client::connect(&second.mcp_url(), &token, Era::Stateless)
+        .await
+        .expect("client connects");
+    let kept = client
+        .ok(
+            "execute_code",
+            json!({"sandbox_id": leased, "code": "kept"}),
+        )
+        .await;
+    assert_eq!(
+        plain(&kept),
+        "'from the old image'",
+        "the leased sandbox lives on"
+    );
+    let container: String = sqlx::query_scalar("SELECT container_id FROM sandboxes WHERE id = $1")
+        .bind(&leased)
+        .fetch_one(&mut crate::lifecycle::db(&database).await)
+        .await
+        .expect("the leased row");
+    assert_eq!(
+        container_image(&container),
+        old_id,
+        "a leased sandbox keeps its image"
+    );
+    let fresh = sandbox_id(&client.ok("execute_code", json!({"code": "1"})).await);
+    let container: String = sqlx::query_scalar("SELECT container_id FROM sandboxes WHERE id = $1")
+        .bind(&fresh)
+        .fetch_one(&mut crate::lifecycle::db(&database).await)
+        .await
+        .expect("the new row");
+    assert_eq!(
+        container_image(&container),
+        new_id,
+        "a lease after the roll: the new image"
+    );
+    drop(second);
+    drop(first);
+    let _ = std::process::Command::new("docker")
+        .args(["rmi", &new_image])
+        .output();
 }

@@ -49,8 +49,8 @@ pub mod telemetry;
 pub use sandgate_mcp as mcp;
 pub use sandgate_oauth as oauth;
 pub use sandgate_service::{
-    Config, admin, audit, config, egress, keys, lifecycle, resource_uri, retention, sandboxes,
-    transcripts,
+    Config, admin, audit, config, egress, erasure, keys, lifecycle, resource_uri, retention,
+    sandboxes, transcripts,
 };
 
 use crate::keys::KeyRing;
@@ -130,6 +130,13 @@ impl AppState {
     /// it: Docker, the registration and the sandbox manager (which begins filling the warm pool
     /// in the background).
     pub async fn start(config: Config, role: Role) -> Result<Self, StartError> {
+        // Its node.tls_cert is its client certificate to the nodes, and its node RPC's server
+        // certificate when it serves one.
+        let mut certificate_uses = vec![sandgate_service::metrics::CertificateKind::gateway_client];
+        if matches!(role, Role::Node { .. }) && !config.node.listen.is_empty() {
+            certificate_uses.push(sandgate_service::metrics::CertificateKind::node_server);
+        }
+        let certificates = sandgate_service::metrics::Certificates::of(&config, certificate_uses);
         let services = sandgate_service::Services::start(&config, role).await?;
         let oauth = oauth::OAuthState::new(&config).map_err(StartError::OAuth)?;
         let links = files::DownloadLinks::new(config.keys.secret_bytes(), &config.public_url());
@@ -171,7 +178,7 @@ impl AppState {
             oauth,
             grants,
             audit: services.audit,
-            metrics: metrics::Metrics::new(),
+            metrics: metrics::Metrics::with_certificates(certificates),
             links,
             link_service,
             transcripts: services.transcripts,

@@ -19,7 +19,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use sandgate_service::PgPool;
-use sandgate_service::metrics::{PoolStats, ServiceMetrics, TemplateStatus};
+use sandgate_service::metrics::{Certificates, PoolStats, ServiceMetrics, TemplateStatus};
 
 use crate::AppState;
 use crate::mcp::metrics::ToolMetrics;
@@ -89,6 +89,8 @@ struct Inner {
     tools: ToolMetrics,
     service: ServiceMetrics,
     refusals: Family<RefusalLabels, Counter>,
+    /// The TLS certificates this process loaded, for their expiry gauge.
+    certificates: Option<Certificates>,
 }
 
 impl Default for Metrics {
@@ -98,8 +100,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A fresh registry with every metric registered.
+    /// A fresh registry with every metric registered, and no certificate.
     pub fn new() -> Self {
+        Self::with_certificates(None)
+    }
+
+    /// Same, exporting the expiry of `certificates` (the ones this process loaded).
+    pub fn with_certificates(certificates: Option<Certificates>) -> Self {
         let mut registry = Registry::with_prefix("sandgate");
         let tools = ToolMetrics::register(&mut registry);
         let service = ServiceMetrics::register(&mut registry);
@@ -116,6 +123,7 @@ impl Metrics {
                 tools,
                 service,
                 refusals,
+                certificates,
             }),
         }
     }
@@ -149,6 +157,9 @@ impl Metrics {
         }
         if let Some(template) = template {
             self.inner.service.set_template(&template);
+        }
+        if let Some(certificates) = &self.inner.certificates {
+            self.inner.service.set_certificates(certificates);
         }
         let mut out = String::new();
         encode(&mut out, &self.inner.registry)?;

@@ -12,6 +12,7 @@ use crate::metrics::Metrics;
 use crate::private::{PrivateListener, PrivateState};
 use crate::{Config, StartError};
 use sandgate_service::health::ReadinessProbe;
+use sandgate_service::metrics::{CertificateKind, Certificates};
 
 /// A started node, ready to serve.
 #[derive(Debug)]
@@ -48,7 +49,10 @@ impl Node {
         let private = private.map(|listener| {
             let state = PrivateState {
                 readiness: ReadinessProbe::of_node(&services, &config),
-                metrics: Metrics::new(),
+                metrics: Metrics::with_certificates(Certificates::of(
+                    &config,
+                    vec![CertificateKind::node_server],
+                )),
                 db: services.db.clone(),
                 sandboxes: services.sandboxes.clone(),
                 profile: config.sandbox.name.clone(),

@@ -11,7 +11,9 @@ use rmcp::RoleServer;
 use rmcp::model::{ContentBlock, JsonObject, ResourceContents};
 use rmcp::service::RequestContext;
 use sandgate_service::domain::CommandOutcome;
-use sandgate_service::{Caller, CommandLine, ErrorKind, RunLimits, ServiceError, Target};
+use sandgate_service::{
+    Caller, CommandLine, ErrorKind, RESUMED_FROM_FILES, RunLimits, ServiceError, Target,
+};
 use serde::de::DeserializeOwned;
 
 use super::McpServer;
@@ -552,6 +554,7 @@ impl McpServer {
                 blocks.push(ContentBlock::image(BASE64.encode(png), "image/png"));
             }
         }
+        let from_files = resolved.resumed.as_ref().is_some_and(|r| r.files.is_some());
         let out = ExecuteCodeOutput {
             sandbox_id: sandbox_id.clone(),
             stdout: outcome.stdout,
@@ -569,13 +572,12 @@ impl McpServer {
             images,
             truncated: outcome.truncated,
             timed_out: outcome.timed_out,
-            state_lost: outcome.state_lost || resolved.replaced.is_some(),
+            state_lost: outcome.state_lost || resolved.replaced.is_some() || from_files,
             state_lost_reason: outcome
                 .state_lost_reason
-                .or_else(|| resolved.replaced.as_ref().map(|r| r.sentence())),
-            resumed: resolved.resumed.as_ref().map(|r| ResumedOutput {
-                paused_seconds: r.paused_seconds,
-            }),
+                .or_else(|| resolved.replaced.as_ref().map(|r| r.sentence()))
+                .or_else(|| from_files.then(|| RESUMED_FROM_FILES.to_owned())),
+            resumed: resolved.resumed.as_ref().map(ResumedOutput::from),
             previous_sandbox: resolved.replaced.as_ref().map(|r| PreviousSandboxOutput {
                 sandbox_id: r.previous_sandbox_id.clone(),
                 ended_at: r.ended_at.map(rfc3339),

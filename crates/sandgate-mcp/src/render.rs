@@ -8,8 +8,9 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use serde::Serialize;
 
 use sandgate_service::domain::{Job, Space};
+use sandgate_service::{RESUMED_FROM_FILES, Resumed};
 
-use super::schema::{ExecuteCodeOutput, JobOutput, SpaceOutput};
+use super::schema::{ExecuteCodeOutput, JobOutput, ResumedOutput, SpaceOutput};
 
 pub(super) fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
@@ -90,10 +91,11 @@ pub(super) fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String 
             timeout.as_secs()
         ));
     }
+    let from_files = out.resumed.as_ref().is_some_and(|r| r.from_files);
     if out.state_lost && out.previous_sandbox.is_some() {
         let why = out.state_lost_reason.as_deref().unwrap_or_default();
         text.push_str(&format!("[{why}]\n"));
-    } else if out.state_lost {
+    } else if out.state_lost && !from_files {
         let why = out
             .state_lost_reason
             .as_deref()
@@ -109,10 +111,21 @@ pub(super) fn render_cell(out: &ExecuteCodeOutput, timeout: Duration) -> String 
         text.push_str("(no output)\n");
     }
     if let Some(resumed) = &out.resumed {
-        text.push_str(&format!(
-            "[resumed sandbox {} after {:.0} s paused: variables and files kept]\n",
-            out.sandbox_id, resumed.paused_seconds
-        ));
+        if resumed.from_files {
+            text.push_str(&format!(
+                "[sandbox {} {RESUMED_FROM_FILES} (paused {:.0} s; its runtime cannot \
+                 checkpoint): files in /home/user are back]\n",
+                out.sandbox_id, resumed.paused_seconds
+            ));
+            if let Some(missing) = files_missing_note(resumed) {
+                text.push_str(&format!("[{missing}]\n"));
+            }
+        } else {
+            text.push_str(&format!(
+                "[resumed sandbox {} after {:.0} s paused: variables and files kept]\n",
+                out.sandbox_id, resumed.paused_seconds
+            ));
+        }
     }
     text.push_str(&format!("[sandbox {}]", out.sandbox_id));
     text
@@ -163,6 +176,41 @@ pub fn mime_type(path: &str, head: &[u8]) -> String {
         "text/plain".into()
     } else {
         "application/octet-stream".into()
+    }
+}
+
+/// What of a resume from files did not come back, in one line.
+fn files_missing_note(resumed: &ResumedOutput) -> Option<String> {
+    let mut parts = Vec::new();
+    if !resumed.packages_not_reinstalled.is_empty() {
+        parts.push(format!(
+            "packages not reinstalled: {}",
+            resumed.packages_not_reinstalled.join(", ")
+        ));
+    }
+    if !resumed.files_not_restored.is_empty() {
+        parts.push(format!(
+            "not restored: {}",
+            resumed.files_not_restored.join(", ")
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+impl From<&Resumed> for ResumedOutput {
+    fn from(r: &Resumed) -> Self {
+        let files = r.files.clone().unwrap_or_default();
+        let mut not_reinstalled = files.packages_not_reinstalled;
+        if let (Some(note), false) = (files.packages_note, not_reinstalled.is_empty()) {
+            not_reinstalled.push(format!("({note})"));
+        }
+        Self {
+            paused_seconds: r.paused_seconds,
+            from_files: r.files.is_some(),
+            packages_reinstalled: files.packages_reinstalled,
+            packages_not_reinstalled: not_reinstalled,
+            files_not_restored: files.files_not_restored,
+        }
     }
 }
 

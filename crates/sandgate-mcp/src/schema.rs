@@ -152,6 +152,16 @@ pub struct PreviousSandboxOutput {
 pub struct ResumedOutput {
     /// How long the sandbox was paused, seconds.
     pub paused_seconds: f64,
+    /// True when the pause kept only its files (its runtime cannot checkpoint): a fresh Python
+    /// kernel with /home/user restored; variables were not kept (state_lost is true).
+    pub from_files: bool,
+    /// Of a resume from files: the packages installed again (name==version).
+    pub packages_reinstalled: Vec<String>,
+    /// Of a resume from files: the packages installed at the pause that were not installed
+    /// again (install them with install_packages when packages are on).
+    pub packages_not_reinstalled: Vec<String>,
+    /// Of a resume from files: paths under /home/user that were not restored.
+    pub files_not_restored: Vec<String>,
 }
 
 /// `run_terminal_command` arguments.

@@ -354,8 +354,9 @@ static DEFINITIONS: LazyLock<Vec<Tool>> = LazyLock::new(|| {
             "Pause the sandbox now when the conversation will wait (the customer answers later): \
              its memory, variables, files and installed packages are saved and its container \
              stops. Any later call naming its sandbox_id or conversation_id resumes it as it \
-             was (the result says resumed). Idle sandboxes are paused on their own; this only \
-             does it sooner."
+             was (the result says resumed). Where the server cannot save memory, only the \
+             files and packages are kept and the result says variables were not kept. Idle \
+             sandboxes are paused on their own; this only does it sooner."
                 .into(),
             ToolAnnotations::new()
                 .read_only(false)

@@ -1,8 +1,11 @@
 //! One live sandbox, wherever its node runs.
 
+use std::sync::Arc;
+
 use sandgate_sandbox::{
-    CommandOptions, CommandOutcome, ContainerFate, DirEntry, ExecOptions, ExecOutcome, FileChunks,
-    FileInfo, IndexHandler, Job, Listing, OutputEvent, PingInfo, Sandbox, SandboxError,
+    CommandOptions, CommandOutcome, ContainerFate, DirEntry, EgressEnvInfo, EgressHandler,
+    ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexHandler, Job, Listing, OutputEvent,
+    PingInfo, Sandbox, SandboxError,
 };
 use tokio::sync::mpsc;
 
@@ -185,6 +188,29 @@ impl SandboxHandle {
         match self {
             Self::Local(s) => s.restart().await,
             Self::Remote(s) => s.restart().await,
+        }
+    }
+
+    /// Turns the sandbox's egress proxy on or off (PROTOCOL.md, `egress_env`). `None` for a
+    /// sandbox on another node: its node relays no egress yet, so it gets no proxy variables.
+    pub async fn set_egress_env(&self, proxy: bool) -> Option<Result<EgressEnvInfo, SandboxError>> {
+        match self {
+            Self::Local(s) => Some(s.channel().set_egress_env(proxy).await.map_err(Into::into)),
+            Self::Remote(_) => None,
+        }
+    }
+
+    /// Runs `call` with the sandbox's CONNECTs relayed to `handler` beside it (on demand, as the
+    /// package index is). A sandbox on another node runs `call` without: its node relays no
+    /// egress yet (and it was given no proxy variables).
+    pub async fn with_egress<T>(
+        &self,
+        handler: Arc<dyn EgressHandler>,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        match self {
+            Self::Local(s) => s.channel().with_egress(handler, call).await,
+            Self::Remote(_) => call.await,
         }
     }
 

@@ -45,7 +45,7 @@ pub use node::{NodeHandle, StartTicket};
 pub use relay::{MAX_INDEX_CHUNK_BYTES, RelayLimits};
 pub use remote::{ConnectError, RemoteNode, RemoteSandbox, channel_lazy, cleartext_allowed};
 pub use server::{MAX_MESSAGE_BYTES, NodeService, ServeError, serve};
-pub use tls::{GATEWAY_URI, NODE_URI, NodeTls, Role, TlsError};
+pub use tls::{Expiry, GATEWAY_URI, NODE_URI, NodeTls, Role, TlsError};
 
 #[doc(no_inline)]
 pub use sandgate_sandbox::{Sandbox, SandboxManager};

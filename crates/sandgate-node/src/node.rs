@@ -68,6 +68,34 @@ impl NodeHandle {
         }
     }
 
+    /// Starts a sandbox from `profile` under the id `sandbox_id` (a files-only resume keeps its
+    /// sandbox's id; never from the warm pool or a template). A node that does not know the
+    /// request (one of before) starts it under a fresh id: the caller checks the handle's id.
+    pub async fn launch_as(
+        &self,
+        profile: &SandboxProfile,
+        ticket: StartTicket,
+        sandbox_id: &str,
+    ) -> Result<SandboxHandle, SandboxError> {
+        match (self, ticket) {
+            (Self::Local(manager), StartTicket::Local(permit)) => manager
+                .launch_permitted_as(profile, permit, Some(sandbox_id))
+                .await
+                .map(SandboxHandle::Local),
+            (Self::Local(manager), StartTicket::Remote) => {
+                let permit = manager.start_permit(&profile.name).await?;
+                manager
+                    .launch_permitted_as(profile, permit, Some(sandbox_id))
+                    .await
+                    .map(SandboxHandle::Local)
+            }
+            (Self::Remote(node), _) => node
+                .launch_as(profile, Some(sandbox_id))
+                .await
+                .map(SandboxHandle::Remote),
+        }
+    }
+
     /// Takes the warm sandbox `sandbox_id` out of the node's pool, else attaches to its
     /// container `container_id`. In-process, a handle out of the pool whose connection died is
     /// returned as it is (the caller asks its fate).

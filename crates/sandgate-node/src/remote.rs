@@ -172,10 +172,20 @@ impl RemoteNode {
 
     /// Starts a sandbox from the node's profile of `profile`'s name, with its memory and CPUs.
     pub async fn launch(&self, profile: &SandboxProfile) -> Result<RemoteSandbox, SandboxError> {
+        self.launch_as(profile, None).await
+    }
+
+    /// [`Self::launch`] under `sandbox_id` when given (see [`crate::NodeHandle::launch_as`]).
+    pub async fn launch_as(
+        &self,
+        profile: &SandboxProfile,
+        sandbox_id: Option<&str>,
+    ) -> Result<RemoteSandbox, SandboxError> {
         let req = proto::LaunchRequest {
             profile: profile.name.clone(),
             memory_mb: profile.memory_mb,
             cpus: profile.cpus,
+            sandbox_id: sandbox_id.unwrap_or_default().to_owned(),
         };
         let r = self
             .client()

@@ -468,9 +468,10 @@ impl node_server::Node for NodeService {
             .start_permit(&profile.name)
             .await
             .map_err(|e| to_status(&e))?;
+        let id = (!req.sandbox_id.is_empty()).then_some(req.sandbox_id.as_str());
         let sandbox = self
             .manager
-            .launch_permitted(&profile, permit)
+            .launch_permitted_as(&profile, permit, id)
             .await
             .map_err(|e| to_status(&e))?;
         self.manager.record_lease(&profile.name);

@@ -104,6 +104,26 @@ impl Pki {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// A certificate for 127.0.0.1 and localhost (both roles) that expires at the start of
+    /// `year`-01-02 (a renewal with a notAfter of its own), and its key, in PEM.
+    pub fn leaf_pem_expiring(&self, year: i32) -> (String, String) {
+        let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+        let mut params = CertificateParams::new(names).expect("leaf params");
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        for uri in [GATEWAY_URI, NODE_URI] {
+            params
+                .subject_alt_names
+                .push(SanType::URI(uri.try_into().expect("a URI SAN")));
+        }
+        params.not_after = rcgen::date_time_ymd(year, 1, 2);
+        let key = KeyPair::generate().expect("a leaf key");
+        let cert = params.signed_by(&key, &self.ca).expect("a signed leaf");
+        (cert.pem(), key.serialize_pem())
+    }
+
     /// TLS material of `leaf`'s kind for 127.0.0.1 and localhost, with this CA as the peer root.
     pub fn tls_of(&self, leaf: Leaf) -> NodeTls {
         let (cert, key) = self.leaf_pem_of(leaf, &["127.0.0.1", "localhost"]);

@@ -198,6 +198,9 @@ pub struct ManagedContainer {
     /// When the engine created it (Unix seconds), when known: reconciliation leaves young
     /// containers alone, since another gateway process may be about to record them.
     pub created_unix: Option<i64>,
+    /// The engine's id of the image it was created from, when known: a node restarted after a
+    /// new `sandbox.image` retires warm containers of the previous one.
+    pub image_id: Option<String>,
 }
 
 /// A container engine that can run sandboxes. Object-safe: the manager holds an

@@ -16,6 +16,11 @@ pub struct SandboxProfile {
     pub name: String,
     /// Image to run (any image with `python3`; the agent is injected at creation).
     pub image: String,
+    /// Whether the node pulls `image` from its registry before starting sandboxes. The node's
+    /// own setting, never part of a profile's identity: not serialized (a snapshot's profile
+    /// and its fingerprint stay what they were), defaulted when absent.
+    #[serde(default, skip_serializing)]
+    pub pull: PullPolicy,
     /// The OCI runtime its containers run under.
     pub runtime: OciRuntime,
     /// Memory limit in MiB; swap is not allowed on top of it.
@@ -42,6 +47,7 @@ impl Default for SandboxProfile {
         SandboxProfile {
             name: "default".into(),
             image: "sandgate-sandbox:latest".into(),
+            pull: PullPolicy::Never,
             runtime: OciRuntime::Runc,
             memory_mb: 512,
             cpus: 1.0,
@@ -69,6 +75,19 @@ impl SandboxProfile {
     pub fn validate(&self) -> Result<(), ProfileError> {
         if self.image.trim().is_empty() {
             return Err(ProfileError::NoImage);
+        }
+        match self.pull {
+            PullPolicy::Never => {}
+            // A moving tag would let two nodes that pulled at different times run different
+            // images under one name, and a template's fingerprint would follow whichever.
+            PullPolicy::IfMissing if !image_has_digest(&self.image) => {
+                return Err(ProfileError::PullNeedsDigest(self.image.clone()));
+            }
+            PullPolicy::IfMissing | PullPolicy::Always => {
+                if !image_has_tag_or_digest(&self.image) {
+                    return Err(ProfileError::PullNeedsTag(self.image.clone()));
+                }
+            }
         }
         if self.memory_mb < 64 {
             return Err(ProfileError::MemoryTooSmall(self.memory_mb));
@@ -109,6 +128,20 @@ pub enum ProfileError {
     /// `image` is empty.
     #[error("must name a Docker image")]
     NoImage,
+    /// `pull = "if_missing"` with an image not pinned by digest.
+    #[error(
+        "{0} is not pinned by digest, which pull = \"if_missing\" needs (nodes that pull at \
+         different times would run different images under one tag): name it as \
+         REGISTRY/REPOSITORY@sha256:DIGEST (README, \"Images in a registry\"), or set pull = \
+         \"always\" to follow a tag"
+    )]
+    PullNeedsDigest(String),
+    /// `pull = "always"` with an image that names neither a tag nor a digest (the engine would
+    /// pull every tag of the repository).
+    #[error(
+        "{0} names neither a tag nor a digest; pulling it would fetch every tag of the repository: add :TAG or @sha256:DIGEST"
+    )]
+    PullNeedsTag(String),
     /// `memory_mb` is below 64.
     #[error("{0} is too small; at least 64 MiB")]
     MemoryTooSmall(u64),
@@ -135,7 +168,9 @@ impl ProfileError {
     /// The profile field whose value is refused.
     pub fn field(&self) -> &'static str {
         match self {
-            ProfileError::NoImage => "image",
+            ProfileError::NoImage
+            | ProfileError::PullNeedsDigest(_)
+            | ProfileError::PullNeedsTag(_) => "image",
             ProfileError::MemoryTooSmall(_) => "memory_mb",
             ProfileError::Cpus(_) => "cpus",
             ProfileError::PidsTooSmall(_) => "pids_limit",
@@ -145,6 +180,41 @@ impl ProfileError {
             ProfileError::ContainerMemoryTooLarge(_) => "home_size_mb",
         }
     }
+}
+
+/// When a node pulls its profile's image from a registry (`pull`: `"never"`, `"if_missing"` or
+/// `"always"`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PullPolicy {
+    /// Never: the image is built or loaded on the engine beforehand (readiness says when it is
+    /// missing).
+    #[default]
+    Never,
+    /// At start, when the engine lacks the image (which must be pinned by digest).
+    IfMissing,
+    /// At every start (the image may name a tag that moves); when the registry cannot be reached
+    /// an image already on the engine is used, saying so.
+    Always,
+}
+
+/// Whether an image reference is pinned by digest (`…@sha256:<64 hex>`).
+pub fn image_has_digest(image: &str) -> bool {
+    image.rsplit_once('@').is_some_and(|(name, digest)| {
+        !name.is_empty()
+            && digest
+                .strip_prefix("sha256:")
+                .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+    })
+}
+
+/// Whether an image reference names a tag (after its last `/`) or a digest.
+fn image_has_tag_or_digest(image: &str) -> bool {
+    image_has_digest(image)
+        || image
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains(':'))
 }
 
 /// The OCI runtime a profile's containers run under (`runtime`: `"runc"`, `"runsc"` or `"runsc2024"`). Any
@@ -302,8 +372,8 @@ pub struct ManagerConfig {
     /// How long a cold start waits for its place among the starts run at once before it is
     /// refused ([`crate::SandboxError::StartQueue`]); the caller is told to retry.
     pub start_wait: Duration,
-    /// Restores from snapshots run at once on this engine; more wait (up to `start_wait`) for a
-    /// place. Each restore is a burst of the engine's and the runtime's CPU and of memory while
+    /// Restores from snapshots run at once on this engine (a sealed snapshot's opening onto the
+    /// tmpfs included); more wait (up to `start_wait`) for a place. Each restore is a burst of the engine's and the runtime's CPU and of memory while
     /// the image is read: unbounded, 50 at once on two cores ran past the agent's timeout, and
     /// more at once than the host has cores only makes each one slower. Default: the cores.
     pub max_concurrent_restores: usize,
@@ -349,5 +419,53 @@ mod tests {
         let err = huge.validate().unwrap_err();
         assert_eq!(err.field(), "home_size_mb");
         assert!(err.to_string().contains("count as memory"), "{err}");
+    }
+
+    #[test]
+    fn pulling_if_missing_needs_a_digest_and_pulling_always_a_tag() {
+        let digest = format!(
+            "registry.internal:5000/sandgate-sandbox@sha256:{}",
+            "ab".repeat(32)
+        );
+        let with = |image: &str, pull| SandboxProfile {
+            image: image.into(),
+            pull,
+            ..SandboxProfile::default()
+        };
+        assert_eq!(with(&digest, PullPolicy::IfMissing).validate(), Ok(()));
+        assert_eq!(with(&digest, PullPolicy::Always).validate(), Ok(()));
+        let tagged = "registry.internal:5000/sandgate-sandbox:0.1.0";
+        let err = with(tagged, PullPolicy::IfMissing).validate().unwrap_err();
+        assert_eq!(err, ProfileError::PullNeedsDigest(tagged.into()));
+        assert_eq!(err.field(), "image");
+        assert_eq!(with(tagged, PullPolicy::Always).validate(), Ok(()));
+        // A port is not a tag.
+        let bare = "registry.internal:5000/sandgate-sandbox";
+        assert_eq!(
+            with(bare, PullPolicy::Always).validate(),
+            Err(ProfileError::PullNeedsTag(bare.into()))
+        );
+        // Never pulls nothing, so anything goes.
+        assert_eq!(with(bare, PullPolicy::Never).validate(), Ok(()));
+        // A digest of the wrong length or alphabet is no pin.
+        for not_a_pin in [
+            "x@sha256:abc".to_owned(),
+            format!("@sha256:{}", "a".repeat(64)),
+            format!("x@sha256:{}", "g".repeat(64)),
+        ] {
+            assert!(!image_has_digest(&not_a_pin), "{not_a_pin}");
+        }
+    }
+
+    #[test]
+    fn the_pull_setting_is_no_part_of_a_profiles_identity() {
+        let pulling = SandboxProfile {
+            pull: PullPolicy::Always,
+            ..SandboxProfile::default()
+        };
+        let json = serde_json::to_string(&pulling).expect("serializes");
+        assert!(!json.contains("pull"), "{json}");
+        let back: SandboxProfile = serde_json::from_str(&json).expect("reads back");
+        assert_eq!(back.pull, PullPolicy::Never);
     }
 }

@@ -21,10 +21,12 @@ use crate::backend::{
 use crate::config::SandboxProfile;
 use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotRoute, SnapshotUnavailable};
 
+mod pull;
 mod runsc;
 mod snapshot;
 pub(crate) use snapshot::fs_type;
 
+pub use pull::ImageReady;
 pub use runsc::RESTORE_ENV;
 pub use snapshot::CHECKPOINT_RUNTIMES;
 
@@ -45,6 +47,7 @@ pub const AGENT_FILES: &[(&str, &str)] = &[
     agent_file!("sandgate_agent/commands.py"),
     agent_file!("sandgate_agent/config.py"),
     agent_file!("sandgate_agent/display.py"),
+    agent_file!("sandgate_agent/egress.py"),
     agent_file!("sandgate_agent/files.py"),
     agent_file!("sandgate_agent/jobs.py"),
     agent_file!("sandgate_agent/kernels.py"),
@@ -137,7 +140,10 @@ pub enum DockerError {
     #[error("the Docker engine does not answer")]
     Ping(#[source] bollard::errors::Error),
     /// The sandbox image is not present on the engine.
-    #[error("sandbox image {0} is not present; build it with deploy/sandbox/build.sh")]
+    #[error(
+        "sandbox image {0} is not present on the engine: build it with deploy/sandbox/build.sh, \
+         load it, or let the node pull it (sandbox.pull, README \"Images in a registry\")"
+    )]
     ImageMissing(String),
     /// A `tcp://` (or `http://`) engine address off loopback: Docker's plain HTTP API has no
     /// authentication, so whoever reaches it is root on that host.
@@ -148,6 +154,19 @@ pub enum DockerError {
          socket"
     )]
     PlainRemote(String),
+    /// Pulling the sandbox image from its registry failed (`sandbox.pull`).
+    #[error(
+        "pulling sandbox image {image} failed: check that the registry is reachable from this \
+         engine and holds it (README, \"Images in a registry\"), or load it by hand and set \
+         sandbox.pull = \"never\""
+    )]
+    Pull {
+        /// The image asked for.
+        image: String,
+        /// What the engine (or the registry through it) said.
+        #[source]
+        source: bollard::errors::Error,
+    },
     /// Inspecting the image failed for another reason.
     #[error("inspecting image {image} failed")]
     InspectImage {
@@ -444,6 +463,7 @@ fn managed_container(
         managed: label(labels::MANAGED) == "true",
         fate,
         created_unix: None,
+        image_id: None,
     }
 }
 
@@ -462,17 +482,30 @@ impl DockerBackend {
         if let Some(env) = config.env.as_mut() {
             env.extend(extra_env.iter().cloned());
         }
-        let created = self
-            .docker
-            .create_container(
+        let create = |config| {
+            self.docker.create_container(
                 Some(CreateContainerOptionsBuilder::new().name(&name).build()),
                 config,
             )
-            .await
-            .map_err(|e| BackendError::Create {
-                sandbox_id: spec.sandbox_id.clone(),
-                source: boxed(e),
-            })?;
+        };
+        let created = match create(config.clone()).await {
+            // The name is taken by an earlier container of this same sandbox (a resume under
+            // its id, while the pause's removal of the checkpointed container has not finished):
+            // that container is done with (its state is in the snapshot), so it goes and the
+            // create is tried once more. Any other holder of the name is left alone.
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) if self.is_earlier_container_of(&name, spec).await => {
+                tracing::info!(sandbox_id = %spec.sandbox_id, "removing the earlier container of a sandbox started again under its id");
+                self.remove(&name).await?;
+                create(config).await
+            }
+            other => other,
+        }
+        .map_err(|e| BackendError::Create {
+            sandbox_id: spec.sandbox_id.clone(),
+            source: boxed(e),
+        })?;
         match self.attach_streams(&created.id).await {
             Ok(streams) => Ok(Launched {
                 container_id: created.id,
@@ -485,6 +518,17 @@ impl DockerBackend {
                 Err(err)
             }
         }
+    }
+
+    /// Whether the container named `name` is a sandbox container of `spec`'s instance and
+    /// sandbox id (labels), i.e. an earlier container of the same sandbox.
+    async fn is_earlier_container_of(&self, name: &str, spec: &LaunchSpec) -> bool {
+        matches!(
+            self.inspect(name).await,
+            Ok(Some(found)) if found.managed
+                && found.instance == spec.instance
+                && found.sandbox_id == spec.sandbox_id
+        )
     }
 
     async fn attach_streams(&self, container_id: &str) -> Result<AgentStreams, BackendError> {
@@ -585,11 +629,13 @@ impl SandboxBackend for DockerBackend {
             }
         };
         let labels = details.config.as_ref().and_then(|c| c.labels.as_ref());
-        Ok(Some(managed_container(
+        let mut found = managed_container(
             details.id.unwrap_or_else(|| container_id.to_owned()),
             labels,
             fate,
-        )))
+        );
+        found.image_id = details.image;
+        Ok(Some(found))
     }
 
     #[tracing::instrument(skip_all, fields(container_id = %container_id))]
@@ -669,6 +715,7 @@ impl SandboxBackend for DockerBackend {
                 };
                 let mut found = managed_container(id, c.labels.as_ref(), fate);
                 found.created_unix = c.created;
+                found.image_id = c.image_id;
                 Some(found)
             })
             .collect())

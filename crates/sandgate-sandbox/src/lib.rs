@@ -33,19 +33,23 @@ mod testing;
 pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
 pub use channel::{
     AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
-    Display, EntryKind, ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexAnswer, IndexBody,
-    IndexHandler, IndexStream, Job, Listing, OutputEvent, PingInfo, PreloadInfo, RestoredInfo,
-    Space,
+    Display, EgressEnd, EgressEnvInfo, EgressHandler, EgressIo, EgressRefusal, EgressTally,
+    EgressUpstream, EntryKind, ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexAnswer,
+    IndexBody, IndexHandler, IndexStream, Job, Listing, OutputEvent, PingInfo, PreloadInfo,
+    RestoredInfo, Space,
 };
 pub use config::{
-    ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, SandboxProfile,
+    ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, PullPolicy, SandboxProfile,
     TemplateConfig,
 };
-pub use docker::{DockerBackend, DockerError, EngineInfo};
+pub use docker::{DockerBackend, DockerError, EngineInfo, ImageReady};
 pub use faults::{SnapshotFaults, SnapshotStep};
 pub use manager::{
     PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit, TemplateError, TemplateInfo,
     TemplateStatus,
 };
-pub use snapshot::seal::{DataKey, SealError, SealedHeader, SealedSnapshot, SnapshotAad};
+pub use snapshot::files::{FilesOpener, FilesSealer};
+pub use snapshot::seal::{
+    DataKey, SealError, SealedContent, SealedHeader, SealedSnapshot, SnapshotAad,
+};
 pub use snapshot::{Snapshot, SnapshotError, SnapshotImage, SnapshotRoute, SnapshotUnavailable};

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use crate::backend::{BackendError, BoxError};
 use crate::config::SandboxProfile;
 
+pub mod files;
 pub mod seal;
 
 /// A checkpoint image as the backend left it: a directory on a tmpfs, owned by whoever holds it.

@@ -309,6 +309,7 @@ impl SandboxBackend for FakeBackend {
             managed: true,
             fate: c.fate.clone(),
             created_unix: None,
+            image_id: None,
         }))
     }
 

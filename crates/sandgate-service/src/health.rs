@@ -1,6 +1,7 @@
 //! Readiness: whether this process can serve: Postgres answers, and with a node of its own
-//! Docker and the sandbox image; without one (`serve --gateway-only`), at least one live,
-//! non-draining node is registered. The gateway's `/readyz` serves it.
+//! Docker and the sandbox image; without one (`serve --gateway-only`), at least one live node
+//! is registered (a draining one too: the replica's pages and leased sandboxes still serve, and
+//! `new_sandboxes` says that new ones wait). The gateway's `/readyz` serves it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -97,9 +98,14 @@ pub struct Checks {
     /// The sandbox image exists on the engine (a process with a node of its own).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox_image: Option<Check>,
-    /// At least one live, non-draining node is registered (a gateway-only process).
+    /// At least one live node is registered (a gateway-only process).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Check>,
+    /// One of the live nodes takes new leases (a gateway-only process). Information, never a
+    /// failure: while every node drains (a roll), the replica still serves its pages and the
+    /// sandboxes already leased, so it stays ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_sandboxes: Option<Check>,
 }
 
 /// The outcome of one check.
@@ -139,24 +145,38 @@ enum NoNode {
     #[error(transparent)]
     Store(#[from] sandgate_store::StoreError),
     #[error(
-        "no live, non-draining sandbox node is registered: start `sandgate node` (or undrain \
-         one with `sandgate admin nodes undrain`)"
+        "no live sandbox node is registered: start `sandgate node` (a node is live while its \
+         heartbeat is younger than node.away_after_seconds)"
     )]
     None,
 }
 
-/// Whether a live, non-draining node is registered (heartbeat within `node.away_after_seconds`,
-/// passed in as `lost_after_seconds`).
-async fn a_node(db: &PgPool, lost_after_seconds: i64) -> Result<(), NoNode> {
+/// Why a gateway-only process cannot start new sandboxes, while it serves everything else.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "every live sandbox node ({live}) is draining: sandboxes already leased keep working and \
+     the sign-in, consent, console and transcript pages serve, but a new sandbox waits for a \
+     node (start one, or undrain one with `sandgate admin nodes undrain <id>`)"
+)]
+struct AllDraining {
+    live: i64,
+}
+
+/// Whether a live node is registered (heartbeat within `node.away_after_seconds`, passed in as
+/// `lost_after_seconds`), and whether one of them takes new leases.
+async fn a_node(db: &PgPool, lost_after_seconds: i64) -> Result<Result<(), AllDraining>, NoNode> {
     let mut conn = db
         .acquire()
         .await
         .map_err(sandgate_store::StoreError::from)?;
-    let nodes = sandgate_store::nodes::placeable(&mut conn, lost_after_seconds).await?;
-    if nodes.is_empty() {
+    let counts = sandgate_store::nodes::live_counts(&mut conn, lost_after_seconds).await?;
+    if counts.live == 0 {
         return Err(NoNode::None);
     }
-    Ok(())
+    if counts.placeable == 0 {
+        return Ok(Err(AllDraining { live: counts.live }));
+    }
+    Ok(Ok(()))
 }
 
 /// What readiness checks besides Postgres.
@@ -169,7 +189,7 @@ pub enum Needs<'a> {
         /// The sandbox image.
         image: &'a str,
     },
-    /// A gateway-only process: a live, non-draining node is registered.
+    /// A gateway-only process: a live node is registered (and whether one takes new leases).
     Nodes {
         /// `node.lost_after_seconds`.
         lost_after_seconds: i64,
@@ -191,6 +211,7 @@ pub async fn readiness(db: &PgPool, needs: Needs<'_>) -> Readiness {
                 docker: Some(Check::from_result(docker_ping)),
                 sandbox_image: Some(Check::from_result(sandbox_image)),
                 nodes: None,
+                new_sandboxes: None,
             }
         }
         Needs::Nodes { lost_after_seconds } => {
@@ -198,11 +219,27 @@ pub async fn readiness(db: &PgPool, needs: Needs<'_>) -> Readiness {
                 postgres,
                 tokio::time::timeout(CHECK_TIMEOUT, a_node(db, lost_after_seconds)),
             );
+            let new_sandboxes = match &nodes {
+                Ok(Ok(Err(all_draining))) => Check {
+                    ok: false,
+                    error: Some(all_draining.to_string()),
+                },
+                Ok(Ok(Ok(()))) => Check {
+                    ok: true,
+                    error: None,
+                },
+                // No live node, or the check failed: `nodes` says so.
+                _ => Check {
+                    ok: false,
+                    error: None,
+                },
+            };
             Checks {
                 postgres: Check::from_result(postgres),
                 docker: None,
                 sandbox_image: None,
-                nodes: Some(Check::from_result(nodes)),
+                nodes: Some(Check::from_result(nodes.map(|n| n.map(|_| ())))),
+                new_sandboxes: Some(new_sandboxes),
             }
         }
     };

@@ -33,6 +33,7 @@ pub mod audit;
 pub mod cache;
 pub mod config;
 pub mod egress;
+pub mod erasure;
 pub mod grants;
 pub mod health;
 pub mod keys;
@@ -55,8 +56,8 @@ pub use sandboxes::lifecycle;
 
 pub use config::Config;
 pub use sandboxes::{
-    BoundedRead, CallPermit, Caller, CommandLine, ErrorKind, Limits, OutputSink, Quota, Resolved,
-    RunLimits, SandboxService, ServiceError, Target,
+    BoundedRead, CallPermit, Caller, CommandLine, ErrorKind, FilesResume, Limits, OutputSink,
+    Quota, RESUMED_FROM_FILES, Resolved, Resumed, RunLimits, SandboxService, ServiceError, Target,
 };
 /// The Postgres pool the faces hold for the service (the store's).
 pub use sandgate_store::PgPool;

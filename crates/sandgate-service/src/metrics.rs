@@ -36,6 +36,49 @@ enum NodeStateValue {
     draining,
 }
 
+/// Which certificate a `sandgate_tls_certificate_expiry_timestamp_seconds` series is about: a
+/// small enum, never a file path or a certificate's subject.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)] // the label values are the metric's spelling
+pub enum CertificateKind {
+    /// `node.tls_cert` presented by this process's node RPC server (`sandgate node`, or
+    /// `sandgate serve` with `node.listen`).
+    node_server,
+    /// `node.tls_cert` presented by this gateway as a client to the nodes.
+    gateway_client,
+    /// The earliest-expiring certificate of the deployment CA bundle (`node.tls_ca`).
+    ca,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabels {
+    certificate: CertificateKind,
+}
+
+/// The certificates a process loads (`node.tls_*`) and the roles it uses its own one in, for
+/// the expiry gauge. Read at each scrape through the same re-reading [`sandgate_node::NodeTls`]
+/// rule as the RPC (files changed on disk are read again, a half-written renewal keeps the
+/// previous material), so after a renewal the gauge shows the new certificate's notAfter.
+#[derive(Debug, Clone)]
+pub struct Certificates {
+    tls: sandgate_node::NodeTls,
+    own: Vec<CertificateKind>,
+}
+
+impl Certificates {
+    /// Those of `config`, used as `own`; `None` without node TLS.
+    pub fn of(config: &crate::Config, own: Vec<CertificateKind>) -> Option<Self> {
+        match config.node.tls() {
+            Ok(Some(tls)) => Some(Self { tls, own }),
+            Ok(None) => None,
+            Err(err) => {
+                tracing::warn!(error = %err, "node TLS files unreadable: no certificate expiry metric");
+                None
+            }
+        }
+    }
+}
+
 /// How long the nodes' numbers read from Postgres are served before they are read again (every
 /// replica is scraped; one read per replica per this interval at most).
 const NODES_FRESH: Duration = Duration::from_secs(5);
@@ -163,6 +206,7 @@ pub struct ServiceMetrics {
     template_age: Gauge<f64, AtomicU64>,
     template_bytes: Gauge,
     nodes: NodeGauges,
+    certificates: Family<CertificateLabels, Gauge>,
 }
 
 impl ServiceMetrics {
@@ -206,6 +250,14 @@ impl ServiceMetrics {
             template_bytes.clone(),
         );
         let nodes = NodeGauges::register(registry);
+        let certificates = Family::<CertificateLabels, Gauge>::default();
+        registry.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When each TLS certificate this process loaded expires (notAfter, Unix seconds), by \
+             certificate: node_server, gateway_client (node.tls_cert in that use), ca (the \
+             earliest of node.tls_ca); updated when the files are read again after a renewal",
+            certificates.clone(),
+        );
         register_counters(registry);
         Self {
             pool_ready,
@@ -215,7 +267,24 @@ impl ServiceMetrics {
             template_age,
             template_bytes,
             nodes,
+            certificates,
         }
+    }
+
+    /// Sets the certificate expiry gauge from `certificates` as they are now.
+    pub fn set_certificates(&self, certificates: &Certificates) {
+        let expiry = certificates.tls.expiry();
+        let set = |certificate: CertificateKind, at: Option<i64>| {
+            if let Some(at) = at {
+                self.certificates
+                    .get_or_create(&CertificateLabels { certificate })
+                    .set(at);
+            }
+        };
+        for kind in &certificates.own {
+            set(*kind, expiry.own);
+        }
+        set(CertificateKind::ca, expiry.ca);
     }
 
     /// Sets the pool gauges to `pool`.

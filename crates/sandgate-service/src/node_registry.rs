@@ -15,9 +15,17 @@ use uuid::Uuid;
 use crate::config::NodeConfig;
 use crate::sandboxes::SandboxService;
 
-/// The memory one slot stands for when `node.slots` is 0, MiB: an idle sandbox uses about
-/// 90-100 MB, so a host's memory divided by this is about what it holds idle with headroom.
-pub const SLOT_MB: u64 = 128;
+/// The slots of a node whose `node.slots` is 0: the host's memory divided by what one sandbox
+/// may use at most (`sandbox_mb`: the profile's memory plus its tmpfs mounts, which the memory
+/// cgroup counts, as [`sandgate_sandbox::SandboxProfile::container_memory_mb`]), at least one.
+/// Leased sandboxes filling their limits then fit in the host's memory together (warm ones and
+/// the processes beside them take what a real host keeps free).
+pub fn derived_slots(host_memory_bytes: u64, sandbox_mb: u64) -> u32 {
+    let per_sandbox = sandbox_mb.max(1).saturating_mul(1024 * 1024);
+    u32::try_from(host_memory_bytes / per_sandbox)
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
 
 /// Why a node could not register.
 #[derive(Debug, thiserror::Error)]
@@ -66,8 +74,8 @@ pub fn legacy_node_id(docker_host: &str) -> &str {
 }
 
 /// Registers this process as the node of `docker`'s engine, reachable at `advertise_url` (empty:
-/// it serves only its own process), with `node.slots` (0: one per [`SLOT_MB`] of the host's
-/// memory), before anything touches the engine's containers. The engine's advisory lock, held
+/// it serves only its own process), with `node.slots` (0: [`derived_slots`] for a sandbox of
+/// `sandbox_mb` at most), before anything touches the engine's containers. The engine's advisory lock, held
 /// on a connection of its own for the node's life, makes a second live node on the same engine
 /// impossible; a node that crashed frees it at once (Postgres ends its session). Rows recorded
 /// under the node's old name (`legacy`) are renamed to its registry id.
@@ -75,6 +83,7 @@ pub async fn register(
     db: &PgPool,
     docker: &DockerBackend,
     config: &NodeConfig,
+    sandbox_mb: u64,
     advertise_url: &str,
     legacy: &str,
 ) -> Result<Registration, RegistryError> {
@@ -82,9 +91,7 @@ pub async fn register(
     let slots = if config.slots > 0 {
         config.slots
     } else {
-        u32::try_from(engine.memory_bytes / (SLOT_MB * 1024 * 1024))
-            .unwrap_or(u32::MAX)
-            .max(1)
+        derived_slots(engine.memory_bytes, sandbox_mb)
     };
     let node = NewNode {
         id: &engine.id,
@@ -180,4 +187,30 @@ async fn beat(
     }
     let conn = lock.as_mut().expect("a lock connection");
     nodes::heartbeat(conn, id, process, live, ready).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::derived_slots;
+    use sandgate_sandbox::SandboxProfile;
+
+    const GIB: u64 = 1024 * 1024 * 1024;
+
+    #[test]
+    fn derived_slots_fit_every_sandbox_at_its_limit_in_the_hosts_memory() {
+        // The default profile: 512 MiB of memory and 64 + 512 + 256 MiB of tmpfs.
+        let profile = SandboxProfile::default();
+        assert_eq!(profile.container_memory_mb(), 1344);
+        let slots = derived_slots(24 * GIB, profile.container_memory_mb());
+        assert_eq!(slots, 18, "24 GiB / 1344 MiB");
+        assert!(u64::from(slots) * 1344 * 1024 * 1024 <= 24 * GIB);
+        // A smaller profile gets more.
+        assert_eq!(derived_slots(24 * GIB, 256), 96);
+    }
+
+    #[test]
+    fn a_host_smaller_than_one_sandbox_still_has_one_slot() {
+        assert_eq!(derived_slots(512 * 1024 * 1024, 1344), 1);
+        assert_eq!(derived_slots(0, 0), 1);
+    }
 }

@@ -41,7 +41,7 @@ pub enum RetentionError {
     /// The retention asked for does not fit the column.
     #[error("retention must be at most 2147483647 seconds")]
     TooLong,
-    /// The snapshot store (`snapshots.store_dir`) failed deleting the tenant's snapshots
+    /// The snapshot store (`snapshots.store`) failed deleting the tenant's snapshots
     /// (their rows, with the keys, are deleted: what is left cannot be opened).
     #[error(transparent)]
     SnapshotStore(#[from] crate::snapshots::SnapshotStoreError),
@@ -127,7 +127,7 @@ pub struct Purged {
     /// Transcripts deleted.
     pub transcripts: u64,
     /// Paused sandboxes closed, their snapshots deleted (rows, and the store's objects where
-    /// `snapshots.store_dir` is configured).
+    /// a snapshot store is configured).
     pub snapshots_deleted: u64,
 }
 
@@ -215,8 +215,7 @@ pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, Reten
     let paused_closed = paused.len();
     // A pausing one's container still ran; a paused one's is gone already.
     ended.extend(paused.into_iter().filter(|r| r.snapshot_id.is_none()));
-    if let Some(dir) = config.snapshots.store_dir() {
-        let store = crate::snapshots::SnapshotStore::local(dir)?;
+    if let Some(store) = crate::snapshots::SnapshotStore::open(&config.snapshots)? {
         store.delete_tenant(tenant).await?;
     }
     let mut by_node: BTreeMap<&str, Vec<&str>> = BTreeMap::new();

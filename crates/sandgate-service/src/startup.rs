@@ -38,14 +38,20 @@ pub enum StartError {
     /// The Docker client could not be set up.
     #[error("cannot set up the Docker client")]
     Docker(#[source] DockerError),
+    /// The sandbox image could not be made ready as `sandbox.pull` says.
+    #[error("the sandbox image is not ready on this node's engine")]
+    SandboxImage(#[source] DockerError),
     /// The sandbox manager could not start.
     #[error("cannot start the sandbox manager")]
     Sandboxes(#[source] SandboxError),
+    /// `egress.test_hosts` is refused.
+    #[error("egress.test_hosts: {0}")]
+    Egress(String),
     /// The package index could not be set up (its configuration).
     #[error("cannot set up packages on demand")]
     Packages(#[source] crate::packages::PackagesConfigError),
     /// The snapshot store could not be opened.
-    #[error("cannot open the snapshot store (snapshots.store_dir)")]
+    #[error("cannot open the snapshot store (snapshots.store)")]
     SnapshotStore(#[source] crate::snapshots::SnapshotStoreError),
     /// The node could not register (e.g. another node serves the same engine).
     #[error("cannot register the sandbox node")]
@@ -133,7 +139,7 @@ impl Services {
         );
         // Pausing needs the key custody, so only a process that holds the keys pauses and
         // resumes: `serve` and gateway-only replicas, the idle sandboxes of any node.
-        let pausing = pausing(config, &snapshots)?;
+        let pausing = pausing(config, &snapshots).await?;
         let core = Core::start(
             config,
             db.clone(),
@@ -146,9 +152,19 @@ impl Services {
         )
         .await?;
         let (background_stop, background) = (core.background_stop, core.background);
+        // The egress component runs where the calls run: here, never on a node host.
+        let check = config
+            .egress
+            .target_check(config.only_loopback())
+            .map_err(StartError::Egress)?;
+        let egress = crate::egress::EgressService::new(
+            db.clone(),
+            check,
+            std::time::Duration::from_secs(config.egress.connect_timeout_seconds),
+        );
+        let sandboxes = core.sandboxes.with_egress(egress);
         // The calls run here (a node runs none), and other replicas' consoles may interrupt them.
-        core.sandboxes
-            .listen_for_interrupts(background_stop.clone(), &background);
+        sandboxes.listen_for_interrupts(background_stop.clone(), &background);
         let audit = AuditLog::start(db.clone(), background_stop.clone(), &background);
         crate::retention::start_purge(
             db.clone(),
@@ -167,7 +183,7 @@ impl Services {
             docker: core.docker,
             node_id: core.node_id,
             keys,
-            sandboxes: core.sandboxes,
+            sandboxes,
             audit,
             transcripts,
             packages,
@@ -271,10 +287,16 @@ impl Core {
                 if let Some(plain) = config.snapshots.plain_dir() {
                     docker = docker.with_snapshots(plain);
                 }
+                // Before the registration: a node that cannot get its image takes no lease.
+                docker
+                    .prepare_image(&config.sandbox.image, config.sandbox.pull)
+                    .await
+                    .map_err(StartError::SandboxImage)?;
                 let registration = crate::node_registry::register(
                     &db,
                     &docker,
                     &config.node,
+                    config.sandbox.container_memory_mb(),
                     &advertise_url,
                     crate::node_registry::legacy_node_id(&config.docker.host),
                 )
@@ -343,16 +365,35 @@ fn open_pool(config: &Config) -> Result<PgPool, StartError> {
         .map_err(StartError::Database)
 }
 
-/// Pause and resume, where `snapshots.store_dir` names a snapshot store.
-fn pausing(
+/// Pause and resume, where `snapshots.store` names a snapshot store. An S3 store is reached
+/// once: a missing bucket or refused credentials fail the start, naming the setting; an
+/// endpoint that does not answer yet is only warned about (pauses fail until it does).
+async fn pausing(
     config: &Config,
     custody: &crate::snapshots::SnapshotCustody,
 ) -> Result<Option<crate::sandboxes::Pausing>, StartError> {
-    let Some(dir) = config.snapshots.store_dir() else {
-        tracing::info!("no snapshots.store_dir: idle sandboxes are closed, not paused");
+    use crate::snapshots::{SnapshotStore, SnapshotStoreError};
+    let Some(store) = SnapshotStore::open(&config.snapshots).map_err(StartError::SnapshotStore)?
+    else {
+        tracing::info!(
+            "no snapshot store (snapshots.store_dir empty): idle sandboxes are closed, not paused"
+        );
         return Ok(None);
     };
-    let store = crate::snapshots::SnapshotStore::local(dir).map_err(StartError::SnapshotStore)?;
+    if config.snapshots.store == crate::config::StoreKind::S3 {
+        match store.check().await {
+            Ok(()) => {}
+            Err(
+                err @ (SnapshotStoreError::BucketMissing { .. }
+                | SnapshotStoreError::CredentialsRefused { .. }),
+            ) => return Err(StartError::SnapshotStore(err)),
+            Err(err) => tracing::warn!(
+                error = %err,
+                "the S3 snapshot store does not answer yet (snapshots.s3.endpoint): pauses and \
+                 resumes fail until it does"
+            ),
+        }
+    }
     Ok(Some(crate::sandboxes::Pausing {
         custody: custody.clone(),
         store,

@@ -1,5 +1,6 @@
-//! The audit trail: one event per tool call (who, which sandbox, outcome, duration), and one per
-//! operator change of a tenant's egress (what changed: `detail`).
+//! The audit trail: one event per tool call (who, which sandbox, outcome, duration), one per
+//! operator change of a tenant's egress (what changed: `detail`), and one per egress connection
+//! of a sandbox (target, outcome, bytes: `detail`).
 //! Never the code, its output, file contents or tokens.
 
 use chrono::{DateTime, Utc};
@@ -236,6 +237,42 @@ pub async fn record_change(
     .bind(subject)
     .bind(action)
     .bind(detail)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// One connection a sandbox made (or tried to make) through the egress component.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressConnection {
+    /// The sandbox's tenant.
+    pub tenant_id: Uuid,
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// `ok` for a connection made, `refused` for one the policy or the checks refused, `failed`
+    /// for one the server did not accept.
+    pub outcome: Outcome,
+    /// How long it was open (or how long deciding took), in milliseconds.
+    pub duration_ms: i32,
+    /// The target, the outcome in words and the bytes each way (never what they carried).
+    pub detail: String,
+}
+
+/// Appends an egress connection, as the event `egress_connect` of the sandbox's tenant.
+#[tracing::instrument(skip_all, fields(tenant_id = %connection.tenant_id, sandbox_id = %connection.sandbox_id))]
+pub async fn record_egress(
+    conn: &mut PgConnection,
+    connection: &EgressConnection,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO audit_events (tenant_id, sandbox_id, tool, outcome, duration_ms, detail)
+         VALUES ($1, $2, 'egress_connect', $3, $4, $5)",
+    )
+    .bind(connection.tenant_id)
+    .bind(&connection.sandbox_id)
+    .bind(connection.outcome)
+    .bind(connection.duration_ms)
+    .bind(&connection.detail)
     .execute(conn)
     .await?;
     Ok(())

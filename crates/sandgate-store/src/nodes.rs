@@ -192,6 +192,32 @@ pub async fn placeable(
     .await?)
 }
 
+/// How many nodes are live (a heartbeat within `within_seconds`) and how many of those take new
+/// leases (not draining).
+#[tracing::instrument(skip_all)]
+pub async fn live_counts(
+    conn: &mut PgConnection,
+    within_seconds: i64,
+) -> Result<LiveCounts, StoreError> {
+    Ok(sqlx::query_as::<_, LiveCounts>(
+        "SELECT count(*) AS live, count(*) FILTER (WHERE NOT draining) AS placeable
+         FROM nodes
+         WHERE heartbeat_at > now() - make_interval(secs => $1)",
+    )
+    .bind(within_seconds as f64)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// The answer of [`live_counts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct LiveCounts {
+    /// Nodes with a recent heartbeat.
+    pub live: i64,
+    /// Of those, the ones not draining.
+    pub placeable: i64,
+}
+
 /// A node's numbers as the tables hold them, for metrics: what any process (a gateway-only
 /// replica too) can export without asking the node.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]

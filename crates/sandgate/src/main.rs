@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use sandgate_auth::Scope;
-use sandgate_gateway::{App, Config, admin, egress, retention, telemetry};
+use sandgate_gateway::{App, Config, admin, egress, erasure, retention, telemetry};
 
 /// A multi-tenant code-interpreter MCP server.
 #[derive(Debug, Parser)]
@@ -214,6 +214,17 @@ enum TenantCommand {
         /// The tenant id.
         tenant: uuid::Uuid,
     },
+    /// Delete a tenant and everything stored under it: its tokens are refused at once, its
+    /// sandboxes closed and their containers removed, its snapshots, transcripts, users,
+    /// clients, connections, tokens, quotas, package and egress settings, secrets and audit
+    /// trail deleted (docs/data.md). Cannot be undone; needs `--yes`.
+    Delete {
+        /// The tenant id.
+        tenant: uuid::Uuid,
+        /// Confirm the deletion.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -329,6 +340,15 @@ enum UserCommand {
         #[arg(long)]
         email: String,
     },
+    /// Delete a user: its browser sessions end at once, the app connections it approved are
+    /// deleted (their tokens are refused from the next request on). Needs `--yes`.
+    Delete {
+        /// The user's id (printed by `user create`).
+        user: uuid::Uuid,
+        /// Confirm the deletion.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 fn user_role(s: &str) -> Result<admin::UserRole, String> {
@@ -352,6 +372,15 @@ enum ClientCommand {
         /// Scopes, space- or comma-separated.
         #[arg(long, default_value = "sandbox execute files:read files:write")]
         scopes: String,
+    },
+    /// Delete an OAuth client: its app connections are deleted, so every token issued to it
+    /// is refused from the next request on. Needs `--yes`.
+    Delete {
+        /// The `client_id`.
+        client: String,
+        /// Confirm the deletion.
+        #[arg(long)]
+        yes: bool,
     },
 }
 
@@ -393,6 +422,15 @@ enum KeysCommand {
     /// Make a new signing key; old keys keep verifying until their tokens have expired (at least
     /// as long as the longest admin-token lifetime).
     Rotate,
+}
+
+/// Refuses a delete command not confirmed with `--yes`.
+fn confirmed(yes: bool, what: &str) -> anyhow::Result<()> {
+    if yes {
+        Ok(())
+    } else {
+        anyhow::bail!("this deletes {what} and cannot be undone; run it again with --yes")
+    }
 }
 
 /// Stack size of each async runtime worker thread.
@@ -537,6 +575,33 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
         Admin::User(UserCommand::Role { email, role }) => {
             let (id, tenant) = admin::set_user_role(&config, &email, role).await?;
             println!("user {id} of tenant {tenant} now has role {role}");
+        }
+        Admin::Tenant(TenantCommand::Delete { tenant, yes }) => {
+            confirmed(
+                yes,
+                &format!("tenant {tenant} and everything stored under it"),
+            )?;
+            let deleted = erasure::delete_tenant(&config, tenant).await?;
+            println!("{}", erasure::render_deleted_tenant(tenant, &deleted));
+        }
+        Admin::User(UserCommand::Delete { user, yes }) => {
+            confirmed(
+                yes,
+                &format!("user {user}, its sessions and app connections"),
+            )?;
+            let deleted = erasure::delete_user(&config, user).await?;
+            println!(
+                "deleted user {user} of tenant {}: ended {} session(s), deleted {} app connection(s)",
+                deleted.tenant_id, deleted.sessions, deleted.grants
+            );
+        }
+        Admin::Client(ClientCommand::Delete { client, yes }) => {
+            confirmed(
+                yes,
+                &format!("OAuth client {client:?} and its app connections"),
+            )?;
+            let grants = erasure::delete_client(&config, &client).await?;
+            println!("deleted client {client}: deleted {grants} app connection(s)");
         }
         Admin::User(UserCommand::RevokeSessions { email }) => {
             let ended = admin::revoke_user_sessions(&config, &email).await?;

@@ -1,8 +1,10 @@
-//! `deploy/compose.yaml` end to end: the gateway and Postgres images built here (offline), the
-//! stack's sandbox image, the node RPC's certificates made by `deploy/pki.sh`, `docker-compose
-//! up` with a project name and a loopback port of this test's own (Postgres, a gateway-only
-//! gateway, a node against this host's engine), a real MCP conversation with rmcp's client in
-//! both eras, then `down -v` and nothing of the project left on the engine.
+//! `deploy/compose.yaml` end to end: the gateway, Postgres and proxy images built here
+//! (offline), the stack's sandbox image, the node RPC's certificates and the proxy's made by
+//! `deploy/pki.sh`, `docker-compose up` with a project name and a loopback port of this test's
+//! own (Postgres, a gateway-only gateway, a node against this host's engine, nginx with TLS in
+//! front), a real MCP conversation through the proxy over TLS with the official Python SDK in
+//! both eras (trusting the deployment's CA), `/metrics` refused by the proxy, then `down -v` and
+//! nothing of the project left on the engine.
 //!
 //! Needs `docker-compose` (Debian's 1.29; `scripts/stack.sh` installs it) and the stack's
 //! environment (`SANDGATE_SANDBOX__IMAGE`; the engine on a local unix socket).
@@ -13,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{gateway_image, postgres_image, repo_root, run, run_ok};
-use crate::mcp_client::{Client, Era};
+use super::{gateway_image, postgres_image, proxy_image, repo_root, run, run_ok};
 use crate::support;
 
 const COMPOSE_DEADLINE: Duration = Duration::from_secs(300);
@@ -41,8 +42,68 @@ fn random_hex() -> String {
         .collect()
 }
 
+/// A static PEP 503 index in `dir`: `simple/<project>/index.html` linking each wheel (with its
+/// sha256, which the gateway checks) under `files/`; readable by the index container's user.
+fn static_index(dir: &Path) -> PathBuf {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::PermissionsExt;
+    let built = crate::wheels::build(
+        "sandgate-compose-index",
+        &[crate::wheels::Wheel {
+            name: "sgcompose",
+            version: "1.0",
+            source: "ANSWER = 'installed through the compose gateway'\n",
+            requires: &[],
+        }],
+    );
+    let files = dir.join("files");
+    std::fs::create_dir_all(&files).expect("the index's directory");
+    for entry in std::fs::read_dir(built.path()).expect("the built wheels") {
+        let entry = entry.expect("a wheel");
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let bytes = std::fs::read(entry.path()).expect("the wheel's bytes");
+        std::fs::write(files.join(&name), &bytes).expect("the wheel is copied");
+        let project = name
+            .split('-')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        let page = dir.join("simple").join(&project);
+        std::fs::create_dir_all(&page).expect("the project's directory");
+        let sha: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        std::fs::write(
+            page.join("index.html"),
+            format!(
+                "<!DOCTYPE html><html><body>\n<a href=\"../../files/{name}#sha256={sha}\">{name}</a><br/>\n</body></html>\n"
+            ),
+        )
+        .expect("the project page is written");
+    }
+    // The container's user (1000) reads it; the test's temporary directories are private.
+    for path in [dir.parent().expect("the project's directory"), dir] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+            .expect("the directory is opened");
+    }
+    let _ = std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(dir)
+        .status();
+    dir.to_path_buf()
+}
+
+/// The name the proxy's certificate is for and `PUBLIC_URL` names (with the port).
+const PUBLIC_HOST: &str = "localhost";
+
+const CONVERSATION: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/e2e/python/compose_deploy.py"
+);
+
 /// A compose project of this test: its own name, env file (with secrets made here) and loopback
-/// port. Dropping it runs `down -v` and removes the sandbox containers of its instance, so a
+/// port (the proxy's). Dropping it runs `down -v` and removes the sandbox containers of its instance, so a
 /// failing test leaves nothing either.
 struct Project {
     name: String,
@@ -50,12 +111,16 @@ struct Project {
     dir: PathBuf,
     env_file: PathBuf,
     compose_file: String,
+    /// The test's own additions (the package index service), a second `--file`.
+    test_file: String,
     port: u16,
+    /// The deployment's CA (`deploy/pki.sh`), which signed the proxy's certificate.
+    ca_file: PathBuf,
     down: bool,
 }
 
 impl Project {
-    fn new(gateway_image: &str, postgres_image: &str) -> Project {
+    fn new(gateway_image: &str, postgres_image: &str, proxy_image: &str) -> Project {
         let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
         let name = format!("sgdeploy{id}");
         let instance = format!("e2e-compose-{id}");
@@ -83,12 +148,41 @@ impl Project {
             "deploy/pki.sh failed: {}",
             String::from_utf8_lossy(&made.stderr)
         );
+        // ...and the proxy's certificate, for the name PUBLIC_URL has.
+        let made = std::process::Command::new(repo_root().join("deploy/pki.sh"))
+            .arg("add-proxy")
+            .arg(&pki)
+            .args([PUBLIC_HOST, "--dns", PUBLIC_HOST])
+            .output()
+            .expect("deploy/pki.sh add-proxy runs");
+        assert!(
+            made.status.success(),
+            "deploy/pki.sh add-proxy failed: {}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        // The package index a PyPI mirror would be, inside the compose network (containers do
+        // not reach this host's loopback): static PEP 503 pages and wheels built here, served
+        // by Python's http.server in a container of the sandbox image (which has python3).
+        let index = static_index(&dir.join("index"));
+        let test_file = dir.join("compose.test.yaml");
+        std::fs::write(
+            &test_file,
+            format!(
+                "services:\n  index:\n    image: \"${{SANDBOX_IMAGE}}\"\n    entrypoint: [\"python3\", \"-m\", \"http.server\", \"--directory\", \"/index\", \"--bind\", \"0.0.0.0\", \"8000\"]\n    read_only: true\n    cap_drop: [ALL]\n    volumes: [\"{}:/index:ro\"]\n    networks: [frontend]\n",
+                index.display()
+            ),
+        )
+        .expect("the test's compose file is written");
         // The operator's env file (deploy/compose.env.example), with secrets of this test's own.
         let env = format!(
             "GATEWAY_IMAGE={gateway_image}\nPOSTGRES_IMAGE={postgres_image}\nSANDBOX_IMAGE={sandbox_image}\n\
-             PORT={port}\nPUBLIC_URL=http://127.0.0.1:{port}\nDOCKER_GID={gid}\nDOCKER_SOCKET={}\n\
+             PROXY_IMAGE={proxy_image}\nPROXY_ADDRESS=127.0.0.1\nPROXY_PORT={port}\n\
+             PROXY_TLS_DIR={}/proxies/{PUBLIC_HOST}\nPUBLIC_URL=https://{PUBLIC_HOST}:{port}\n\
+             DOCKER_GID={gid}\nDOCKER_SOCKET={}\n\
              INSTANCE={instance}\nPKI_DIR={}\nPOSTGRES_PASSWORD={}\nKEYS_SECRET={}\nCOOKIE_SECRET={}\n\
-             MIGRATOR_DB_PASSWORD={}\nGATEWAY_DB_PASSWORD={}\nNODE_DB_PASSWORD={}\n",
+             MIGRATOR_DB_PASSWORD={}\nGATEWAY_DB_PASSWORD={}\nNODE_DB_PASSWORD={}\n\
+             PACKAGES_INDEX_URL=http://index:8000/simple/\n",
+            pki.display(),
             socket.display(),
             pki.display(),
             random_hex(),
@@ -110,7 +204,9 @@ impl Project {
                 .to_str()
                 .expect("a UTF-8 path")
                 .to_owned(),
+            test_file: test_file.to_str().expect("a UTF-8 path").to_owned(),
             port,
+            ca_file: pki.join("ca.crt"),
             down: false,
         }
     }
@@ -123,6 +219,8 @@ impl Project {
             self.env_file.to_str().expect("a UTF-8 path"),
             "--file",
             &self.compose_file,
+            "--file",
+            &self.test_file,
         ];
         all.extend_from_slice(args);
         all
@@ -159,20 +257,33 @@ impl Project {
         self.compose(&all).await.trim().to_owned()
     }
 
+    /// The proxy's URL, as `PUBLIC_URL` says it.
     fn base_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("https://{PUBLIC_HOST}:{}", self.port)
     }
 
-    /// Polls `/readyz` until it answers 200; panics with the logs after the deadline.
+    /// An HTTPS client that trusts the deployment's CA and nothing else.
+    fn http(&self) -> reqwest::Client {
+        let pem = std::fs::read(&self.ca_file).expect("the deployment's CA");
+        reqwest::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("a PEM certificate"))
+            .https_only(true)
+            .build()
+            .expect("an HTTPS client")
+    }
+
+    /// Polls `/readyz` through the proxy until it answers 200; panics with the logs after the
+    /// deadline.
     async fn wait_ready(&self) {
-        let http = reqwest::Client::new();
+        let http = self.http();
         let start = Instant::now();
         let mut last = String::new();
         while start.elapsed() < Duration::from_secs(180) {
             match http.get(format!("{}/readyz", self.base_url())).send().await {
                 Ok(r) if r.status().is_success() => return,
                 Ok(r) => last = format!("{}: {}", r.status(), r.text().await.unwrap_or_default()),
-                Err(e) => last = e.to_string(),
+                Err(e) => last = format!("{e:?}"),
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -246,7 +357,7 @@ fn volumes_of(project: &str) -> Vec<String> {
 /// attacker's view: what could a compromised service reach?).
 fn assert_hardened(containers: &[Value], socket: &Path) {
     let services: Vec<&str> = containers.iter().map(service).collect();
-    for wanted in ["postgres", "migrate", "node", "gateway"] {
+    for wanted in ["postgres", "migrate", "node", "gateway", "proxy"] {
         assert!(
             services.contains(&wanted),
             "a {wanted} container: {services:?}"
@@ -254,6 +365,25 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
     }
     for c in containers {
         let name = service(c);
+        if name == "index" {
+            // The test's package index, not the deployment's.
+            continue;
+        }
+        let networks: Vec<&String> = c["NetworkSettings"]["Networks"]
+            .as_object()
+            .map(|n| n.keys().collect())
+            .unwrap_or_default();
+        if name == "proxy" {
+            assert!(
+                networks.iter().all(|n| n.ends_with("_frontend")),
+                "the proxy is on the frontend network only (nothing of the backend): {networks:?}"
+            );
+        } else if name != "gateway" {
+            assert!(
+                networks.iter().all(|n| n.ends_with("_backend")),
+                "{name} is on the internal backend network only (no way out): {networks:?}"
+            );
+        }
         let user = c["Config"]["User"].as_str().unwrap_or_default();
         assert!(
             !user.is_empty() && user != "root" && !user.starts_with("0:") && user != "0",
@@ -286,7 +416,12 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
             .filter_map(Value::as_str)
             .collect();
         let has = |key: &str| env.iter().any(|e| e.starts_with(&format!("{key}=")));
-        if name != "postgres" {
+        if name == "proxy" {
+            assert!(
+                !env.iter().any(|e| e.starts_with("SANDGATE_")),
+                "the proxy has no sandgate configuration, let alone secrets: {env:?}"
+            );
+        } else if name != "postgres" {
             assert_eq!(
                 has("SANDGATE_KEYS__SECRET") || has("SANDGATE_OAUTH__COOKIE_SECRET"),
                 name == "gateway",
@@ -311,8 +446,12 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
         for m in c["Mounts"].as_array().into_iter().flatten() {
             let source = m["Source"].as_str().unwrap_or_default();
             if source.contains("/pki") {
+                let own = match name {
+                    "proxy" => format!("/pki/proxies/{PUBLIC_HOST}"),
+                    _ => format!("/pki/{name}"),
+                };
                 assert!(
-                    source.ends_with(&format!("/pki/{name}")) && m["RW"] == false,
+                    source.ends_with(&own) && m["RW"] == false,
                     "{name} mounts only its own TLS directory, read-only: {m}"
                 );
             }
@@ -324,40 +463,103 @@ fn assert_hardened(containers: &[Value], socket: &Path) {
             .filter_map(|bindings| bindings.as_array())
             .flatten()
             .collect();
-        if name == "gateway" {
-            assert!(!published.is_empty(), "the gateway publishes its port");
+        if name == "proxy" {
+            assert!(!published.is_empty(), "the proxy publishes its port");
         }
         for binding in published {
             assert_eq!(
                 binding["HostIp"], "127.0.0.1",
-                "{name} publishes only on loopback: {binding}"
+                "{name} publishes only on loopback (PROXY_ADDRESS of the test): {binding}"
             );
             assert_eq!(
-                name, "gateway",
-                "only the gateway publishes a port ({binding})"
+                name, "proxy",
+                "only the proxy publishes a port, not the gateway ({binding})"
             );
         }
     }
 }
 
+/// `/metrics` through the proxy is refused in every spelling (nginx's rule, or the gateway's own
+/// 404 or 401: its metrics are on their own listener), while the gateway's metrics listener
+/// answers on the compose network (the refusal is not vacuous).
+async fn metrics_stay_private(project: &Project) {
+    let http = project.http();
+    for path in [
+        "/metrics",
+        "/metrics/",
+        "/%6detrics",
+        "/metrics?format=text",
+    ] {
+        let answer = http
+            .get(format!("{}{path}", project.base_url()))
+            .send()
+            .await
+            .expect("the proxy answers");
+        let status = answer.status().as_u16();
+        let body = answer.text().await.unwrap_or_default();
+        assert!(
+            [404, 401].contains(&status) && !body.contains("sandgate_"),
+            "GET {path} through the proxy is refused, not answered with the metrics: {status}"
+        );
+    }
+    // From a container on the frontend network (the test's index, which has python3).
+    let script = "import urllib.request\nprint(urllib.request.urlopen('http://gateway:9464/metrics').read().decode())";
+    let metrics = project
+        .compose(&["exec", "-T", "index", "python3", "-c", script])
+        .await;
+    assert!(
+        metrics.contains("sandgate_database_up 1"),
+        "the gateway's metrics listener serves them on the compose network:\n{metrics}"
+    );
+}
+
 #[tokio::test]
-async fn compose_up_serves_mcp_on_loopback_and_down_leaves_nothing() {
-    let (gateway_image, postgres_image) = tokio::join!(gateway_image(), postgres_image());
-    let mut project = Project::new(&gateway_image, &postgres_image);
+async fn compose_up_serves_mcp_through_tls_proxy_and_down_leaves_nothing() {
+    let (gateway_image, postgres_image, proxy_image) =
+        tokio::join!(gateway_image(), postgres_image(), proxy_image());
+    let mut project = Project::new(&gateway_image, &postgres_image, &proxy_image);
     project.compose(&["up", "-d", "--no-color"]).await;
     project.wait_ready().await;
     assert_hardened(&project.containers(), &docker_socket());
 
-    // Anonymous: a request without a token is refused with the OAuth challenge.
-    let anonymous = reqwest::Client::new()
+    // A client that does not trust the deployment's CA is refused by TLS itself.
+    let untrusting = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .build()
+        .expect("a client");
+    assert!(
+        untrusting
+            .get(format!("{}/healthz", project.base_url()))
+            .send()
+            .await
+            .is_err(),
+        "the proxy's certificate is checked against the deployment's CA only"
+    );
+
+    // Anonymous: a request without a token is refused with the OAuth challenge, naming the
+    // public URL (the proxy kept Host).
+    let anonymous = project
+        .http()
         .post(format!("{}/mcp", project.base_url()))
         .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
         .send()
         .await
-        .expect("the published port answers");
+        .expect("the proxy answers");
     assert_eq!(anonymous.status(), 401, "no token: 401");
+    let challenge = anonymous
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        challenge.contains(&project.base_url()),
+        "the challenge points at the public URL {}: {challenge}",
+        project.base_url()
+    );
+    metrics_stay_private(&project).await;
 
     // The operator's path to a token: the admin CLI inside the container.
     let tenant = project
@@ -369,57 +571,47 @@ async fn compose_up_serves_mcp_on_loopback_and_down_leaves_nothing() {
         ])
         .await;
 
+    // The official Python SDK through the proxy over TLS, trusting the deployment's CA, in both
+    // eras at once: the node makes the sandboxes on the host's engine (labelled with the
+    // instance) and the gateway reaches it over the node RPC (mutual TLS). In one era pip in
+    // the sandbox (no network): the agent's loopback index, relayed by the node to the gateway,
+    // which downloads from the index service and checks the sha256.
+    let python = crate::python_sdk::python();
     let mcp_url = format!("{}/mcp", project.base_url());
-    for era in [Era::Stateless, Era::Sessions] {
-        let client = Client::connect(&mcp_url, &token, era)
-            .await
-            .unwrap_or_else(|e| panic!("rmcp's client connects ({era:?}): {e}"));
-        let conversation = format!("deploy-{era:?}");
-        let created = client
-            .ok("create_sandbox", json!({"conversation_id": conversation}))
-            .await;
-        let sandbox_id = created.structured["sandbox_id"]
-            .as_str()
-            .expect("a sandbox id")
-            .to_owned();
-        // The node made the sandbox on the host's engine, labelled with the instance, and talks
-        // to its agent over the attach stream through the mounted socket; the gateway reached
-        // it over the node RPC (mutual TLS).
-        assert!(
-            !support::containers_of(&project.instance).is_empty(),
-            "sandbox containers of instance {} on the host's engine",
-            project.instance
-        );
-        let cell = client
-            .ok(
-                "execute_code",
-                json!({"sandbox_id": sandbox_id, "code": "import subprocess\nsubprocess.run(['echo', 'from a child'])\nx = 40\nx + 2"}),
-            )
-            .await;
-        assert_eq!(
-            cell.structured["stdout"], "from a child\n",
-            "{era:?}: child output"
-        );
-        assert_eq!(
-            cell.structured["result"]["text/plain"], "42",
-            "{era:?}: the last expression's value"
-        );
-        let again = client
-            .ok(
-                "execute_code",
-                json!({"sandbox_id": sandbox_id, "code": "x"}),
-            )
-            .await;
-        assert_eq!(
-            again.structured["result"]["text/plain"], "40",
-            "{era:?}: state kept"
-        );
-        let closed = client
-            .ok("close_sandbox", json!({"sandbox_id": sandbox_id}))
-            .await;
-        assert_eq!(closed.structured["closed"], true);
-        client.service.cancel().await.expect("the client closes");
-    }
+    let ca = project.ca_file.to_str().expect("a UTF-8 path").to_owned();
+    let trust = [("SSL_CERT_FILE", ca.as_str())];
+    let (auto, legacy) = tokio::join!(
+        crate::python_sdk::run_python_with_env(
+            &python,
+            CONVERSATION,
+            &["--mode", "auto", "--pip", "sgcompose"],
+            &mcp_url,
+            &token,
+            &trust,
+            Duration::from_secs(300),
+        ),
+        crate::python_sdk::run_python_with_env(
+            &python,
+            CONVERSATION,
+            &["--mode", "legacy"],
+            &mcp_url,
+            &token,
+            &trust,
+            Duration::from_secs(300),
+        ),
+    );
+    assert!(
+        auto.contains("ok (auto"),
+        "the 2026-07-28 conversation: {auto}"
+    );
+    assert!(
+        auto.contains("sgcompose.ANSWER = 'installed through the compose gateway'"),
+        "the next cell imports the package pip installed: {auto}"
+    );
+    assert!(
+        legacy.contains("ok (legacy"),
+        "the 2025-11-25 conversation: {legacy}"
+    );
 
     project.compose(&["down", "-v", "--timeout", "20"]).await;
     project.down = true;

@@ -85,3 +85,8 @@ pub async fn gateway_image() -> String {
 pub async fn postgres_image() -> String {
     build_image("deploy/postgres/build.sh", &[]).await
 }
+
+/// The TLS reverse proxy image (Debian's nginx with `deploy/nginx/sandgate.conf`).
+pub async fn proxy_image() -> String {
+    build_image("deploy/nginx/build.sh", &[]).await
+}

@@ -95,12 +95,8 @@ impl Nginx {
             .map(|u| format!("    server {u};\n"))
             .collect();
         let mut site = repo_file("deploy/nginx/sandgate.conf");
-        site = replaced(
-            &site,
-            "    server 127.0.0.1:8081;\n    server 127.0.0.1:8082;\n",
-            &servers,
-        );
-        site = replaced(&site, "listen 127.0.0.1:8443 ", &format!("listen {addr} "));
+        site = replaced(&site, "    server gateway:8080;\n", &servers);
+        site = replaced(&site, "listen 8443 ", &format!("listen {addr} "));
         site = replaced(
             &site,
             "/etc/sandgate/proxy/tls.crt",

@@ -148,6 +148,9 @@ impl Gateway {
             ("SANDGATE_INSTANCE".into(), instance.into()),
             ("SANDGATE_LOG__FORMAT".into(), "json".into()),
             ("SANDGATE_POOL__MIN_READY".into(), "1".into()),
+            // Test sandboxes stay far below their limits: more than the memory-derived default
+            // (18 on 24 GiB), for the tests that hold many at once.
+            ("SANDGATE_NODE__SLOTS".into(), "64".into()),
         ];
         // SANDGATE_TEST_RUNTIME=runsc runs the sandboxes under gVisor (scripts/test.sh does).
         if let Ok(runtime) = std::env::var("SANDGATE_TEST_RUNTIME") {

@@ -196,6 +196,21 @@ impl TlsFiles {
         self.dir.join(file).display().to_string()
     }
 
+    /// The file of `name` (`tls.crt`, `tls.key`, `ca.crt`).
+    pub fn file(&self, name: &str) -> std::path::PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Replaces the certificate and key with `cert`/`key`, as a renewal does (each file
+    /// renamed into place whole; the process reads them again on its next use).
+    pub fn renew(&self, cert: &str, key: &str) {
+        for (file, pem) in [("tls.key", key), ("tls.crt", cert)] {
+            let staged = self.dir.join(format!("{file}.new"));
+            std::fs::write(&staged, pem).expect("a PEM file");
+            std::fs::rename(&staged, self.dir.join(file)).expect("renamed into place");
+        }
+    }
+
     /// `node.tls_*`: the same keys serve a node (server) and a gateway (client).
     pub fn env(&self) -> Vec<(String, String)> {
         vec![

@@ -106,7 +106,7 @@ pub async fn nodes_cli(database: &str, args: &[&str]) -> String {
 
 /// The second engine's dockerd: the pid in `SANDGATE_TEST_DOCKER2_PIDFILE`, checked to be a
 /// dockerd serving `SANDGATE_TEST_DOCKER2`'s socket (never the first engine's).
-fn second_dockerd() -> Option<u32> {
+pub fn second_dockerd() -> Option<u32> {
     let pidfile = std::env::var("SANDGATE_TEST_DOCKER2_PIDFILE")
         .expect("SANDGATE_TEST_DOCKER2_PIDFILE is not set: source scripts/stack.sh's stack.env");
     let socket = std::env::var("SANDGATE_TEST_DOCKER2").expect("SANDGATE_TEST_DOCKER2 is set");

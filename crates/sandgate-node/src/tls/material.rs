@@ -121,6 +121,13 @@ impl Material {
         })
     }
 
+    /// The CA certificates of `tls_ca`, as DER.
+    pub(super) fn ca_certs(&self) -> Vec<CertificateDer<'static>> {
+        CertificateDer::pem_slice_iter(&self.ca)
+            .filter_map(Result::ok)
+            .collect()
+    }
+
     fn roots(&self) -> Result<Arc<RootCertStore>, TlsError> {
         let mut roots = RootCertStore::empty();
         for ca in CertificateDer::pem_slice_iter(&self.ca) {

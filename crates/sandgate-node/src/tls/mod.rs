@@ -78,6 +78,15 @@ pub enum TlsError {
     },
 }
 
+/// When the certificates of a [`NodeTls`] expire, Unix seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Expiry {
+    /// This process's own certificate (`node.tls_cert`).
+    pub own: Option<i64>,
+    /// The earliest-expiring certificate of the CA bundle (`node.tls_ca`).
+    pub ca: Option<i64>,
+}
+
 /// Where the material comes from: PEM bytes (tests), or files read again when they change.
 enum Source {
     Pem,
@@ -215,6 +224,27 @@ impl NodeTls {
             verify::names_host(&cert, url)?;
         }
         Ok(())
+    }
+
+    /// When the certificates in use now expire (their notAfter, Unix seconds): this process's
+    /// own (the first of `tls_cert`) and the earliest of the CA bundle. Reads the files again
+    /// first when they changed, as the next connection would, so after a renewal it says the
+    /// new certificate's. `None` for one that cannot be parsed.
+    pub fn expiry(&self) -> Expiry {
+        let material = self.material();
+        let not_after = |der: &[u8]| {
+            x509_parser::parse_x509_certificate(der)
+                .ok()
+                .map(|(_, cert)| cert.validity().not_after.timestamp())
+        };
+        Expiry {
+            own: material.leaf().ok().and_then(|cert| not_after(&cert)),
+            ca: material
+                .ca_certs()
+                .iter()
+                .filter_map(|cert| not_after(cert))
+                .min(),
+        }
     }
 
     /// A node's server side now: its certificate; gateway certificates of the CA required.

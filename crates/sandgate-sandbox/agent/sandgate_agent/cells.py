@@ -244,6 +244,21 @@ class CellRunner(FrameServer):
             },
         )
 
+    def op_env(self, req_id, frame):
+        """For the agent's `egress_env`: the proxy variables into this process's environment (the
+        next `requests`, `urllib` or `!curl` of a cell reads them), on the reader thread."""
+        env = frame.get("set")
+        unset = frame.get("unset")
+        if not isinstance(env, dict) or not isinstance(unset, list):
+            raise OpError("bad_request", "env needs an object 'set' and a list 'unset'")
+        for name in unset:
+            if isinstance(name, str):
+                os.environ.pop(name, None)
+        for name, value in env.items():
+            if isinstance(name, str) and isinstance(value, str):
+                os.environ[name] = value
+        self.writer.ok(req_id, {"set": sorted(k for k in env if isinstance(k, str))})
+
     def op_reseed(self, req_id, frame):
         """After a restore (the agent's `restored`): fresh generators for this process, on the
         reader thread, so a running cell does not hold it up."""

@@ -76,3 +76,34 @@ INDEX_NOT_SERVING = (
     "install_packages), not in background jobs"
 )
 INDEX_PATH = re.compile(r"^/(simple/(?:[A-Za-z0-9._-]+/)?|files/[0-9a-f]{64}/[A-Za-z0-9._+!-]+)$")
+
+# Egress (PROTOCOL.md, "egress_serve"; egress.py): the HTTP proxy on loopback inside the container
+# that HTTPS_PROXY names once the gateway turned egress on (`egress_env`).
+EGRESS_PORT = int(os.environ.get("SANDGATE_AGENT_EGRESS_PORT") or 3128)
+# The longest request head the proxy reads (a CONNECT line and a few headers).
+EGRESS_MAX_HEAD = 16 * 1024
+# Bytes read from a client at a time (one egress_data event each).
+EGRESS_CHUNK = 64 * 1024
+# Connections relayed at once; beyond, a CONNECT is answered 503 at once.
+EGRESS_MAX_CONNECTIONS = 32
+# How long a CONNECT waits for the gateway's decision (it resolves and dials first).
+EGRESS_OPEN_TIMEOUT_S = 60.0
+# A tunnel whose gateway side sends nothing for this long ends (as does a client reading nothing).
+EGRESS_IDLE_TIMEOUT_S = 300.0
+# How long a CONNECT waits for the gateway to open the relay after the agent asked for it.
+EGRESS_WANTED_WAIT_S = 10.0
+# What a client hears when the sandbox's tenant has no egress policy.
+EGRESS_OFF = (
+    "this sandbox has no route out: its tenant has no egress policy (an operator allows hosts "
+    "with `sandgate admin tenant egress <tenant> --allow host:port`)"
+)
+# What a client hears when no call holds the relay open (a background job between calls).
+EGRESS_NOT_SERVING = (
+    "egress works only inside a call (execute_code, run_terminal_command), not in background "
+    "jobs between calls"
+)
+# What a plain http:// request through the proxy hears.
+EGRESS_PLAIN_HTTP = (
+    "sandgate's egress proxy relays HTTPS only (CONNECT host:port): plain http:// requests are "
+    "not relayed; use https://"
+)

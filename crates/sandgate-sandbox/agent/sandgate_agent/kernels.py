@@ -81,7 +81,7 @@ class KernelProcess:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 pass_fds=(to_kernel_r, from_kernel_w) + archive,
-                env=user_env(env),
+                env=user_env(rt, env),
                 cwd="/",
                 start_new_session=True,  # signals aimed at the agent's group never reach it
                 **rt.creds.popen_args(),
@@ -210,13 +210,14 @@ class Cells:
 
     Its state is guarded by the supervisor's state lock, which it shares with the other parts."""
 
-    def __init__(self, rt, state_lock, spawn, keep_roots, index_port):
+    def __init__(self, rt, state_lock, spawn, keep_roots, index_port, egress_port):
         self.rt = rt
         self.writer = rt.writer
         self.state_lock = state_lock
         self.spawn = spawn  # the supervisor's FrameServer.spawn
         self.keep_roots = keep_roots  # the supervisor's: what a sweep spares
         self.index_port = index_port  # the package index relay's port, for the ready frame
+        self.egress_port = egress_port  # the egress proxy's port, for the ready frame
         self.kernel = None  # KernelProcess
         self.exec_queue = collections.deque()  # exec requests not yet sent to the kernel
         self.running = None  # Run sent to the kernel and not yet answered
@@ -412,6 +413,13 @@ class Cells:
         result = waiter[1].get("result") if answered and waiter[1].get("ok") is True else None
         return kp.pid, result if isinstance(result, dict) else None
 
+    def set_kernel_env(self, env, unset, timeout):
+        """Has the current kernel put `env` into its environment and take `unset` out of it (the
+        egress proxy's variables, PROTOCOL.md `egress_env`). Returns (kernel pid or None, whether
+        it answered within `timeout` s); a kernel started later gets them from `rt.extra_env`."""
+        pid, result = self.ask_kernel("env", {"set": env, "unset": unset}, timeout)
+        return pid, result is not None
+
     def reseed_kernel(self, seed, timeout):
         """Has the current kernel re-seed its generators (after a restore, PROTOCOL.md `restored`).
         Returns (kernel pid, what it re-seeded), or (pid or None, None) when no kernel is ready or
@@ -461,6 +469,7 @@ class Cells:
                     "preloaded": [p for p in frame.get("preloaded", []) if isinstance(p, str)],
                     "isolated": self.rt.creds.root,
                     "index_port": self.index_port(),
+                    "egress_port": self.egress_port(),
                 }
             )
         self.dispatch()

@@ -188,8 +188,9 @@ def leader_exited(pid):
         return True
 
 
-def user_env(extra=None):
-    """The environment of user processes: nothing of the agent's own."""
+def user_env(rt, extra=None):
+    """The environment of user processes: nothing of the agent's own, plus what the gateway gave
+    them (`rt.extra_env`: the egress proxy's variables)."""
     env = {
         "HOME": HOME,
         "USER": "user",
@@ -207,6 +208,7 @@ def user_env(extra=None):
     for name in ("SANDGATE_AGENT_HOME", "MPLCONFIGDIR", "PYTHONPATH", "IPYTHONDIR", "LC_ALL", "TZ"):
         if name in os.environ:
             env[name] = os.environ[name]
+    env.update(getattr(rt, "extra_env", None) or {})
     env.update(extra or {})
     return env
 
@@ -291,7 +293,7 @@ def start_user_shell(rt, args, output):
             stderr=output,
             start_new_session=True,
             close_fds=True,
-            env=user_env(),
+            env=user_env(rt),
             **rt.creds.popen_args(),
         )
     except OSError as err:

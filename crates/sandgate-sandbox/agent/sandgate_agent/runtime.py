@@ -37,6 +37,9 @@ class Runtime:
         # (another call ending) never sees a process that was started but not yet recorded, and
         # so never kills a call that is just starting.
         self.spawn_lock = threading.Lock()
+        # The agent: variables the gateway gave user processes on top of their own (the egress
+        # proxy's, `egress_env`); kernels and commands started from now on get them.
+        self.extra_env = {}
         # Called (once) by `shutdown` before the process exits: the agent ends what user code left.
         self.on_shutdown = None
         self.writer = ProtocolWriter(proto_out, self)

@@ -10,6 +10,7 @@ import threading
 import time
 
 from .commands import Commands
+from .egress import EgressRelay, all_env_names
 from .files import Files
 from .jobs import Jobs
 from .kernels import Cells
@@ -22,6 +23,9 @@ from .runtime import Runtime
 # How long `restored` waits for the kernel's answer to its `reseed` (it answers on its reader
 # thread, even while a cell runs).
 RESEED_TIMEOUT_S = 10.0
+
+# How long `egress_env` waits for the kernel to be ready and to answer (on its reader thread).
+ENV_TIMEOUT_S = 30.0
 
 # The longest `preloaded` waits for the data stack's import (and its default).
 PRELOAD_TIMEOUT_MS = 300_000
@@ -39,7 +43,11 @@ class Agent(FrameServer):
         self.state_lock = threading.Lock()
         self.index = IndexRelay(rt)
         self.index.call_for_index = self.call_for_index
-        self.cells = Cells(rt, self.state_lock, self.spawn, self.keep_roots, self.index.port)
+        self.egress = EgressRelay(rt)
+        self.egress.call_for_egress = self.call_for_index
+        self.cells = Cells(
+            rt, self.state_lock, self.spawn, self.keep_roots, self.index.port, self.egress.port
+        )
         self.jobs = Jobs(rt, self.state_lock, self.spawn)
         self.commands = Commands(rt, self.state_lock, self.spawn, self.keep_roots, self.jobs)
         self.files = Files(rt, self.state_lock, self.spawn)
@@ -47,6 +55,8 @@ class Agent(FrameServer):
             "ping": self.op_ping,
             "interrupt": self.op_interrupt,
             "index_serve": self.op_index_serve,
+            "egress_serve": self.op_egress_serve,
+            "egress_env": self.op_egress_env,
             "restored": self.op_restored,
             "preloaded": self.op_preloaded,
         }
@@ -54,9 +64,11 @@ class Agent(FrameServer):
             self.ops.update(part.ops())
 
     def start(self):
-        """Prepares the user site, starts the package index relay and the first kernel."""
+        """Prepares the user site, starts the package index relay, the egress proxy and the first
+        kernel."""
         prepare_user_site(self.rt)
         self.index.start()
+        self.egress.start()
         self.cells.start()
 
     def handler(self, op):
@@ -70,6 +82,8 @@ class Agent(FrameServer):
 
     def route_chunk(self, req_id, frame):
         if self.index.route(req_id, frame):
+            return
+        if self.egress.route(req_id, frame):
             return
         self.files.route_chunk(req_id, frame)
 
@@ -163,6 +177,7 @@ class Agent(FrameServer):
                 self.cells.interrupt_running(req_id, target)
                 or self.commands.interrupt(target)
                 or (target is not None and self.index.close(target))
+                or (target is not None and self.egress.close(target))
             )
             if not interrupted:
                 queued = self.cells.take_queued(target)
@@ -173,6 +188,41 @@ class Agent(FrameServer):
 
     def op_index_serve(self, req_id, frame):
         self.index.serve(req_id)
+
+    def op_egress_serve(self, req_id, frame):
+        self.egress.serve(req_id)
+
+    def op_egress_env(self, req_id, frame):
+        """Egress on or off for this sandbox (PROTOCOL.md, `egress_env`): the proxy variables of
+        user processes, the kernel's included, and whether the proxy asks the gateway at all."""
+        proxy = frame.get("proxy")
+        if not isinstance(proxy, bool):
+            raise OpError("bad_request", "egress_env needs a boolean 'proxy'")
+        self.spawn("egress_env", self.run_egress_env, req_id, proxy)
+
+    def run_egress_env(self, req_id, proxy):
+        self.egress.set_enabled(proxy)
+        env = self.egress.env()
+        names = all_env_names()
+        self.rt.extra_env = dict(env)
+        unset = [name for name in names if name not in env]
+        # A kernel still starting has its environment already (it was started with the old
+        # one): wait until it is ready to be told.
+        deadline = time.monotonic() + ENV_TIMEOUT_S
+        while True:
+            kernel_pid, applied = self.cells.set_kernel_env(env, unset, ENV_TIMEOUT_S)
+            if applied or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        self.writer.ok(
+            req_id,
+            {
+                "proxy": bool(env),
+                "port": self.egress.port(),
+                "kernel_pid": kernel_pid,
+                "kernel_applied": applied,
+            },
+        )
 
     def stop(self):
         """Ends the kernel, every command and job and whatever they started (agent exit)."""

@@ -105,6 +105,7 @@ class AgentProcess:
         env.pop("PYTHONPATH", None)
         # Each agent's package index relay on a port of its own (tests run agents side by side).
         env["SANDGATE_AGENT_INDEX_PORT"] = "0"
+        env["SANDGATE_AGENT_EGRESS_PORT"] = "0"
         if hide_ipython:
             stub = workdir / "no-ipython"
             (stub / "IPython").mkdir(parents=True, exist_ok=True)

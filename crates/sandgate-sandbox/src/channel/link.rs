@@ -43,6 +43,11 @@ pub(crate) struct Shared {
     /// Whether one of this channel's calls holds the relay open (at most one serves at a time,
     /// since a newer `index_serve` replaces an older one in the agent).
     pub(crate) index_serving: std::sync::atomic::AtomicBool,
+    /// Counts the agent's `egress_wanted` events: a client in the sandbox sent a CONNECT, and a
+    /// call running under [`AgentChannel::with_egress`] then opens the egress relay.
+    pub(crate) egress_wants: watch::Sender<u64>,
+    /// Whether one of this channel's calls holds the egress relay open.
+    pub(crate) egress_serving: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -82,6 +87,10 @@ impl Shared {
             Inbound::Event { event, .. } if event == "index_wanted" => {
                 // Not the call's business: whichever call can serve the relay opens it.
                 self.index_wants.send_modify(|n| *n += 1);
+                return;
+            }
+            Inbound::Event { event, .. } if event == "egress_wanted" => {
+                self.egress_wants.send_modify(|n| *n += 1);
                 return;
             }
             Inbound::Event { id, event, frame } => (id, Delivery::Event { event, frame }),

@@ -8,6 +8,7 @@
 
 mod budget;
 mod calls;
+mod egress;
 mod error;
 mod files;
 mod index;
@@ -18,6 +19,9 @@ mod tests;
 mod types;
 
 use budget::*;
+pub use egress::{
+    EgressEnd, EgressEnvInfo, EgressHandler, EgressIo, EgressRefusal, EgressTally, EgressUpstream,
+};
 pub use error::{AgentError, ChannelError};
 pub use files::FileChunks;
 pub use index::{IndexAnswer, IndexBody, IndexHandler, IndexStream};
@@ -102,6 +106,8 @@ impl AgentChannel {
             link,
             index_wants: watch::channel(0).0,
             index_serving: std::sync::atomic::AtomicBool::new(false),
+            egress_wants: watch::channel(0).0,
+            egress_serving: std::sync::atomic::AtomicBool::new(false),
         });
         let (writer, frames) = mpsc::channel(WRITE_QUEUE_FRAMES);
         let reader = tokio::spawn(read_loop(shared.clone(), streams.output)).abort_handle();

@@ -81,9 +81,22 @@ impl Drop for LaunchMark<'_> {
 }
 
 impl Launcher {
-    #[tracing::instrument(skip_all, fields(sandbox_id, profile = %profile.name))]
     pub(super) async fn launch(&self, profile: &SandboxProfile) -> Result<Sandbox, SandboxError> {
-        let sandbox_id = format!("sbx_{}", uuid::Uuid::now_v7().simple());
+        self.launch_as(profile, None).await
+    }
+
+    /// [`Self::launch`] under `sandbox_id` when given (a files-only resume keeps its sandbox's
+    /// id), else a fresh one.
+    #[tracing::instrument(skip_all, fields(sandbox_id, profile = %profile.name))]
+    pub(super) async fn launch_as(
+        &self,
+        profile: &SandboxProfile,
+        sandbox_id: Option<&str>,
+    ) -> Result<Sandbox, SandboxError> {
+        let sandbox_id = match sandbox_id {
+            Some(id) => id.to_owned(),
+            None => format!("sbx_{}", uuid::Uuid::now_v7().simple()),
+        };
         tracing::Span::current().record("sandbox_id", &sandbox_id);
         let mark = LaunchMark::new(self, &sandbox_id);
         let spec = LaunchSpec {

@@ -375,6 +375,25 @@ impl SandboxManager {
         profile: &SandboxProfile,
         permit: StartPermit,
     ) -> Result<Sandbox, SandboxError> {
+        self.launch_permitted_as(profile, permit, None).await
+    }
+
+    /// [`Self::launch_permitted`] under the sandbox id `sandbox_id` when given (a files-only
+    /// resume: the sandbox keeps its id; such a start is never a template's restore). The id
+    /// must look like one the manager makes (`sbx_` and 32 hex digits).
+    pub async fn launch_permitted_as(
+        &self,
+        profile: &SandboxProfile,
+        permit: StartPermit,
+        sandbox_id: Option<&str>,
+    ) -> Result<Sandbox, SandboxError> {
+        if let Some(id) = sandbox_id
+            && !is_sandbox_id(id)
+        {
+            return Err(SandboxError::NotOurs {
+                container_id: id.to_owned(),
+            });
+        }
         let pool = self.pool(&profile.name)?;
         if permit.profile != profile.name {
             return Err(SandboxError::UnknownProfile(permit.profile.clone()));
@@ -384,7 +403,9 @@ impl SandboxManager {
         let started = std::time::Instant::now();
         // Only the pool's own profile can be restored from its template (a restore needs the
         // checkpointed container's exact limits and mounts).
-        let launched = if *profile == pool.profile {
+        let launched = if let Some(id) = sandbox_id {
+            self.inner.launcher.launch_as(profile, Some(id)).await
+        } else if *profile == pool.profile {
             let templates = &self.inner.config.templates;
             templates::start_pooled(&self.inner.launcher, &pool.template, templates, profile).await
         } else {
@@ -401,6 +422,14 @@ impl SandboxManager {
     /// The profile a pool serves.
     pub fn profile(&self, name: &str) -> Result<&SandboxProfile, SandboxError> {
         Ok(&self.pool(name)?.profile)
+    }
+
+    /// The engine's id of the image profile `name` runs now (`None` when the profile is
+    /// unknown or the engine cannot say): containers made from another one are of an image
+    /// that has since been replaced.
+    pub async fn current_image_id(&self, name: &str) -> Option<String> {
+        let image = &self.profile(name).ok()?.image;
+        self.inner.launcher.backend.image_id(image).await
     }
 
     /// Removes a container of this instance by id, with no handle on it (it may have been
@@ -605,3 +634,13 @@ impl SandboxManager {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether `id` looks like a sandbox id the manager makes: `sbx_` and 32 lowercase hex digits.
+pub fn is_sandbox_id(id: &str) -> bool {
+    id.strip_prefix("sbx_").is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}

@@ -139,11 +139,27 @@ impl SandboxManager {
         snapshot: &Snapshot,
         sandbox_id: Option<&str>,
     ) -> Result<Sandbox, SandboxError> {
+        let _place = self.restore_place().await?;
+        self.restore_placed(snapshot, sandbox_id).await
+    }
+
+    /// A place among the restores run at once, waited for up to `start_wait`.
+    pub(super) async fn restore_place(
+        &self,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, SandboxError> {
         let waited = self.inner.config.start_wait;
-        let _place = tokio::time::timeout(waited, self.inner.restores.acquire())
+        Ok(tokio::time::timeout(waited, self.inner.restores.acquire())
             .await
             .map_err(|_| SandboxError::StartQueue { waited })?
-            .expect("the restore places are never closed");
+            .expect("the restore places are never closed"))
+    }
+
+    /// [`Self::restore_as`] once the caller holds a [`Self::restore_place`].
+    pub(super) async fn restore_placed(
+        &self,
+        snapshot: &Snapshot,
+        sandbox_id: Option<&str>,
+    ) -> Result<Sandbox, SandboxError> {
         match self.inner.launcher.restore(snapshot, sandbox_id).await {
             Err(first @ SandboxError::RestoredAgent { .. }) => {
                 tracing::warn!(error = %first, "a restored sandbox did not answer; restoring again");

@@ -18,8 +18,11 @@
 //! sandbox and snapshot id, [`SnapshotAad`]) and the SHA-256 of the header, so the header cannot be
 //! altered and a stream cannot be opened as another tenant's, sandbox's or snapshot's.
 //!
-//! Not compressed again: gVisor's checkpoint images are compressed by runsc already (its default),
-//! and zstd -3 of one gained nothing (28.1 MB both, docs/snapshots.md).
+//! Not compressed: on Docker's API route runsc compresses its checkpoint images itself (its
+//! default), and zstd -3 of one gained nothing (28.1 MB both, docs/snapshots.md); the
+//! `sandgate-runsc` route writes them uncompressed on purpose (~110 MB for the analyst's sandbox,
+//! restored twice as fast), and sealing them as they are keeps that (docs/benchmarks.md, "Pause,
+//! resume and fork": the snapshot-size goal is missed for it).
 //!
 //! Memory is bounded: sealing and opening hold a few chunks at a time, never the image. The tar
 //! and cipher work runs on a blocking thread; the async side only moves sealed bytes.
@@ -45,9 +48,9 @@ pub const MAGIC: &[u8; 8] = b"SGSNAPv1";
 /// Archive bytes per chunk (every chunk but the last).
 pub const CHUNK_BYTES: usize = 64 * 1024;
 /// The Poly1305 tag each chunk carries.
-const TAG_BYTES: usize = 16;
+pub(super) const TAG_BYTES: usize = 16;
 /// The STREAM nonce prefix: XChaCha20's 24 bytes less STREAM-BE32's counter (4) and flag (1).
-const NONCE_PREFIX_BYTES: usize = 19;
+pub(super) const NONCE_PREFIX_BYTES: usize = 19;
 /// The largest header accepted (a real one is well under 1 KiB).
 const MAX_HEADER_BYTES: u32 = 64 * 1024;
 /// Sealed or plain chunks in flight between the blocking thread and the async side.
@@ -83,7 +86,7 @@ impl DataKey {
         &self.0
     }
 
-    fn cipher(&self) -> XChaCha20Poly1305 {
+    pub(super) fn cipher(&self) -> XChaCha20Poly1305 {
         XChaCha20Poly1305::new(self.0.as_ref().into())
     }
 }
@@ -150,6 +153,19 @@ pub struct SealedHeader {
     pub chunk_bytes: u64,
     /// The STREAM nonce prefix (hex, 19 bytes).
     pub nonce: String,
+    /// What the archive holds: absent for a checkpoint image; [`SealedContent::Files`] for a
+    /// files-only pause (a binary of before refuses such a stream: the field is unknown to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<SealedContent>,
+}
+
+/// What a sealed stream other than a checkpoint image holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SealedContent {
+    /// A files-only pause: an archive of /home/user and the list of installed packages, made
+    /// inside the sandbox (see [`super::files`]).
+    Files,
 }
 
 /// What a sealing wrote.
@@ -220,7 +236,7 @@ pub enum SealError {
     },
 }
 
-fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> SealError {
+pub(super) fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> SealError {
     move |source| SealError::Io { what, source }
 }
 
@@ -231,7 +247,7 @@ pub fn profile_fingerprint(profile: &SandboxProfile) -> String {
 }
 
 /// Each chunk's associated data: the binding and the header's hash.
-fn chunk_aad(aad: &SnapshotAad, header: &[u8]) -> Vec<u8> {
+pub(super) fn chunk_aad(aad: &SnapshotAad, header: &[u8]) -> Vec<u8> {
     let mut bytes = aad.bytes("sandgate sealed snapshot chunk v1");
     bytes.extend_from_slice(&Sha256::digest(header));
     bytes
@@ -322,6 +338,7 @@ impl Snapshot {
                 .map_or(0, |d| d.as_millis() as u64),
             chunk_bytes: CHUNK_BYTES as u64,
             nonce: hex::encode(nonce),
+            content: None,
         }
     }
 }
@@ -429,6 +446,11 @@ impl SealedSnapshot {
         require_tmpfs(plain_dir)?;
         let (header, header_bytes) = read_header(&mut reader).await?;
         check_header(&header, aad)?;
+        if header.content.is_some() {
+            return Err(SealError::Format(
+                "a files-only archive, not a checkpoint image".into(),
+            ));
+        }
         let nonce = <[u8; NONCE_PREFIX_BYTES]>::try_from(
             hex::decode(&header.nonce)
                 .map_err(|_| SealError::Format("a malformed nonce".into()))?,
@@ -483,7 +505,7 @@ impl SealedSnapshot {
     }
 }
 
-async fn read_header(
+pub(super) async fn read_header(
     reader: &mut (impl AsyncRead + Unpin),
 ) -> Result<(SealedHeader, Vec<u8>), SealError> {
     let mut magic = [0u8; 8];
@@ -523,7 +545,7 @@ async fn read_exact_or_format(
 }
 
 /// The header names what the binding names, and describes itself consistently.
-fn check_header(header: &SealedHeader, aad: &SnapshotAad) -> Result<(), SealError> {
+pub(super) fn check_header(header: &SealedHeader, aad: &SnapshotAad) -> Result<(), SealError> {
     for (expected, found) in [
         (&aad.snapshot_id, &header.snapshot_id),
         (&aad.sandbox_id, &header.source_sandbox),

@@ -1,10 +1,11 @@
-//! `[egress]`: egress a tenant chooses (issue 29). For now the key tenants' secrets are sealed
-//! under; nothing leaves a sandbox yet.
+//! `[egress]`: egress a tenant chooses (issue 29): the key tenants' secrets are sealed under, the
+//! dial timeout, and the tests' host overrides.
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use validator::Validate;
 
+use crate::egress::target::{TargetCheck, TestOverrides};
 use crate::egress::{DEVELOPMENT_SECRETS_KEY, SecretSealer};
 
 /// Egress settings (`[egress]`).
@@ -15,6 +16,14 @@ pub struct EgressConfig {
     /// of its own, not `keys.secret`, so the egress component needs no other. Empty: the public
     /// development key on a loopback-only deployment, and no secrets at all on any other.
     pub secrets_key: SecretString,
+    /// How long the egress component waits for a server to accept a connection, in seconds.
+    #[validate(range(min = 1, max = 300))]
+    pub connect_timeout_seconds: u64,
+    /// Tests only: `name=127.0.0.1:port` pairs, comma-separated. Each name resolves to that
+    /// loopback address (never through the system's resolver), and that address is reachable
+    /// although loopback is refused otherwise. Refused at start unless the deployment is
+    /// loopback-only; empty (the default) in every real deployment.
+    pub test_hosts: String,
 }
 
 impl EgressConfig {
@@ -38,7 +47,36 @@ impl EgressConfig {
                 "must be empty or at least 32 characters (e.g. `openssl rand -base64 48`)",
             );
         }
+        if !self.test_hosts.trim().is_empty() {
+            self.target_check(loopback)
+                .map_err(|message| ("egress.test_hosts".to_owned(), message))?;
+        }
         Ok(())
+    }
+
+    /// The target check egress connections go through: the system's resolver, or with
+    /// `test_hosts` the tests' overrides (refused unless `loopback`). `Err` says what is wrong
+    /// with `test_hosts`.
+    pub fn target_check(&self, loopback: bool) -> Result<TargetCheck, String> {
+        let hosts = self.test_hosts.trim();
+        if hosts.is_empty() {
+            return Ok(TargetCheck::system());
+        }
+        let mut overrides = TestOverrides::new(loopback).map_err(|e| e.to_string())?;
+        for pair in hosts.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, addr) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not name=127.0.0.1:port"))?;
+            let addr: std::net::SocketAddr = addr
+                .trim()
+                .parse()
+                .map_err(|_| format!("{addr:?} is not an address and port"))?;
+            overrides = overrides
+                .resolve(name.trim(), &[addr.ip()])
+                .reach(addr)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(TargetCheck::test(overrides))
     }
 
     /// The sealer of tenants' secrets: under the configured key, else under the development key

@@ -41,7 +41,7 @@ pub use oauth::{ClientMetadataConfig, OAuthConfig};
 pub use oauth_limits::OAuthLimitsConfig;
 pub use packages::PackagesConfig;
 pub use retention::RetentionConfig;
-pub use snapshots::SnapshotsConfig;
+pub use snapshots::{S3StoreConfig, SnapshotsConfig, StoreKind, StoreSettings};
 
 /// The defaults, with a comment on every key (the repository's `config/default.toml`).
 pub const DEFAULT_TOML: &str = include_str!("../../../../config/default.toml");
@@ -106,7 +106,8 @@ pub struct Config {
     /// The sandbox node: its RPC listener, certificates, heartbeat, capacity.
     #[validate(nested)]
     pub node: NodeConfig,
-    /// Egress a tenant chooses: the key its secrets are sealed under.
+    /// Egress a tenant chooses: the key its secrets are sealed under, the dial timeout, the
+    /// tests' host overrides.
     #[validate(nested)]
     pub egress: EgressConfig,
 }
@@ -280,6 +281,7 @@ impl Config {
             .check_together(self.mcp.sse_keep_alive_seconds)
             .and_then(|()| self.oauth.limits.check_together())
             .and_then(|()| self.packages.check_together())
+            .and_then(|()| self.snapshots.check_store(gateway))
             .map_err(invalid)?;
         self.sandbox
             .validate()
@@ -383,7 +385,7 @@ impl Config {
     }
 
     /// Empties the secrets only a gateway uses (`keys.secret`, `oauth.cookie_secret`,
-    /// `egress.secrets_key`), for a
+    /// `egress.secrets_key`, the snapshot store's `snapshots.s3` credentials), for a
     /// process that must hold none (`sandgate node`); returns the keys of those that were set.
     pub fn drop_gateway_secrets(&mut self) -> Vec<&'static str> {
         let mut dropped = Vec::new();
@@ -391,6 +393,14 @@ impl Config {
             ("keys.secret", &mut self.keys.secret),
             ("oauth.cookie_secret", &mut self.oauth.cookie_secret),
             ("egress.secrets_key", &mut self.egress.secrets_key),
+            (
+                "snapshots.s3.access_key_id",
+                &mut self.snapshots.s3.access_key_id,
+            ),
+            (
+                "snapshots.s3.secret_access_key",
+                &mut self.snapshots.s3.secret_access_key,
+            ),
         ] {
             if !secret.expose_secret().is_empty() {
                 *secret = secrecy::SecretString::from(String::new());
@@ -882,6 +892,42 @@ mod tests {
                 "0123456789abcdefghijklmnopqrstuvwxyz",
             );
             load_in(jail).expect("a long enough secret");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn egress_test_hosts_are_accepted_on_loopback_only_and_reach_loopback_only() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.set_env(
+                "SANDGATE_EGRESS__TEST_HOSTS",
+                "shop.sandgate.test=127.0.0.1:4443, api.sandgate.test=127.0.0.1:4444",
+            );
+            load_in(jail).expect("test hosts on a loopback-only deployment");
+            for (hosts, why) in [
+                ("shop.sandgate.test=10.0.0.1:443", "loopback addresses only"),
+                ("shop.sandgate.test", "not name=127.0.0.1:port"),
+                ("shop.sandgate.test=127.0.0.1", "not an address and port"),
+            ] {
+                jail.set_env("SANDGATE_EGRESS__TEST_HOSTS", hosts);
+                let err = load_in(jail).unwrap_err().to_string();
+                assert!(
+                    err.contains("egress.test_hosts") && err.contains(why),
+                    "{hosts}: refused saying {why:?}: {err}"
+                );
+            }
+            jail.set_env(
+                "SANDGATE_EGRESS__TEST_HOSTS",
+                "shop.sandgate.test=127.0.0.1:4443",
+            );
+            jail.set_env("SANDGATE_KEYS__SECRET", "k".repeat(40));
+            jail.set_env("SANDGATE_PUBLIC_URL", "https://sandgate.example");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("egress.test_hosts") && err.contains("refused"),
+                "off loopback the overrides are refused at start: {err}"
+            );
             Ok(())
         });
     }

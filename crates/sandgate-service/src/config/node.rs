@@ -35,7 +35,8 @@ pub struct NodeConfig {
     pub away_after_seconds: u64,
     /// A node silent this long is lost (the sweep marks its sandboxes lost), seconds.
     pub lost_after_seconds: u64,
-    /// Most leased sandboxes on the node; 0: the host's memory divided by 128 MiB.
+    /// Most leased sandboxes on the node; 0: the host's memory divided by the most one sandbox may
+    /// use (`node_registry::derived_slots`).
     pub slots: u32,
     /// A draining node gets no new leases; its sandboxes run out.
     pub drain: bool,

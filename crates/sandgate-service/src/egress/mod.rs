@@ -3,15 +3,18 @@
 //! them, sealed under a key of their own.
 //!
 //! So far: the rules and secrets are checked, sealed and stored (`sandgate admin tenant
-//! egress`, `sandgate admin tenant secret`), and [`target`] decides where a connection may go
-//! (a library nothing calls yet). No connection leaves a sandbox (no proxy in the agent, no
-//! relay, no egress component), so every sandbox still has no route out.
+//! egress`, `sandgate admin tenant secret`), [`target`] decides where a connection may go, and
+//! [`EgressService`] (the egress component, in the gateway's process) decides, dials, budgets and
+//! audits the CONNECTs the agent's loopback proxy relays over the sandbox's channel. Plain
+//! tunnels only: TLS is not terminated and no secret is injected yet.
 
 pub mod admin;
+mod relay;
 mod rules;
 mod secrets;
 pub mod target;
 
+pub use relay::EgressService;
 pub use rules::{HostPattern, RuleError, parse_rule};
 pub use secrets::{
     DEVELOPMENT_SECRETS_KEY, MAX_VALUE_BYTES, SecretBinding, SecretError, SecretSealer,

@@ -251,13 +251,27 @@ pub trait Resolver: Send + Sync {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemResolver;
 
+/// How long the system's resolver may take for one name.
+const RESOLVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Resolver for SystemResolver {
     fn lookup<'a>(&'a self, host: &'a str) -> BoxFuture<'a, std::io::Result<Vec<IpAddr>>> {
         Box::pin(async move {
-            Ok(tokio::net::lookup_host((host, 0))
-                .await?
-                .map(|a| a.ip())
-                .collect())
+            // An absolute name (trailing dot): the resolver's search list (Kubernetes'
+            // `ndots:5` and its cluster domains) never turns it into a name no rule admits.
+            let absolute = format!("{host}.");
+            let found = tokio::time::timeout(
+                RESOLVE_TIMEOUT,
+                tokio::net::lookup_host((absolute.as_str(), 0)),
+            )
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {} s", RESOLVE_TIMEOUT.as_secs()),
+                )
+            })??;
+            Ok(found.map(|a| a.ip()).collect())
         })
     }
 }
@@ -279,7 +293,8 @@ impl TestOverrides {
         Self::new(config.only_loopback())
     }
 
-    fn new(loopback_only: bool) -> Result<Self, TargetError> {
+    /// Empty overrides; refused unless `loopback_only` (only this host can reach the deployment).
+    pub fn new(loopback_only: bool) -> Result<Self, TargetError> {
         if !loopback_only {
             return Err(TargetError::OverridesOffLoopback);
         }
@@ -375,12 +390,16 @@ impl TargetCheck {
         rules: &[EgressRule],
     ) -> Result<CheckedTarget, TargetError> {
         let (host, port) = parse_authority(authority)?;
+        // The most specific rule that admits the target is the one charged: the exact name
+        // before any wildcard, a longer wildcard before a shorter one. Else a budget on
+        // `zz.example.com` would be bypassed through a rule `*.example.com` without one.
         let rule = rules
             .iter()
-            .find(|r| {
+            .filter(|r| {
                 i32::from(port) == r.port
                     && HostPattern::parse(&r.host).is_ok_and(|p| p.matches(&host))
             })
+            .max_by_key(|r| (!r.host.starts_with("*."), r.host.len()))
             .cloned()
             .ok_or_else(|| TargetError::NotAllowed {
                 host: host.clone(),
@@ -428,8 +447,10 @@ impl TargetCheck {
 
 /// Splits `host:port` into a checked DNS name (lower-case, no trailing dot) and a port.
 fn parse_authority(authority: &str) -> Result<(String, u16), TargetError> {
+    // The authority is the sandbox's: the refusal (and its audit row) quotes 300 characters of
+    // it at most.
     let bad = |why| TargetError::BadAuthority {
-        authority: authority.to_owned(),
+        authority: authority.chars().take(300).collect(),
         why,
     };
     let literal = |host: &str| TargetError::AddressLiteral {
@@ -593,6 +614,25 @@ mod tests {
             );
         }
         assert_eq!(lookups.load(Ordering::SeqCst), 0, "nothing was resolved");
+    }
+
+    #[test]
+    fn the_most_specific_rule_admits_and_is_charged() {
+        let table = Table::default()
+            .with("zz.shop.test", &["1.1.1.1"])
+            .with("x.a.shop.test", &["1.1.1.1"])
+            .with("y.shop.test", &["1.1.1.1"]);
+        let check = TargetCheck::with_resolver(table);
+        // In the order the store may list them: the broad wildcard first.
+        let policy = rules(&["*.shop.test", "*.a.shop.test", "zz.shop.test"]);
+        for (authority, rule) in [
+            ("zz.shop.test:443", "zz.shop.test"),
+            ("x.a.shop.test:443", "*.a.shop.test"),
+            ("y.shop.test:443", "*.shop.test"),
+        ] {
+            let target = block_on(check.check(authority, &policy)).expect("admitted");
+            assert_eq!(target.rule.host, rule, "{authority}");
+        }
     }
 
     #[test]

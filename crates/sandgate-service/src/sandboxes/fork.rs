@@ -7,6 +7,7 @@
 //! and belongs to whoever forked it (their grant), none of the source's links or grant.
 
 use chrono::Utc;
+use sandgate_store::pauses::PausedKind;
 use sandgate_store::sandboxes::{self, NewLease};
 use sandgate_store::snapshots;
 use sandgate_transcript::{Entry, ForkMark};
@@ -26,6 +27,34 @@ pub struct Forked {
 }
 
 impl SandboxService {
+    /// A sandbox paused with its files only (its runtime cannot checkpoint) is not forked: a
+    /// fork is a checkpoint's copy, and resuming it first would only fail the same way after
+    /// spending a resume. The refusal says so (another tenant's is `NotFound` further on).
+    async fn refuse_files_only_fork(
+        &self,
+        caller: &Caller,
+        sandbox_id: &str,
+    ) -> Result<(), ServiceError> {
+        let mut conn = self.db.acquire().await?;
+        let row = sandboxes::get(&mut conn, caller.tenant, sandbox_id).await?;
+        let files_only = row.is_some_and(|r| {
+            r.state == sandboxes::SandboxState::Paused
+                && r.paused_kind.as_deref() == Some(PausedKind::Files.as_str())
+        });
+        if files_only {
+            return Err(ServiceError::Limit {
+                limit: "forking",
+                value: format!(
+                    "sandbox {sandbox_id} is paused with its files only (its runtime cannot \
+                     checkpoint), and a fork copies a checkpoint of memory and files"
+                ),
+                hint: "use the sandbox itself (any call resumes it from its files), or fork \
+                       on a deployment whose runtime can checkpoint",
+            });
+        }
+        Ok(())
+    }
+
     /// Forks the tenant's sandbox `sandbox_id` (a paused one is resumed first), the copy bound
     /// to no conversation. Another tenant's sandbox is `NotFound`, like a missing one.
     pub async fn fork(&self, caller: &Caller, sandbox_id: &str) -> Result<Forked, ServiceError> {
@@ -44,6 +73,7 @@ impl SandboxService {
         conversation: Option<&str>,
     ) -> Result<Forked, ServiceError> {
         let pausing = self.pausing_for("forking")?;
+        self.refuse_files_only_fork(caller, sandbox_id).await?;
         let source = self.resolve(caller, Some(sandbox_id), None, None).await?;
         {
             let mut conn = self.db.acquire().await?;

@@ -44,6 +44,8 @@ pub struct Reconciled {
     pub removed: usize,
     /// Leased sandboxes re-attached.
     pub adopted: usize,
+    /// Warm sandboxes retired at start-up because their image is not the profile's any more.
+    pub outdated: usize,
 }
 
 /// Why a lifecycle pass failed.
@@ -237,6 +239,10 @@ impl SandboxService {
             .await?;
         self.remove_unknown(&rows, &containers, orphan_grace, &mut done)
             .await?;
+        if startup {
+            self.retire_outdated_warm(&rows, &containers, &mut done)
+                .await?;
+        }
         self.adopt_leased(adopt, &mut done).await;
         self.sync_pool().await?;
         // Marks of calls whose replica died: expired, so ignored, but not worth keeping.
@@ -373,6 +379,61 @@ impl SandboxService {
         Ok(())
     }
 
+    /// At start-up, retires the warm sandboxes (no tenant yet) whose containers were made from
+    /// another image than their profile's now (a node restarted after a new `sandbox.image`),
+    /// so that every lease after the roll gets the new image. Leased ones keep theirs until
+    /// they end. A row leased meanwhile (by another process) is left alone.
+    async fn retire_outdated_warm(
+        &self,
+        rows: &[SandboxRow],
+        containers: &[ManagedContainer],
+        done: &mut Reconciled,
+    ) -> Result<(), LifecycleError> {
+        let Some(manager) = self.nodes.local() else {
+            return Ok(());
+        };
+        let images: HashMap<&str, &str> = containers
+            .iter()
+            .filter_map(|c| Some((c.container_id.as_str(), c.image_id.as_deref()?)))
+            .collect();
+        let mut current: HashMap<String, Option<String>> = HashMap::new();
+        for row in rows.iter().filter(|r| r.state == SandboxState::Warm) {
+            let Some(image) = images.get(row.container_id.as_str()) else {
+                continue;
+            };
+            if !current.contains_key(&row.profile) {
+                let id = manager.current_image_id(&row.profile).await;
+                current.insert(row.profile.clone(), id);
+            }
+            // An engine that cannot say which image is current retires nothing.
+            let Some(Some(now)) = current.get(&row.profile) else {
+                continue;
+            };
+            if image == now {
+                continue;
+            }
+            let mut conn = self.db.acquire().await?;
+            let retired = sandboxes::retire_warm(&mut conn, &row.id).await?;
+            drop(conn);
+            if retired.is_none() {
+                continue;
+            }
+            tracing::info!(
+                sandbox_id = %row.id,
+                container_image = %image,
+                profile_image = %now,
+                "retiring a warm sandbox of a replaced sandbox image"
+            );
+            if let Some(sandbox) = manager.take_ready_id(&row.id) {
+                let _ = manager.close(sandbox).await;
+            } else if let Err(err) = self.own_node().remove_container(&row.container_id).await {
+                tracing::warn!(error = %err, container_id = %row.container_id, "removing a warm container of a replaced image failed; reconciliation removes it later");
+            }
+            done.outdated += 1;
+        }
+        Ok(())
+    }
+
     /// Re-attaches leased sandboxes whose containers run (start-up), so their first call does
     /// not wait for it.
     async fn adopt_leased(&self, adopt: Vec<SandboxRow>, done: &mut Reconciled) {
@@ -486,6 +547,7 @@ impl SandboxService {
                 lost = done.lost,
                 removed = done.removed,
                 adopted = done.adopted,
+                outdated = done.outdated,
                 "start-up reconciliation done"
             ),
             Err(err) => tracing::warn!(error = %err, "start-up reconciliation failed"),

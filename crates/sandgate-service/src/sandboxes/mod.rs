@@ -17,6 +17,7 @@ use crate::config::LimitsConfig;
 mod busy;
 mod endings;
 mod error;
+mod files;
 mod fork;
 mod idle_clock;
 mod kind;
@@ -37,6 +38,7 @@ use busy::BusyMap;
 pub use endings::Replaced;
 pub(crate) use error::ended_error;
 pub use error::{Quota, ServiceError, describe_fate};
+pub use files::{FilesResume, RESUMED_FROM_FILES};
 pub use fork::Forked;
 pub use kind::ErrorKind;
 pub use limits::{Caller, Limits};
@@ -85,6 +87,8 @@ pub struct SandboxService {
     pub(crate) running: people::RunningCalls,
     /// Packages on demand, served to pip in cells and commands (none: installs are off).
     pub(crate) packages: Option<crate::packages::PackageIndex>,
+    /// The egress component, deciding the CONNECTs of cells and commands (none: no egress).
+    pub(crate) egress: Option<crate::egress::EgressService>,
     /// Container removals running behind closes that already answered; drained at shutdown.
     pub(crate) removals: tokio_util::task::TaskTracker,
     /// Other work running behind calls that already answered (freeing their quota slots);
@@ -113,6 +117,7 @@ impl SandboxService {
             busy: Arc::default(),
             running: people::RunningCalls::default(),
             packages: None,
+            egress: None,
             removals: tokio_util::task::TaskTracker::new(),
             after_answer: tokio_util::task::TaskTracker::new(),
             cache: crate::cache::ChangeCache::default(),
@@ -397,7 +402,7 @@ impl SandboxService {
 
     /// A failure of a call to node `node`: when a remote node did not answer (it may come back
     /// at another address, or be swept as lost), a retryable [`ServiceError::NodeAway`].
-    fn node_error(&self, node: &str, remote: bool, err: SandboxError) -> ServiceError {
+    pub(super) fn node_error(&self, node: &str, remote: bool, err: SandboxError) -> ServiceError {
         match err {
             SandboxError::Channel(ChannelError::AttachLost { reason }) if remote => {
                 self.nodes.forget(node);

@@ -71,6 +71,9 @@ pub(crate) enum IdlePause {
 pub struct Resumed {
     /// How long it was paused, seconds.
     pub paused_seconds: f64,
+    /// When the pause kept only its files (a runtime that cannot checkpoint): a fresh kernel,
+    /// its variables gone; what of its files and packages came back.
+    pub files: Option<super::FilesResume>,
 }
 
 impl SandboxService {
@@ -93,8 +96,8 @@ impl SandboxService {
     pub(super) fn pausing_for(&self, what: &'static str) -> Result<&Pausing, ServiceError> {
         self.pausing.as_ref().ok_or(ServiceError::Limit {
             limit: what,
-            value: "off on this deployment (no snapshots.store_dir)".into(),
-            hint: "ask the operator to configure a snapshot store (snapshots.store_dir)",
+            value: "off on this deployment (no snapshot store)".into(),
+            hint: "ask the operator to configure a snapshot store (snapshots.store)",
         })
     }
 
@@ -124,10 +127,12 @@ impl SandboxService {
         };
         match self.pause_row(pausing, &row, mark).await {
             Ok(_) => Ok(IdlePause::Paused),
-            // A runtime that cannot checkpoint (runc here): closed, as without pauses, and the
-            // conversation's next call hears that its state was lost.
-            Err(ServiceError::Sandbox(err)) if checkpoints_unavailable(&err) => {
-                tracing::info!(error = %err, "this sandbox's runtime cannot checkpoint; closing it instead of pausing");
+            // A runtime that cannot checkpoint (runc here) keeps the files instead; where even
+            // they cannot be kept (over the quota, no room for their archive), the sandbox is
+            // closed, as without pauses, and the conversation's next call hears that its state
+            // was lost.
+            Err(ServiceError::Limit { value, .. }) => {
+                tracing::info!(why = %value, "a files-only pause was refused; closing the sandbox instead");
                 Ok(IdlePause::Close)
             }
             Err(err) => Err(err),
@@ -135,14 +140,22 @@ impl SandboxService {
     }
 
     /// Checkpoints a `pausing` row into the store and records it paused, `mark` in its
-    /// transcript; on failure the row is leased again (its container still runs).
+    /// transcript (where its runtime cannot checkpoint, keeps its files only:
+    /// [`super::files`]); on failure the row is leased again (its container still runs).
     async fn pause_row(
         &self,
         pausing: &Pausing,
         row: &SandboxRow,
         mark: PauseMark,
     ) -> Result<SandboxRow, ServiceError> {
-        match self.checkpoint_into_store(pausing, row).await {
+        let kept = match self.checkpoint_into_store(pausing, row).await {
+            Err(ServiceError::Sandbox(err)) if checkpoints_unavailable(&err) => {
+                tracing::info!(error = %err, "this sandbox's runtime cannot checkpoint; keeping its files only");
+                self.pause_files(pausing, row).await
+            }
+            other => other,
+        };
+        match kept {
             Ok(paused) => {
                 self.remove_container(&row.id, Some(row)).await;
                 crate::transcripts::write_mark(
@@ -195,18 +208,9 @@ impl SandboxService {
                 return Err(snapshot_error(&row.id, err));
             }
         };
-        out.shutdown().await.map_err(|e| {
-            store_failed(
-                &row.id,
-                SnapshotStoreError::Store {
-                    what: "writing a snapshot",
-                    source: object_store::Error::Generic {
-                        store: "snapshots",
-                        source: Box::new(e),
-                    },
-                },
-            )
-        })?;
+        out.shutdown()
+            .await
+            .map_err(|e| store_failed(&row.id, pausing.store.write_failed(e)))?;
         let recorded = async {
             let mut tx = self.db.begin().await?;
             pending.record(&mut tx).await?;
@@ -340,8 +344,17 @@ impl SandboxService {
             return Ok(None);
         };
         drop(conn);
-        match self.restore_from_store(pausing, caller, &row).await {
-            Ok((live, sandbox)) => {
+        let restored = if row.paused_kind.as_deref() == Some(PausedKind::Files.as_str()) {
+            self.restore_files(pausing, caller, &row)
+                .await
+                .map(|(live, sandbox, files)| (live, sandbox, Some(files)))
+        } else {
+            self.restore_from_store(pausing, caller, &row)
+                .await
+                .map(|(live, sandbox)| (live, sandbox, None))
+        };
+        match restored {
+            Ok((live, sandbox, files)) => {
                 self.live
                     .lock()
                     .expect("live map")
@@ -349,7 +362,7 @@ impl SandboxService {
                 let paused_seconds = row
                     .paused_at
                     .map_or(0.0, |at| (Utc::now() - at).as_seconds_f64().max(0.0));
-                tracing::info!(sandbox_id = %live.id, node = %live.node, paused_seconds, "resumed a paused sandbox");
+                tracing::info!(sandbox_id = %live.id, node = %live.node, paused_seconds, from_files = files.is_some(), "resumed a paused sandbox");
                 let mark = ResumeMark {
                     paused_seconds,
                     by: caller.person.clone(),
@@ -361,7 +374,13 @@ impl SandboxService {
                     Entry::Resume(mark),
                 )
                 .await;
-                Ok(Some((live, Resumed { paused_seconds })))
+                Ok(Some((
+                    live,
+                    Resumed {
+                        paused_seconds,
+                        files,
+                    },
+                )))
             }
             Err(err) => {
                 let mut conn = self.db.acquire().await?;

@@ -68,7 +68,7 @@ impl SandboxService {
             output,
             text_limit,
             image_limit,
-            |sink| self.with_package_index(&resolved, resolved.sandbox.exec(code, options, sink)),
+            |sink| self.with_relays(&resolved, resolved.sandbox.exec(code, options, sink)),
             registered.interrupt.wait(),
         )
         .await;
@@ -111,7 +111,7 @@ impl SandboxService {
             text_limit,
             0,
             |sink| {
-                self.with_package_index(
+                self.with_relays(
                     &resolved,
                     resolved.sandbox.command(line.command, options, sink),
                 )

@@ -12,7 +12,7 @@ pub mod keys;
 pub mod store;
 
 use sandgate_node::{NodeHandle, SandboxHandle};
-use sandgate_sandbox::{SandboxError, SealedSnapshot, SnapshotAad};
+use sandgate_sandbox::{DataKey, SandboxError, SealedSnapshot, SnapshotAad};
 use sandgate_store::snapshots::{self, NewSnapshot, SnapshotRow};
 use sandgate_store::{PgPool, StoreError, sandboxes};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -102,6 +102,32 @@ impl PendingSnapshot {
             },
         )
         .await
+    }
+}
+
+/// The data key of a files-only snapshot the service seals itself, with its binding.
+#[derive(Debug)]
+pub struct FilesKey {
+    /// The data key (for this one sealing).
+    pub key: DataKey,
+    /// The binding the stream is sealed under.
+    pub aad: SnapshotAad,
+    wrapped: Vec<u8>,
+    tenant_id: Uuid,
+    node: String,
+}
+
+impl FilesKey {
+    /// The snapshot sealed under this key, to record.
+    pub fn pending(self, sealed: SealedSnapshot) -> PendingSnapshot {
+        PendingSnapshot {
+            id: self.aad.snapshot_id.clone(),
+            tenant_id: self.tenant_id,
+            sandbox_id: self.aad.sandbox_id.clone(),
+            node: self.node,
+            wrapped: self.wrapped,
+            sealed,
+        }
     }
 }
 
@@ -238,6 +264,41 @@ impl SnapshotCustody {
         let restored = node.restore_sealed(sealed, &key, &aad, keep_id).await;
         drop(key);
         Ok(restored?)
+    }
+
+    /// A fresh data key for a snapshot the service seals itself (a files-only pause, whose
+    /// archive the sandbox's agent makes), bound like a checkpoint's to the tenant, sandbox and
+    /// snapshot id; [`FilesKey::pending`] makes its row once sealed.
+    pub fn issue_files(
+        &self,
+        snapshot_id: &str,
+        tenant_id: Uuid,
+        sandbox_id: &str,
+        node: &str,
+    ) -> FilesKey {
+        let aad = binding(tenant_id, sandbox_id, snapshot_id);
+        let (key, wrapped) = self.keys.issue(&aad);
+        FilesKey {
+            key,
+            aad,
+            wrapped,
+            tenant_id,
+            node: node.to_owned(),
+        }
+    }
+
+    /// The data key and binding of the tenant's snapshot `snapshot_id`, unwrapped to open it
+    /// here (a files-only resume). Another tenant's snapshot is
+    /// [`SnapshotServiceError::NotFound`].
+    pub async fn open_key(
+        &self,
+        tenant_id: Uuid,
+        snapshot_id: &str,
+    ) -> Result<(DataKey, SnapshotAad), SnapshotServiceError> {
+        let row = self.get(tenant_id, snapshot_id).await?;
+        let aad = binding(row.tenant_id, &row.sandbox_id, &row.id);
+        let key = self.keys.unwrap(&aad, &row.wrapped_key)?;
+        Ok((key, aad))
     }
 
     /// The tenant's snapshot `snapshot_id`.

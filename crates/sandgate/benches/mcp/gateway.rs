@@ -56,6 +56,8 @@ impl Gateway {
                 "SANDGATE_LIMITS__MAX_SANDBOXES".into(),
                 max_sandboxes.to_string(),
             ),
+            // The fill holds more idle sandboxes than the memory-derived default allows.
+            ("SANDGATE_NODE__SLOTS".into(), max_sandboxes.to_string()),
             // One tenant drives every measurement: its rate limit must not be what is measured.
             (
                 "SANDGATE_LIMITS__MAX_CALLS_PER_MINUTE".into(),

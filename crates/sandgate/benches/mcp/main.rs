@@ -26,7 +26,9 @@
 //! - **snapshots** (issue 26, where the engine has `runsc2024` and a plaintext tmpfs): cold
 //!   `create_sandbox` restoring a template beside an ordinary runc start, each with the
 //!   sandbox's CPU until pandas is loaded; checkpoint and restore at the sandbox crate; and the
-//!   SDK series again on a `runsc2024` profile whose pool restores its template.
+//!   SDK series again on a `runsc2024` profile whose pool restores its template;
+//! - **pauses** (issue 27, same conditions): `pause_sandbox` of an analyst sandbox, the first
+//!   call after it (the resume), `fork_sandbox`, and the sealed snapshot's size.
 //!
 //! Every loop is bounded in count and in time. The result is printed as a table (medians, p99 and
 //! ratios) and written as JSON.
@@ -36,7 +38,7 @@
 //! `BENCH_LLM_SANDBOX_IMAGE` (the image llm-sandbox runs), `BENCH_SDK_PYTHON` (a python with the
 //! MCP SDK; the series is skipped without it). Arguments: `--out FILE`, `--quick` (fewer
 //! iterations), `--no-peers`, `--no-150`, `--no-series`, `--series-only`, `--no-snapshots`,
-//! `--snapshots-only`.
+//! `--snapshots-only`, `--pauses-only`.
 //! `BENCH_ENGINE_CPUACCT` (a cgroup v1 `cpuacct.usage` holding the engine, which
 //! `scripts/bench.sh` makes) adds the engine's whole CPU to the series.
 
@@ -83,6 +85,7 @@ const MIN_READY: usize = 10;
 mod gateway;
 mod naive;
 mod node_process;
+mod pauses;
 mod peers;
 mod report;
 mod samples;
@@ -97,6 +100,7 @@ mod workload;
 use gateway::*;
 use naive::*;
 use node_process::*;
+use pauses::*;
 use peers::*;
 use report::*;
 use samples::*;
@@ -164,6 +168,8 @@ struct Options {
     snapshots: bool,
     /// Only the snapshot rows and the series on a template.
     snapshots_only: bool,
+    /// Only the pause, resume and fork rows.
+    pauses_only: bool,
 }
 
 fn options() -> Result<Options> {
@@ -176,6 +182,7 @@ fn options() -> Result<Options> {
     let mut series_only = false;
     let mut snapshots = true;
     let mut snapshots_only = false;
+    let mut pauses_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -188,6 +195,7 @@ fn options() -> Result<Options> {
             "--series-only" => series_only = true,
             "--no-snapshots" => snapshots = false,
             "--snapshots-only" => snapshots_only = true,
+            "--pauses-only" => pauses_only = true,
             // What `cargo bench` passes to every bench target.
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
@@ -208,6 +216,7 @@ fn options() -> Result<Options> {
         series_only,
         snapshots,
         snapshots_only,
+        pauses_only,
     })
 }
 
@@ -217,12 +226,29 @@ async fn snapshots_only(opts: &Options, docker: &Docker) -> Result<()> {
         .await
         .context("the snapshot rows cannot run on this engine")?;
     let mut rows = bench_snapshots(opts, docker, &plain).await?;
+    rows.extend(bench_pauses(opts, docker, &plain).await?);
     let series = bench_series(opts, docker, SeriesProfile::Template(plain)).await?;
     rows.extend(series.rows);
     println!("{}", table(&rows));
     println!("{}", levels_table(&rows, &series.levels));
-    println!("{}", goal_table(&snapshot_goals(&rows)));
+    let mut goals = snapshot_goals(&rows);
+    goals.extend(pause_goals(&rows));
+    println!("{}", goal_table(&goals));
     let report = json!({"rows": rows, "series_levels": series.levels, "snapshots_only": true});
+    std::fs::write(&opts.out, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", opts.out.display()))?;
+    Ok(())
+}
+
+/// `--pauses-only`: the pause, resume and fork rows, printed and written as JSON.
+async fn pauses_only(opts: &Options, docker: &Docker) -> Result<()> {
+    let plain = snapshot_plain_dir(docker)
+        .await
+        .context("the pause rows cannot run on this engine")?;
+    let rows = bench_pauses(opts, docker, &plain).await?;
+    println!("{}", table(&rows));
+    println!("{}", goal_table(&pause_goals(&rows)));
+    let report = json!({"rows": rows, "pauses_only": true});
     std::fs::write(&opts.out, serde_json::to_vec_pretty(&report)?)
         .with_context(|| format!("writing {}", opts.out.display()))?;
     Ok(())
@@ -253,6 +279,9 @@ async fn run(opts: Options) -> Result<()> {
     if opts.snapshots_only {
         return snapshots_only(&opts, &docker).await;
     }
+    if opts.pauses_only {
+        return pauses_only(&opts, &docker).await;
+    }
     if opts.series_only {
         eprintln!("[bench] cold starts");
         rows.extend(bench_cold(&opts, &docker, &backend, &image).await?);
@@ -272,6 +301,11 @@ async fn run(opts: Options) -> Result<()> {
         match bench_snapshots(&opts, &docker, plain).await {
             Ok(snapshot_rows) => rows.extend(snapshot_rows),
             Err(err) => eprintln!("[bench] the snapshot rows failed: {err:#}"),
+        }
+        eprintln!("[bench] pauses: pause_sandbox, the resume, fork_sandbox");
+        match bench_pauses(&opts, &docker, plain).await {
+            Ok(pause_rows) => rows.extend(pause_rows),
+            Err(err) => eprintln!("[bench] the pause rows failed: {err:#}"),
         }
     }
     if opts.series && !opts.exec_only {

@@ -85,6 +85,7 @@ pub(crate) struct Goal {
 pub(crate) fn goals(rows: &[Row]) -> Vec<Goal> {
     let mut goals = earlier_goals(rows);
     goals.extend(snapshot_goals(rows));
+    goals.extend(pause_goals(rows));
     goals
 }
 

@@ -7,6 +7,7 @@ pub(crate) fn profile(image: &str) -> SandboxProfile {
     SandboxProfile {
         name: "default".into(),
         image: image.into(),
+        pull: sandgate_sandbox::PullPolicy::Never,
         runtime: sandgate_sandbox::OciRuntime::Runc,
         memory_mb: 512,
         cpus: 1.0,

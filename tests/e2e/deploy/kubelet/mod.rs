@@ -307,6 +307,7 @@ fn check_policies(manifests: &Manifests, running: &[(Workload, Container)], jobs
             "a gateway to the package index".into(),
         ));
     }
+    check_https_out(&policies, &gateways, &outgoing);
     for (client, server, port, what) in &used {
         assert!(
             connects(&policies, client, server, *port),
@@ -343,6 +344,100 @@ fn check_policies(manifests: &Manifests, running: &[(Workload, Container)], jobs
             }
         }
     }
+}
+
+/// HTTPS out is as narrow as the design allows: only the gateways (they download the wheels;
+/// nodes relay, the Job needs nothing outside) reach the package index, on 443 only, and never a
+/// private or metadata address.
+fn check_https_out(policies: &[Value], gateways: &[Peer], outgoing: &[(Workload, Value)]) {
+    let index = Peer::External(Ipv4Addr::new(198, 51, 100, 7));
+    for (workload, container) in outgoing {
+        let me = peer_of(workload, container);
+        if gateways
+            .iter()
+            .any(|g| format!("{g:?}") == format!("{me:?}"))
+        {
+            continue;
+        }
+        assert!(
+            !connects(policies, &me, &index, 443),
+            "{} has no business outside the cluster: the https-out policy leaves it out",
+            workload.what
+        );
+    }
+    for gateway in gateways {
+        for port in [80, 8443, 22] {
+            assert!(
+                !connects(policies, gateway, &index, port),
+                "a gateway reaches the index on 443 only, not {port}"
+            );
+        }
+        for private in [
+            Ipv4Addr::new(10, 1, 2, 3),
+            Ipv4Addr::new(172, 20, 0, 1),
+            Ipv4Addr::new(192, 168, 1, 1),
+            Ipv4Addr::new(169, 254, 169, 254),
+            Ipv4Addr::new(100, 64, 0, 1),
+        ] {
+            assert!(
+                !connects(policies, gateway, &Peer::External(private), 443),
+                "a gateway's https-out excludes {private} (private or metadata)"
+            );
+        }
+    }
+}
+
+/// The ConfigMap names the package index, and every gateway container has a writable volume at
+/// `packages.cache_dir` (its root filesystem is read-only).
+fn check_packages(manifests: &Manifests, workloads: &[Workload]) {
+    let config = manifests.config_map("sandgate-config");
+    let file = config.get("config.toml").expect("config.toml");
+    // The `[packages]` table's `key = "value"` lines (the test has no TOML parser; the
+    // ConfigMap writes plain strings).
+    let value = |key: &str| {
+        file.lines()
+            .map(str::trim)
+            .skip_while(|l| *l != "[packages]")
+            .skip(1)
+            .take_while(|l| !l.starts_with('['))
+            .find_map(|l| l.strip_prefix(key)?.trim().strip_prefix('=').map(str::trim))
+            .map(|v| v.trim_matches('"').to_owned())
+    };
+    let index = value("index_url").unwrap_or_default();
+    assert!(
+        index.starts_with("https://") && index.len() > "https://".len(),
+        "the ConfigMap sets packages.index_url to an https URL: {index:?}"
+    );
+    let cache_dir = value("cache_dir").expect("the ConfigMap sets packages.cache_dir");
+    let mut gateways = 0;
+    for workload in workloads {
+        for container in workload.containers() {
+            let serves = container["args"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|v| v == "serve"));
+            if !serves {
+                continue;
+            }
+            gateways += 1;
+            let mount = container["volumeMounts"]
+                .as_array()
+                .and_then(|m| m.iter().find(|m| m["mountPath"] == cache_dir.as_str()))
+                .unwrap_or_else(|| panic!("{}: a volume is mounted at {cache_dir}", workload.what));
+            assert_ne!(
+                mount["readOnly"],
+                Value::Bool(true),
+                "{}: the package cache is writable",
+                workload.what
+            );
+            let volume = workload.volume(mount["name"].as_str().expect("a mount name"));
+            assert!(
+                volume.get("emptyDir").is_some() || volume.get("persistentVolumeClaim").is_some(),
+                "{}: the package cache is a writable volume: {volume}",
+                workload.what
+            );
+        }
+    }
+    assert!(gateways > 0, "a gateway container was checked");
 }
 
 #[tokio::test]
@@ -384,6 +479,7 @@ async fn every_kubernetes_container_runs_as_the_kubelet_would_and_answers_its_pr
         !jobs.is_empty() && workloads.len() >= 2,
         "a migrate Job, nodes and gateways"
     );
+    check_packages(&manifests, &workloads);
     for job in &jobs {
         migrate(&kubelet, job).await;
     }

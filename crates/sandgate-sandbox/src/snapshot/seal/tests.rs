@@ -478,3 +478,42 @@ proptest! {
         });
     }
 }
+
+/// Not a check: how long sealing and opening a checkpoint-sized image take in this build
+/// profile, printed (`cargo test -p sandgate-sandbox --lib seal_timing -- --ignored
+/// --nocapture`), to see what the workspace's `[profile.dev.package.*]` opt-levels buy. The
+/// image is `SANDGATE_SEAL_TIMING_IMAGE` (a directory, e.g. a real runsc image) or else ~100 MB
+/// like one: memory pages half noise, half zeros and repeats.
+#[test]
+#[ignore = "a timing printout, not a test"]
+fn seal_timing_printout() {
+    runtime().block_on(async {
+        let scratch = Scratch::new();
+        let snapshot = match std::env::var_os("SANDGATE_SEAL_TIMING_IMAGE") {
+            Some(dir) => scratch.snapshot("snap_t", &read_tree(Path::new(&dir))),
+            None => {
+                let mut pages = noise(50 << 20, 9);
+                pages.extend(std::iter::repeat_n(0u8, 30 << 20));
+                pages.extend(b"import numpy, pandas\n".repeat(1 << 20));
+                scratch.snapshot("snap_t", &BTreeMap::from([("pages.img".to_owned(), pages)]))
+            }
+        };
+        let key = DataKey::generate();
+        let binding = aad("t", "snap_t");
+        let started = std::time::Instant::now();
+        let (stream, info) = sealed(&snapshot, &key, &binding).await;
+        let sealing = started.elapsed();
+        let started = std::time::Instant::now();
+        let opened = SealedSnapshot::open(&stream[..], &key, &binding, &scratch.open_dir())
+            .await
+            .expect("it opens");
+        let opening = started.elapsed();
+        eprintln!(
+            "image {} bytes, sealed {} bytes ({} chunks): sealing {sealing:?}, opening {opening:?}",
+            snapshot.size_bytes(),
+            info.sealed_bytes,
+            info.chunks,
+        );
+        assert_eq!(opened.size_bytes(), snapshot.size_bytes());
+    });
+}

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use sandgate_sandbox::{
-    CommandOptions, CommandOutcome, ContainerFate, DirEntry, EgressEnvInfo, EgressHandler,
-    ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexHandler, Job, Listing, OutputEvent,
-    PingInfo, Sandbox, SandboxError,
+    CommandOptions, CommandOutcome, ContainerFate, DirEntry, EgressEnv, EgressEnvInfo,
+    EgressHandler, ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexHandler, Job, Listing,
+    OutputEvent, PingInfo, Sandbox, SandboxError,
 };
 use tokio::sync::mpsc;
 
@@ -193,9 +193,12 @@ impl SandboxHandle {
 
     /// Turns the sandbox's egress proxy on or off (PROTOCOL.md, `egress_env`). `None` for a
     /// sandbox on another node: its node relays no egress yet, so it gets no proxy variables.
-    pub async fn set_egress_env(&self, proxy: bool) -> Option<Result<EgressEnvInfo, SandboxError>> {
+    pub async fn set_egress_env(
+        &self,
+        env: &EgressEnv,
+    ) -> Option<Result<EgressEnvInfo, SandboxError>> {
         match self {
-            Self::Local(s) => Some(s.channel().set_egress_env(proxy).await.map_err(Into::into)),
+            Self::Local(s) => Some(s.channel().set_egress_env(env).await.map_err(Into::into)),
             Self::Remote(_) => None,
         }
     }

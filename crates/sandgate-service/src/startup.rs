@@ -157,10 +157,16 @@ impl Services {
             .egress
             .target_check(config.only_loopback())
             .map_err(StartError::Egress)?;
+        let upstream_tls = config
+            .egress
+            .upstream_tls(config.only_loopback())
+            .map_err(StartError::Egress)?;
         let egress = crate::egress::EgressService::new(
             db.clone(),
             check,
             std::time::Duration::from_secs(config.egress.connect_timeout_seconds),
+            config.egress.sealer(config.only_loopback()),
+            upstream_tls,
         );
         let sandboxes = core.sandboxes.with_egress(egress);
         // The calls run here (a node runs none), and other replicas' consoles may interrupt them.

@@ -209,3 +209,34 @@ pub async fn delete_secret(
         .await?;
     Ok(done.rows_affected() > 0)
 }
+
+/// A secret as the egress component needs it for a connection: its bindings and its sealed
+/// value (opened only for a request it goes into).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct BoundSecret {
+    /// The name (also the placeholder's environment variable).
+    pub name: String,
+    /// The version its value was sealed for.
+    pub version: i32,
+    /// The hosts (names or wildcards) it may be sent to.
+    pub hosts: Vec<String>,
+    /// The request headers it may go into.
+    pub headers: Vec<String>,
+    /// The sealed value.
+    pub sealed: Vec<u8>,
+}
+
+/// A tenant's secrets with their bindings and sealed values, for the egress component.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn bound_secrets(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+) -> Result<Vec<BoundSecret>, StoreError> {
+    Ok(sqlx::query_as::<_, BoundSecret>(
+        "SELECT name, version, hosts, headers, sealed FROM tenant_secrets
+         WHERE tenant_id = $1 ORDER BY name",
+    )
+    .bind(tenant_id)
+    .fetch_all(conn)
+    .await?)
+}

@@ -80,6 +80,12 @@ INDEX_PATH = re.compile(r"^/(simple/(?:[A-Za-z0-9._-]+/)?|files/[0-9a-f]{64}/[A-
 # Egress (PROTOCOL.md, "egress_serve"; egress.py): the HTTP proxy on loopback inside the container
 # that HTTPS_PROXY names once the gateway turned egress on (`egress_env`).
 EGRESS_PORT = int(os.environ.get("SANDGATE_AGENT_EGRESS_PORT") or 3128)
+# Where the agent keeps the egress CA bundle it writes for user processes (tmpfs).
+EGRESS_STATE_DIR = os.environ.get("SANDGATE_AGENT_EGRESS_DIR") or "/tmp/.sandgate-egress"
+# The system's CA bundle, the first that exists (Debian's ca-certificates first).
+SYSTEM_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
+# At most this many egress CAs are kept in the bundle (one per gateway process that served it).
+EGRESS_MAX_CAS = 8
 # The longest request head the proxy reads (a CONNECT line and a few headers).
 EGRESS_MAX_HEAD = 16 * 1024
 # Bytes read from a client at a time (one egress_data event each).

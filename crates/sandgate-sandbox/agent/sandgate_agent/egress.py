@@ -15,13 +15,16 @@ says why: only HTTPS is relayed for now.
 
 import base64
 import binascii
+import os
 import queue
 import socket
+import tempfile
 import threading
 
 from .config import (
     EGRESS_CHUNK,
     EGRESS_IDLE_TIMEOUT_S,
+    EGRESS_MAX_CAS,
     EGRESS_MAX_CONNECTIONS,
     EGRESS_MAX_HEAD,
     EGRESS_NOT_SERVING,
@@ -29,7 +32,9 @@ from .config import (
     EGRESS_OPEN_TIMEOUT_S,
     EGRESS_PLAIN_HTTP,
     EGRESS_PORT,
+    EGRESS_STATE_DIR,
     EGRESS_WANTED_WAIT_S,
+    SYSTEM_CA_BUNDLES,
     WRITE_QUEUE_CHUNKS,
 )
 
@@ -38,6 +43,29 @@ from .config import (
 PROXY_VARIABLES = ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")
 NO_PROXY_VARIABLES = ("NO_PROXY", "no_proxy")
 NO_PROXY = "localhost,127.0.0.1,::1"
+# The CA bundle variables the common clients read (OpenSSL and so Python's ssl and urllib,
+# requests, curl, Node): each names the bundle of the system's roots and this sandbox's egress CA.
+CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+# Where the bundle is written (tmpfs; not under /home/user, so no download or archive holds it).
+CA_BUNDLE = os.path.join(EGRESS_STATE_DIR, "ca-bundle.pem")
+# Variables a secret's placeholder never replaces, whatever the gateway sends (the gateway refuses
+# such names when a secret is set; this is the second guard).
+RESERVED_NAMES = frozenset(
+    PROXY_VARIABLES
+    + NO_PROXY_VARIABLES
+    + CA_VARIABLES
+    + (
+        "PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "TERM", "TMPDIR", "TZ",
+        "LANG", "LANGUAGE", "SSL_CERT_DIR", "ALL_PROXY", "all_proxy", "MPLCONFIGDIR",
+        "IPYTHONDIR", "HOSTNAME", "MPLBACKEND",
+    )
+)
+RESERVED_PREFIXES = ("LC_", "LD_", "PYTHON", "SANDGATE", "PIP_", "JUPYTER", "NODE_", "OPENSSL")
+
+
+def reserved(name):
+    """Whether a placeholder may not take environment variable `name`."""
+    return name in RESERVED_NAMES or name.startswith(RESERVED_PREFIXES)
 
 
 def proxy_env(port):
@@ -48,9 +76,37 @@ def proxy_env(port):
     return env
 
 
-def all_env_names():
-    """Every variable `egress_env` sets or takes away."""
-    return list(PROXY_VARIABLES + NO_PROXY_VARIABLES)
+def fixed_env_names():
+    """The variables `egress_env` sets or takes away besides the placeholders."""
+    return list(PROXY_VARIABLES + NO_PROXY_VARIABLES + CA_VARIABLES)
+
+
+def system_roots():
+    """The system's CA bundle (Debian's ca-certificates), or "" where there is none."""
+    for path in SYSTEM_CA_BUNDLES:
+        try:
+            with open(path, encoding="ascii", errors="replace") as f:
+                return f.read()
+        except OSError:
+            continue
+    return ""
+
+
+def write_bundle(cas):
+    """Writes the system's roots and `cas` (PEM texts) to CA_BUNDLE, replacing it whole (a client
+    reading it meanwhile sees the old or the new one). Returns the path."""
+    os.makedirs(EGRESS_STATE_DIR, mode=0o700, exist_ok=True)
+    text = system_roots()
+    if text and not text.endswith("\n"):
+        text += "\n"
+    for pem in cas:
+        text += pem if pem.endswith("\n") else pem + "\n"
+    fd, tmp = tempfile.mkstemp(dir=EGRESS_STATE_DIR, prefix=".bundle-")
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, CA_BUNDLE)
+    return CA_BUNDLE
 
 
 class EgressRelay:
@@ -68,6 +124,8 @@ class EgressRelay:
         self.conns = {}  # connection id -> queue of the gateway's frames for it
         self.next_cid = 1
         self.enabled = False  # set by egress_env: the tenant has an egress policy
+        self.cas = []  # PEM texts of the egress CAs the gateway sent (egress_env), oldest first
+        self.placeholders = {}  # secret name -> placeholder token (egress_env)
         self.listener = None
 
     def start(self):
@@ -87,15 +145,41 @@ class EgressRelay:
         return self.listener.getsockname()[1] if self.listener else None
 
     def env(self):
-        """The proxy variables user processes get now ({} while egress is off)."""
+        """The variables user processes get now ({} while egress is off): the proxy's, the CA
+        bundle's once the gateway sent a CA, and the secrets' placeholders."""
         with self.lock:
-            on = self.enabled
+            on, cas, placeholders = self.enabled, list(self.cas), dict(self.placeholders)
         port = self.port()
-        return proxy_env(port) if on and port else {}
+        if not (on and port):
+            return {}
+        env = proxy_env(port)
+        if cas:
+            env.update({name: CA_BUNDLE for name in CA_VARIABLES})
+        env.update(placeholders)
+        return env
 
-    def set_enabled(self, on):
+    def set_enabled(self, on, ca_pem=None, placeholders=None):
+        """Egress on or off; with `ca_pem` (a CA the gateway's egress component signs with) added
+        to the bundle, and `placeholders` (name -> token) the secrets' variables from now on.
+        Returns the names of the variables to take out of user processes."""
+        ca_pem = ca_pem if isinstance(ca_pem, str) and "BEGIN CERTIFICATE" in ca_pem else None
+        wanted = {
+            name: token
+            for name, token in (placeholders or {}).items()
+            if isinstance(name, str) and isinstance(token, str) and not reserved(name)
+        }
         with self.lock:
             self.enabled = bool(on)
+            gone = set(self.placeholders) - set(wanted) if on else set(self.placeholders)
+            self.placeholders = wanted if on else {}
+            fresh = ca_pem is not None and ca_pem not in self.cas
+            if fresh:
+                # A few at most: one per gateway process that served this sandbox.
+                self.cas = (self.cas + [ca_pem])[-EGRESS_MAX_CAS:]
+            cas = list(self.cas)
+        if on and (fresh or (cas and not os.path.exists(CA_BUNDLE))):
+            write_bundle(cas)
+        return sorted(gone)
 
     def accept_loop(self):
         while True:

@@ -10,7 +10,7 @@ import threading
 import time
 
 from .commands import Commands
-from .egress import EgressRelay, all_env_names
+from .egress import EgressRelay, fixed_env_names
 from .files import Files
 from .jobs import Jobs
 from .kernels import Cells
@@ -194,16 +194,23 @@ class Agent(FrameServer):
 
     def op_egress_env(self, req_id, frame):
         """Egress on or off for this sandbox (PROTOCOL.md, `egress_env`): the proxy variables of
-        user processes, the kernel's included, and whether the proxy asks the gateway at all."""
+        user processes, the kernel's included, the CA bundle and the secrets' placeholders, and
+        whether the proxy asks the gateway at all."""
         proxy = frame.get("proxy")
         if not isinstance(proxy, bool):
             raise OpError("bad_request", "egress_env needs a boolean 'proxy'")
-        self.spawn("egress_env", self.run_egress_env, req_id, proxy)
+        ca_pem = frame.get("ca_pem")
+        if ca_pem is not None and not isinstance(ca_pem, str):
+            raise OpError("bad_request", "egress_env's 'ca_pem' must be a PEM text")
+        placeholders = frame.get("placeholders") or {}
+        if not isinstance(placeholders, dict):
+            raise OpError("bad_request", "egress_env's 'placeholders' must be an object")
+        self.spawn("egress_env", self.run_egress_env, req_id, proxy, ca_pem, placeholders)
 
-    def run_egress_env(self, req_id, proxy):
-        self.egress.set_enabled(proxy)
+    def run_egress_env(self, req_id, proxy, ca_pem=None, placeholders=None):
+        gone = self.egress.set_enabled(proxy, ca_pem, placeholders)
         env = self.egress.env()
-        names = all_env_names()
+        names = fixed_env_names() + gone
         self.rt.extra_env = dict(env)
         unset = [name for name in names if name not in env]
         # A kernel still starting has its environment already (it was started with the old
@@ -221,6 +228,7 @@ class Agent(FrameServer):
                 "port": self.egress.port(),
                 "kernel_pid": kernel_pid,
                 "kernel_applied": applied,
+                "placeholders": sorted(name for name in env if name in self.egress.placeholders),
             },
         )
 

@@ -106,6 +106,8 @@ class AgentProcess:
         # Each agent's package index relay on a port of its own (tests run agents side by side).
         env["SANDGATE_AGENT_INDEX_PORT"] = "0"
         env["SANDGATE_AGENT_EGRESS_PORT"] = "0"
+        # And a directory of its own for the egress CA bundle.
+        env["SANDGATE_AGENT_EGRESS_DIR"] = str(home / ".egress")
         if hide_ipython:
             stub = workdir / "no-ipython"
             (stub / "IPython").mkdir(parents=True, exist_ok=True)

@@ -96,6 +96,52 @@ def test_egress_env_sets_the_proxy_variables_of_the_kernel_and_commands_and_take
     assert "".join(e["data"] for e in events if e["event"] == "stdout").strip() == "0"
 
 
+CA_PEM = "-----BEGIN CERTIFICATE-----\nTUlJQnRoaXMtaXMtYS10ZXN0\n-----END CERTIFICATE-----\n"
+
+
+def test_egress_env_brings_the_ca_bundle_and_the_placeholders_and_takes_them_out(agent):
+    _, answer = agent.ok(
+        "egress_env",
+        proxy=True,
+        ca_pem=CA_PEM,
+        placeholders={"SHOP_TOKEN": "sgp_shop_1234", "PATH": "sgp_evil", "LD_PRELOAD": "sgp_evil"},
+    )
+    assert answer["kernel_applied"] is True and answer["placeholders"] == ["SHOP_TOKEN"], answer
+    got = printed(
+        agent,
+        "import os\nprint(os.environ['SHOP_TOKEN'], os.environ['SSL_CERT_FILE'] == os.environ['REQUESTS_CA_BUNDLE'] == os.environ['NODE_EXTRA_CA_CERTS'], os.environ.get('LD_PRELOAD'), 'sgp' in os.environ['PATH'])",
+    )
+    assert got == "sgp_shop_1234 True None False", got
+    bundle = printed(agent, "import os\nprint(open(os.environ['SSL_CERT_FILE']).read())")
+    assert CA_PEM.strip() in bundle, bundle
+    # The system's roots stay trusted beside it (where the host has a bundle).
+    import os.path
+    if os.path.exists("/etc/ssl/certs/ca-certificates.crt"):
+        assert bundle.count("BEGIN CERTIFICATE") > 10, bundle[:200]
+    events, _ = agent.call("command", command="echo $SHOP_TOKEN $CURL_CA_BUNDLE", timeout_ms=10_000)
+    out = "".join(e["data"] for e in events if e["event"] == "stdout").split()
+    assert out[0] == "sgp_shop_1234" and out[1].endswith("ca-bundle.pem"), out
+
+    # A second CA (another gateway process) joins the first; a secret taken out leaves.
+    second = CA_PEM.replace("dGVzdA", "c2Vjb25k")
+    _, answer = agent.ok("egress_env", proxy=True, ca_pem=second, placeholders={})
+    assert answer["placeholders"] == [], answer
+    got = printed(agent, "import os\nb = open(os.environ['SSL_CERT_FILE']).read()\nprint(os.environ.get('SHOP_TOKEN'), 'c2Vjb25k' in b, 'dGVzdA' in b)")
+    assert got == "None True True", got
+
+    # Off: every variable leaves, the bundle's too.
+    agent.ok("egress_env", proxy=False)
+    got = printed(agent, "import os\nprint([k for k in os.environ if k in ('SSL_CERT_FILE', 'SHOP_TOKEN', 'CURL_CA_BUNDLE')])")
+    assert got == "[]", got
+
+
+def test_egress_env_refuses_a_bad_ca_or_placeholders(agent):
+    for fields, word in (({"ca_pem": 3}, "ca_pem"), ({"placeholders": ["A"]}, "placeholders")):
+        _, final = agent.call("egress_env", proxy=True, **fields)
+        assert not final["ok"] and final["error"]["kind"] == "bad_request", final
+        assert word in final["error"]["message"], final
+
+
 def test_plain_http_through_the_proxy_is_refused_with_a_clear_text(agent):
     agent.ok("egress_env", proxy=True)
     sock = proxy(agent)

@@ -111,6 +111,22 @@ pub struct EgressEnvInfo {
     /// gets them at its start).
     #[serde(default)]
     pub kernel_applied: bool,
+    /// The secrets' variables user processes now have (names only).
+    #[serde(default)]
+    pub placeholders: Vec<String>,
+}
+
+/// What `egress_env` gives a sandbox's user processes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EgressEnv {
+    /// The proxy variables on (CONNECTs relayed) or off (taken out, CONNECTs refused).
+    pub proxy: bool,
+    /// A CA certificate (PEM) the egress component signs intercepted connections with: the agent
+    /// adds it to the bundle the CA variables name. Never a key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
+    /// Secrets' placeholders: variable name -> opaque token (never a value).
+    pub placeholders: std::collections::BTreeMap<String, String>,
 }
 
 /// What the agent said about one connection.
@@ -124,8 +140,9 @@ impl AgentChannel {
     /// Turns the sandbox's egress proxy on (`proxy`: the proxy variables for the kernel and
     /// commands, CONNECTs relayed) or off (variables taken out, CONNECTs refused by the agent).
     #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.shared.label))]
-    pub async fn set_egress_env(&self, proxy: bool) -> Result<EgressEnvInfo, ChannelError> {
-        let mut call = self.start("egress_env", json!({"proxy": proxy})).await?;
+    pub async fn set_egress_env(&self, env: &EgressEnv) -> Result<EgressEnvInfo, ChannelError> {
+        let frame = serde_json::to_value(env).expect("an egress env serializes");
+        let mut call = self.start("egress_env", frame).await?;
         // The agent waits up to 30 s for a kernel that is still starting.
         let waited = self.inner.config.call_timeout + Duration::from_secs(30);
         let result = call.finish("egress_env", waited).await?;

@@ -20,7 +20,8 @@ mod types;
 
 use budget::*;
 pub use egress::{
-    EgressEnd, EgressEnvInfo, EgressHandler, EgressIo, EgressRefusal, EgressTally, EgressUpstream,
+    EgressEnd, EgressEnv, EgressEnvInfo, EgressHandler, EgressIo, EgressRefusal, EgressTally,
+    EgressUpstream,
 };
 pub use error::{AgentError, ChannelError};
 pub use files::FileChunks;

@@ -24,6 +24,11 @@ pub struct EgressConfig {
     /// although loopback is refused otherwise. Refused at start unless the deployment is
     /// loopback-only; empty (the default) in every real deployment.
     pub test_hosts: String,
+    /// Tests only: a PEM file of CA certificates the egress component trusts, besides the
+    /// system's trust store, when it re-originates TLS to an intercepted host (the tests' HTTPS
+    /// servers on loopback). Refused at start unless the deployment is loopback-only; empty (the
+    /// default) in every real deployment.
+    pub test_ca_file: String,
 }
 
 impl EgressConfig {
@@ -51,7 +56,40 @@ impl EgressConfig {
             self.target_check(loopback)
                 .map_err(|message| ("egress.test_hosts".to_owned(), message))?;
         }
+        if !self.test_ca_file.trim().is_empty() {
+            self.test_ca_pem(loopback)
+                .map_err(|message| ("egress.test_ca_file".to_owned(), message))?;
+        }
         Ok(())
+    }
+
+    /// The tests' CA certificates (`test_ca_file`), refused unless `loopback`; `None` when unset.
+    pub fn test_ca_pem(&self, loopback: bool) -> Result<Option<String>, String> {
+        let path = self.test_ca_file.trim();
+        if path.is_empty() {
+            return Ok(None);
+        }
+        if !loopback {
+            return Err(
+                "is for tests only: a CA the egress component trusts besides the system's, \
+                 accepted only when the public URL and the listen address are both loopback; \
+                 leave it empty"
+                    .to_owned(),
+            );
+        }
+        std::fs::read_to_string(path)
+            .map(Some)
+            .map_err(|e| format!("{path} cannot be read: {e}"))
+    }
+
+    /// The TLS client configuration of intercepted connections' servers: the system's trust
+    /// store and, on loopback in tests, `test_ca_file`.
+    pub fn upstream_tls(
+        &self,
+        loopback: bool,
+    ) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+        let test_ca = self.test_ca_pem(loopback)?;
+        crate::egress::upstream_config(test_ca.as_deref())
     }
 
     /// The target check egress connections go through: the system's resolver, or with

@@ -5,15 +5,18 @@
 //! So far: the rules and secrets are checked, sealed and stored (`sandgate admin tenant
 //! egress`, `sandgate admin tenant secret`), [`target`] decides where a connection may go, and
 //! [`EgressService`] (the egress component, in the gateway's process) decides, dials, budgets and
-//! audits the CONNECTs the agent's loopback proxy relays over the sandbox's channel. Plain
-//! tunnels only: TLS is not terminated and no secret is injected yet.
+//! audits the CONNECTs the agent's loopback proxy relays over the sandbox's channel: a plain
+//! tunnel, or for a host a secret is bound to, an interception that puts the secret's value
+//! where the sandbox's placeholder is ([`intercept`]).
 
 pub mod admin;
+mod intercept;
 mod relay;
 mod rules;
 mod secrets;
 pub mod target;
 
+pub use intercept::upstream_config;
 pub use relay::EgressService;
 pub use rules::{HostPattern, RuleError, parse_rule};
 pub use secrets::{

@@ -13,19 +13,27 @@
 //! connection is audited when it ends (refusals at once): tenant, sandbox, target, outcome,
 //! bytes each way.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{Datelike, Utc};
 use futures::future::BoxFuture;
-use sandgate_sandbox::{EgressHandler, EgressRefusal, EgressTally, EgressUpstream};
+use sandgate_sandbox::{EgressEnv, EgressHandler, EgressRefusal, EgressTally, EgressUpstream};
 use sandgate_store::PgPool;
 use sandgate_store::audit::{EgressConnection, Outcome};
 use sandgate_store::egress::EgressRule;
 use uuid::Uuid;
 
+use super::intercept::{Interception, OpenSecret, SandboxCa};
+use super::rules::HostPattern;
+use super::secrets::SecretSealer;
 use super::target::{CheckedTarget, TargetCheck};
+
+/// How many sandboxes' egress state (CA, what was delivered) a process keeps; the least recently
+/// used beyond it are forgotten (a forgotten sandbox gets a new CA and its variables again).
+const SANDBOXES_KEPT: usize = 65_536;
 
 /// The egress component of one process. Cheap to clone.
 #[derive(Clone)]
@@ -38,8 +46,19 @@ struct Inner {
     check: TargetCheck,
     connect_timeout: Duration,
     budgets: Mutex<Budgets>,
-    /// Sandboxes this process turned the proxy variables on in (`egress_env`).
-    proxied: Mutex<HashSet<String>>,
+    /// Opens the tenants' secrets and makes their placeholders; `None`: no secrets key.
+    sealer: Option<SecretSealer>,
+    /// TLS to the servers of intercepted connections.
+    upstream_tls: Arc<rustls::ClientConfig>,
+    /// Per sandbox: its CA in this process and what this process delivered to it.
+    sandboxes: Mutex<lru::LruCache<String, SandboxEgress>>,
+}
+
+/// One sandbox's egress state in this process.
+struct SandboxEgress {
+    ca: Arc<SandboxCa>,
+    /// The container and the `egress_env` (a digest of it) last delivered there.
+    delivered: Option<(String, u64)>,
 }
 
 impl std::fmt::Debug for EgressService {
@@ -60,48 +79,150 @@ struct Budgets {
 }
 
 impl EgressService {
-    /// The component over `db` (the tenants' rules, the audit trail), checking targets with
-    /// `check` and giving servers `connect_timeout` to accept.
-    pub fn new(db: PgPool, check: TargetCheck, connect_timeout: Duration) -> Self {
+    /// The component over `db` (the tenants' rules and secrets, the audit trail), checking
+    /// targets with `check`, giving servers `connect_timeout` to accept, opening secrets with
+    /// `sealer` and verifying the servers of intercepted connections with `upstream_tls`.
+    pub fn new(
+        db: PgPool,
+        check: TargetCheck,
+        connect_timeout: Duration,
+        sealer: Option<SecretSealer>,
+        upstream_tls: Arc<rustls::ClientConfig>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 db,
                 check,
                 connect_timeout,
                 budgets: Mutex::default(),
-                proxied: Mutex::default(),
+                sealer,
+                upstream_tls,
+                sandboxes: Mutex::new(lru::LruCache::new(
+                    NonZeroUsize::new(SANDBOXES_KEPT).expect("not zero"),
+                )),
             }),
         }
     }
 
     /// The handler of one call's CONNECTs in `sandbox_id` of `tenant`.
-    pub fn for_call(&self, tenant: Uuid, sandbox_id: &str) -> Arc<dyn EgressHandler> {
+    fn for_call(
+        &self,
+        tenant: Uuid,
+        sandbox_id: &str,
+        ca: Arc<SandboxCa>,
+    ) -> Arc<dyn EgressHandler> {
         Arc::new(CallEgress {
             service: self.clone(),
             tenant,
             sandbox_id: sandbox_id.to_owned(),
+            ca,
         })
+    }
+
+    /// `sandbox_id`'s CA in this process (made on first use).
+    fn ca(&self, sandbox_id: &str) -> Result<Arc<SandboxCa>, String> {
+        let mut sandboxes = lock(&self.inner.sandboxes);
+        if let Some(state) = sandboxes.get(sandbox_id) {
+            return Ok(state.ca.clone());
+        }
+        let ca = Arc::new(SandboxCa::new(sandbox_id).map_err(|e| e.to_string())?);
+        sandboxes.put(
+            sandbox_id.to_owned(),
+            SandboxEgress {
+                ca: ca.clone(),
+                delivered: None,
+            },
+        );
+        Ok(ca)
+    }
+
+    /// Whether `env` (its digest) is what this process last delivered to `sandbox_id` in
+    /// `container`.
+    fn delivered(&self, sandbox_id: &str, container: &str, digest: u64) -> bool {
+        lock(&self.inner.sandboxes)
+            .get(sandbox_id)
+            .and_then(|s| s.delivered.as_ref())
+            .is_some_and(|(c, d)| c == container && *d == digest)
+    }
+
+    /// Records what was delivered to `sandbox_id` in `container`.
+    fn set_delivered(&self, sandbox_id: &str, container: &str, digest: u64) {
+        if let Some(state) = lock(&self.inner.sandboxes).get_mut(sandbox_id) {
+            state.delivered = Some((container.to_owned(), digest));
+        }
+    }
+
+    /// What `egress_env` gives `sandbox_id` of `tenant` now: the proxy, its CA and the
+    /// placeholders of the tenant's secrets, or (`proxy` false) nothing.
+    async fn env_for(
+        &self,
+        tenant: Uuid,
+        sandbox_id: &str,
+        proxy: bool,
+    ) -> Result<(EgressEnv, Option<Arc<SandboxCa>>), String> {
+        if !proxy {
+            return Ok((EgressEnv::default(), None));
+        }
+        let ca = self.ca(sandbox_id)?;
+        let mut placeholders = BTreeMap::new();
+        if let Some(sealer) = &self.inner.sealer {
+            let mut conn = self.inner.db.acquire().await.map_err(|e| e.to_string())?;
+            for secret in sandgate_store::egress::list_secrets(&mut conn, tenant)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                let token = sealer.placeholder(tenant, sandbox_id, &secret.name);
+                placeholders.insert(secret.name, token);
+            }
+        }
+        let env = EgressEnv {
+            proxy: true,
+            ca_pem: Some(ca.pem().to_owned()),
+            placeholders,
+        };
+        Ok((env, Some(ca)))
+    }
+
+    /// The tenant's secrets bound to `host`, opened, with `sandbox_id`'s placeholders.
+    async fn secrets_for(
+        &self,
+        tenant: Uuid,
+        sandbox_id: &str,
+        host: &str,
+    ) -> Result<Vec<OpenSecret>, String> {
+        let Some(sealer) = &self.inner.sealer else {
+            return Ok(Vec::new());
+        };
+        let mut conn = self.inner.db.acquire().await.map_err(|e| e.to_string())?;
+        let bound = sandgate_store::egress::bound_secrets(&mut conn, tenant)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut open = Vec::new();
+        for secret in bound {
+            let applies = secret
+                .hosts
+                .iter()
+                .any(|h| HostPattern::parse(h).is_ok_and(|p| p.matches(host)));
+            if !applies {
+                continue;
+            }
+            let value = sealer
+                .open(tenant, &secret.name, secret.version, &secret.sealed)
+                .map_err(|e| e.to_string())?;
+            open.push(OpenSecret {
+                placeholder: sealer.placeholder(tenant, sandbox_id, &secret.name),
+                name: secret.name,
+                value,
+                headers: secret.headers,
+            });
+        }
+        Ok(open)
     }
 
     /// A tenant's egress rules (empty: no route out).
     pub async fn rules(&self, tenant: Uuid) -> Result<Vec<EgressRule>, sandgate_store::StoreError> {
         let mut conn = self.inner.db.acquire().await?;
         sandgate_store::egress::rules(&mut conn, tenant).await
-    }
-
-    /// Whether this process turned the proxy variables on in `sandbox_id`.
-    pub(crate) fn proxied(&self, sandbox_id: &str) -> bool {
-        lock(&self.inner.proxied).contains(sandbox_id)
-    }
-
-    /// Records that the proxy variables are now on (or off) in `sandbox_id`.
-    pub(crate) fn set_proxied(&self, sandbox_id: &str, on: bool) {
-        let mut proxied = lock(&self.inner.proxied);
-        if on {
-            proxied.insert(sandbox_id.to_owned());
-        } else {
-            proxied.remove(sandbox_id);
-        }
     }
 
     /// Writes one connection to the audit trail (in the background: the connection does not
@@ -203,6 +324,7 @@ struct CallEgress {
     service: EgressService,
     tenant: Uuid,
     sandbox_id: String,
+    ca: Arc<SandboxCa>,
 }
 
 impl CallEgress {
@@ -269,6 +391,42 @@ impl CallEgress {
             );
             return Err(self.refuse(started, &shown, Outcome::Refused, 429, text));
         }
+        // The secrets bound to this host (their values opened now: a value that does not open
+        // refuses the connection rather than sending a request without it).
+        let secrets = match self
+            .service
+            .secrets_for(self.tenant, &self.sandbox_id, &target.host)
+            .await
+        {
+            Ok(secrets) => secrets,
+            Err(err) => {
+                tracing::error!(%err, authority = %shown, "egress: a secret bound to the target does not open");
+                let text = format!(
+                    "{shown}: a secret bound to this host cannot be opened now; the operator's \
+                     log says why"
+                );
+                return Err(self.refuse(started, &shown, Outcome::Failed, 503, text));
+            }
+        };
+        let interception = if secrets.is_empty() {
+            None
+        } else {
+            match Interception::new(
+                &self.ca,
+                &target.host,
+                target.port,
+                self.service.inner.upstream_tls.clone(),
+                secrets,
+            ) {
+                Ok(interception) => Some(interception),
+                Err(err) => {
+                    tracing::error!(%err, "egress: no certificate for an intercepted connection");
+                    let text =
+                        format!("{shown}: the egress component cannot intercept it now ({err})");
+                    return Err(self.refuse(started, &shown, Outcome::Failed, 503, text));
+                }
+            }
+        };
         let stream = match self.service.dial(&target).await {
             Ok(stream) => stream,
             Err(err) => {
@@ -279,21 +437,46 @@ impl CallEgress {
         let peer = stream
             .peer_addr()
             .map_or_else(|_| "?".to_owned(), |a| a.to_string());
-        tracing::info!(sandbox_id = %self.sandbox_id, authority = %shown, %peer, "egress connection open");
+        tracing::info!(
+            sandbox_id = %self.sandbox_id,
+            authority = %shown,
+            %peer,
+            intercepted = interception.is_some(),
+            "egress connection open"
+        );
+        let (io, injected): (Box<dyn sandgate_sandbox::EgressIo>, _) = match interception {
+            None => (Box::new(stream), None),
+            Some(interception) => {
+                let injected = interception.injected.clone();
+                let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                tokio::spawn(interception.run(theirs, stream));
+                (Box::new(ours), Some(injected))
+            }
+        };
         let done = CallEgress {
             service: self.service.clone(),
             tenant: self.tenant,
             sandbox_id: self.sandbox_id.clone(),
+            ca: self.ca.clone(),
         };
         let rule = target.rule.clone();
         let on_close = move |tally: EgressTally| {
             done.service
                 .spend_bytes(done.tenant, &rule, tally.sent + tally.received);
+            let secrets = injected.map_or_else(String::new, |names| {
+                let names = lock(&names);
+                if names.is_empty() {
+                    "; intercepted, no secret injected".to_owned()
+                } else {
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    format!("; intercepted, secrets injected: {}", names.join(", "))
+                }
+            });
             done.record(
                 Outcome::Ok,
                 started,
                 format!(
-                    "{shown} via {peer} {}: {} bytes sent, {} received",
+                    "{shown} via {peer} {}: {} bytes sent, {} received{secrets}",
                     tally.end.as_str(),
                     tally.sent,
                     tally.received
@@ -301,7 +484,7 @@ impl CallEgress {
             );
         };
         Ok(EgressUpstream {
-            io: Box::new(stream),
+            io,
             byte_limit,
             on_close: Box::new(on_close),
         })
@@ -327,8 +510,9 @@ impl crate::SandboxService {
 
     /// Runs `call` (a cell or a command in `resolved`) with the sandbox's package index and, for
     /// a tenant with an egress policy, its egress relay beside it. Before the call, the proxy
-    /// variables are turned on in a sandbox of a tenant with a policy (once per sandbox and
-    /// process), and off again should the policy be gone.
+    /// variables, the sandbox's CA and the secrets' placeholders are delivered to a sandbox of a
+    /// tenant with a policy (again whenever they change or the sandbox is in a new container: a
+    /// restore, a resume), and taken out again should the policy be gone.
     pub async fn with_relays<T>(
         &self,
         resolved: &crate::Resolved,
@@ -346,24 +530,43 @@ impl crate::SandboxService {
                 return call.await;
             }
         };
-        if wanted != egress.proxied(sandbox_id) {
-            match resolved.sandbox.set_egress_env(wanted).await {
+        let container = resolved.sandbox.container_id();
+        let (env, ca) = match egress.env_for(tenant, sandbox_id, wanted).await {
+            Ok(env) => env,
+            Err(err) => {
+                tracing::warn!(%err, "egress variables unknown; the call runs without egress");
+                return call.await;
+            }
+        };
+        let digest = {
+            use std::hash::{Hash as _, Hasher as _};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            serde_json::to_string(&env)
+                .unwrap_or_default()
+                .hash(&mut hasher);
+            hasher.finish()
+        };
+        // A sandbox this process never turned egress on in needs nothing to turn it off.
+        let known = lock(&egress.inner.sandboxes).contains(sandbox_id);
+        if (wanted || known) && !egress.delivered(sandbox_id, container, digest) {
+            match resolved.sandbox.set_egress_env(&env).await {
                 Some(Ok(info)) => {
                     tracing::debug!(
                         proxy = info.proxy,
                         kernel = info.kernel_applied,
+                        placeholders = ?info.placeholders,
                         "egress env"
                     );
-                    egress.set_proxied(sandbox_id, wanted);
+                    egress.set_delivered(sandbox_id, container, digest);
                 }
                 Some(Err(err)) => tracing::warn!(%err, "egress proxy variables not delivered"),
                 None => {} // another node's sandbox: no egress there yet
             }
         }
-        if !wanted {
+        let Some(ca) = ca else {
             return call.await;
-        }
-        let handler = egress.for_call(tenant, sandbox_id);
+        };
+        let handler = egress.for_call(tenant, sandbox_id, ca);
         resolved.sandbox.with_egress(handler, call).await
     }
 }

@@ -19,6 +19,40 @@ const SEALED_V1: u8 = 1;
 const NONCE_BYTES: usize = 24;
 /// The label of the sealing key's derivation from the configured egress secrets key.
 const SEAL_PURPOSE: &str = "tenant egress secrets v1";
+/// The label of the placeholders' key's derivation from the configured egress secrets key.
+const PLACEHOLDER_PURPOSE: &str = "tenant egress placeholders v1";
+/// Environment variables a secret's placeholder may not take (the agent's own guard is the same):
+/// names the shell, Python, the loader, the proxy and the CA bundle read.
+const RESERVED_NAMES: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "PWD",
+    "OLDPWD",
+    "TERM",
+    "TMPDIR",
+    "TZ",
+    "LANG",
+    "LANGUAGE",
+    "HOSTNAME",
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "MPLCONFIGDIR",
+    "MPLBACKEND",
+    "IPYTHONDIR",
+];
+/// Prefixes of variables a placeholder may not take.
+const RESERVED_PREFIXES: &[&str] = &[
+    "LC_", "LD_", "PYTHON", "SANDGATE", "PIP_", "JUPYTER", "NODE_", "OPENSSL",
+];
 /// The label of a sealed value's associated data.
 const AAD_PURPOSE: &[u8] = b"sandgate tenant secret v1\0";
 /// The longest value, bytes (a header value: a token, not a document).
@@ -39,6 +73,11 @@ pub enum SecretError {
          with a letter (it becomes the placeholder's environment variable, e.g. SHOP_TOKEN)"
     )]
     BadName(String),
+    /// The name is an environment variable the sandbox's programs need for themselves.
+    #[error(
+        "{0} cannot be a secret's name: its placeholder would replace an environment variable          the sandbox needs (PATH, HOME, the proxy and CA variables, LC_*, LD_*, PYTHON*,          SANDGATE*, PIP_*, NODE_*, ...); choose a name of its own, e.g. SHOP_TOKEN"
+    )]
+    ReservedName(String),
     /// The header may not carry a secret.
     #[error(
         "{0:?} cannot carry a secret: name an HTTP request header such as authorization or \
@@ -79,8 +118,13 @@ pub fn check_secret_name(name: &str) -> Result<(), SecretError> {
         && name
             .bytes()
             .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
-    ok.then_some(())
-        .ok_or_else(|| SecretError::BadName(name.to_owned()))
+    if !ok {
+        return Err(SecretError::BadName(name.to_owned()));
+    }
+    if RESERVED_NAMES.contains(&name) || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p)) {
+        return Err(SecretError::ReservedName(name.to_owned()));
+    }
+    Ok(())
 }
 
 /// Checks a header a secret may go into; returns it lower-case.
@@ -162,6 +206,8 @@ impl SecretBinding {
 #[derive(Clone)]
 pub struct SecretSealer {
     cipher: Arc<XChaCha20Poly1305>,
+    /// Keys the placeholders (`Self::placeholder`).
+    placeholders: Arc<zeroize::Zeroizing<[u8; 32]>>,
 }
 
 impl std::fmt::Debug for SecretSealer {
@@ -179,7 +225,26 @@ impl SecretSealer {
         derived.zeroize();
         Self {
             cipher: Arc::new(cipher),
+            placeholders: Arc::new(zeroize::Zeroizing::new(crate::keys::derive_key(
+                key,
+                PLACEHOLDER_PURPOSE,
+            ))),
         }
+    }
+
+    /// The placeholder of secret `name` in sandbox `sandbox_id` of `tenant`: an opaque token
+    /// (`sgp_` and 32 hex digits), the same on every replica and across rotations, different in
+    /// every sandbox, so a placeholder seen in one sandbox stands for nothing in another.
+    pub fn placeholder(&self, tenant: Uuid, sandbox_id: &str, name: &str) -> String {
+        use hmac::{Hmac, Mac};
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.placeholders[..])
+            .expect("HMAC takes any key length");
+        mac.update(tenant.as_bytes());
+        mac.update(sandbox_id.as_bytes());
+        mac.update(&[0]);
+        mac.update(name.as_bytes());
+        let digest = mac.finalize().into_bytes();
+        format!("sgp_{}", hex::encode(&digest[..16]))
     }
 
     fn aad(tenant: Uuid, name: &str, version: i32) -> Vec<u8> {
@@ -288,6 +353,31 @@ mod tests {
     }
 
     #[test]
+    fn a_placeholder_is_opaque_and_differs_by_sandbox_tenant_name_and_key() {
+        let sealer = SecretSealer::new(KEY);
+        let (acme, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let one = sealer.placeholder(acme, "sbx_1", "SHOP_TOKEN");
+        assert!(one.starts_with("sgp_") && one.len() == 36, "{one}");
+        assert_eq!(
+            one,
+            sealer.placeholder(acme, "sbx_1", "SHOP_TOKEN"),
+            "stable"
+        );
+        for different in [
+            sealer.placeholder(acme, "sbx_2", "SHOP_TOKEN"),
+            sealer.placeholder(other, "sbx_1", "SHOP_TOKEN"),
+            sealer.placeholder(acme, "sbx_1", "SHOP_KEY"),
+            SecretSealer::new(b"another egress secrets key, also 32 characters").placeholder(
+                acme,
+                "sbx_1",
+                "SHOP_TOKEN",
+            ),
+        ] {
+            assert_ne!(one, different);
+        }
+    }
+
+    #[test]
     fn the_deployment_secret_opens_no_tenant_secret() {
         // keys.secret and the egress secrets key are separate settings; even the same text in
         // both derives another key here than the signing seeds' and the snapshots'.
@@ -327,6 +417,22 @@ mod tests {
             &"A".repeat(65),
         ] {
             assert!(check_secret_name(bad).is_err(), "{bad:?}");
+        }
+        for reserved in [
+            "PATH",
+            "HOME",
+            "LD_PRELOAD",
+            "PYTHONPATH",
+            "SSL_CERT_FILE",
+            "LC_ALL",
+        ] {
+            assert!(
+                matches!(
+                    check_secret_name(reserved),
+                    Err(SecretError::ReservedName(_))
+                ),
+                "{reserved}"
+            );
         }
         assert_eq!(check_header_name("Authorization").unwrap(), "authorization");
         assert_eq!(check_header_name("X-Api-Key").unwrap(), "x-api-key");

@@ -57,9 +57,10 @@ if (($# == 0)); then
 		step "sandbox integration tests under gVisor (runsc)"
 		SANDGATE_TEST_RUNTIME=runsc cargo test -p sandgate-sandbox --test it --locked
 		# The MCP conversations too (the analyst's, with a long-form listing, through both the
-		# official Python SDK and rmcp's client): a few minutes, not the whole e2e suite again.
-		step "MCP conversations under gVisor (runsc)"
-		SANDGATE_TEST_RUNTIME=runsc cargo test -p sandgate --test e2e --locked -- python_sdk:: support_analyst
+		# official Python SDK and rmcp's client) and egress (the relay, secrets by placeholder):
+		# a few minutes, not the whole e2e suite again.
+		step "MCP conversations and egress under gVisor (runsc)"
+		SANDGATE_TEST_RUNTIME=runsc cargo test -p sandgate --test e2e --locked -- python_sdk:: support_analyst egress
 	else
 		step "warning: the Docker engine has no runsc runtime; gVisor tests not run"
 	fi

@@ -8,6 +8,7 @@ mod db_roles;
 mod db_tls;
 mod deploy;
 mod egress;
+mod egress_secrets;
 mod endings;
 mod erasure;
 mod error_kinds;

@@ -123,7 +123,18 @@ impl Gateway {
         instance: &str,
         extra_env: &[(&str, &str)],
     ) -> Gateway {
-        Self::launch(database_url, instance, extra_env, false).await
+        Self::launch(database_url, instance, extra_env, false, None).await
+    }
+
+    /// Like [`Gateway::start`], its log (at `RUST_LOG=debug` unless set) written to `log`: for
+    /// the tests that search it.
+    pub async fn start_logged(
+        database_url: &str,
+        extra_env: &[(&str, &str)],
+        log: &std::path::Path,
+    ) -> Gateway {
+        let instance = format!("e2e-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        Self::launch(database_url, &instance, extra_env, false, Some(log)).await
     }
 
     /// `sandgate serve --gateway-only`: a replica of `instance`'s deployment without a node of
@@ -133,7 +144,7 @@ impl Gateway {
         instance: &str,
         extra_env: &[(&str, &str)],
     ) -> Gateway {
-        Self::launch(database_url, instance, extra_env, true).await
+        Self::launch(database_url, instance, extra_env, true, None).await
     }
 
     async fn launch(
@@ -141,6 +152,7 @@ impl Gateway {
         instance: &str,
         extra_env: &[(&str, &str)],
         gateway_only: bool,
+        log: Option<&std::path::Path>,
     ) -> Gateway {
         let mut env: Vec<(String, String)> = vec![
             ("SANDGATE_NODE__LISTEN".into(), "127.0.0.1:0".into()),
@@ -175,6 +187,13 @@ impl Gateway {
                 Stdio::null()
             })
             .kill_on_drop(true);
+        if let Some(log) = log {
+            let file = std::fs::File::create(log).expect("the gateway's log file");
+            command.stderr(file);
+            if std::env::var_os("RUST_LOG").is_none() {
+                command.env("RUST_LOG", "debug");
+            }
+        }
         let mut child = command.spawn().expect("the sandgate binary starts");
         let stdout = child.stdout.take().expect("stdout is piped");
         let mut lines = BufReader::new(stdout).lines();

@@ -95,7 +95,9 @@ def system_roots():
 def write_bundle(cas):
     """Writes the system's roots and `cas` (PEM texts) to CA_BUNDLE, replacing it whole (a client
     reading it meanwhile sees the old or the new one). Returns the path."""
-    os.makedirs(EGRESS_STATE_DIR, mode=0o700, exist_ok=True)
+    # Readable by user processes, which may run under another uid than the agent.
+    os.makedirs(EGRESS_STATE_DIR, mode=0o755, exist_ok=True)
+    os.chmod(EGRESS_STATE_DIR, 0o755)
     text = system_roots()
     if text and not text.endswith("\n"):
         text += "\n"

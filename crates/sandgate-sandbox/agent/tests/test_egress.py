@@ -123,10 +123,10 @@ def test_egress_env_brings_the_ca_bundle_and_the_placeholders_and_takes_them_out
     assert out[0] == "sgp_shop_1234" and out[1].endswith("ca-bundle.pem"), out
 
     # A second CA (another gateway process) joins the first; a secret taken out leaves.
-    second = CA_PEM.replace("dGVzdA", "c2Vjb25k")
+    second = CA_PEM.replace("YS10ZXN0", "c2Vjb25k")
     _, answer = agent.ok("egress_env", proxy=True, ca_pem=second, placeholders={})
     assert answer["placeholders"] == [], answer
-    got = printed(agent, "import os\nb = open(os.environ['SSL_CERT_FILE']).read()\nprint(os.environ.get('SHOP_TOKEN'), 'c2Vjb25k' in b, 'dGVzdA' in b)")
+    got = printed(agent, "import os\nb = open(os.environ['SSL_CERT_FILE']).read()\nprint(os.environ.get('SHOP_TOKEN'), 'c2Vjb25k' in b, 'YS10ZXN0' in b)")
     assert got == "None True True", got
 
     # Off: every variable leaves, the bundle's too.

@@ -21,7 +21,9 @@ pub struct EgressConfig {
     pub connect_timeout_seconds: u64,
     /// Tests only: `name=127.0.0.1:port` pairs, comma-separated. Each name resolves to that
     /// loopback address (never through the system's resolver), and that address is reachable
-    /// although loopback is refused otherwise. Refused at start unless the deployment is
+    /// although loopback is refused otherwise. `name=address` (no port) only resolves, to test
+    /// the address checks: nothing but the listed loopback servers is ever dialed. A name listed
+    /// twice resolves to both. Refused at start unless the deployment is
     /// loopback-only; empty (the default) in every real deployment.
     pub test_hosts: String,
     /// Tests only: a PEM file of CA certificates the egress component trusts, besides the
@@ -101,18 +103,28 @@ impl EgressConfig {
             return Ok(TargetCheck::system());
         }
         let mut overrides = TestOverrides::new(loopback).map_err(|e| e.to_string())?;
+        // A name may be listed more than once (it resolves to every address given); a pair
+        // without a port only resolves (to test the address checks), it is never dialed.
+        let mut names: Vec<(String, Vec<std::net::IpAddr>)> = Vec::new();
         for pair in hosts.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (name, addr) = pair
                 .split_once('=')
-                .ok_or_else(|| format!("{pair:?} is not name=127.0.0.1:port"))?;
-            let addr: std::net::SocketAddr = addr
-                .trim()
-                .parse()
-                .map_err(|_| format!("{addr:?} is not an address and port"))?;
-            overrides = overrides
-                .resolve(name.trim(), &[addr.ip()])
-                .reach(addr)
-                .map_err(|e| e.to_string())?;
+                .ok_or_else(|| format!("{pair:?} is not name=127.0.0.1:port (or name=address)"))?;
+            let (name, addr) = (name.trim(), addr.trim());
+            let ip = if let Ok(server) = addr.parse::<std::net::SocketAddr>() {
+                overrides = overrides.reach(server).map_err(|e| e.to_string())?;
+                server.ip()
+            } else {
+                addr.parse::<std::net::IpAddr>()
+                    .map_err(|_| format!("{addr:?} is not an address (and port)"))?
+            };
+            match names.iter_mut().find(|(n, _)| n == name) {
+                Some((_, ips)) => ips.push(ip),
+                None => names.push((name.to_owned(), vec![ip])),
+            }
+        }
+        for (name, ips) in &names {
+            overrides = overrides.resolve(name, ips);
         }
         Ok(TargetCheck::test(overrides))
     }

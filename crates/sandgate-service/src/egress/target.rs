@@ -94,6 +94,18 @@ pub enum TargetError {
     /// A test override aimed at an address that is not loopback.
     #[error("an egress test override may reach loopback addresses only, not {0}")]
     OverrideNotLoopback(SocketAddr),
+    /// Under the tests' overrides, an address that passed the checks but is not a listed test
+    /// server: tests never dial anything else.
+    #[error(
+        "{host} resolves to {addr}, which is not one of the egress test servers (under the tests' \
+         overrides nothing else is dialed)"
+    )]
+    NotATestServer {
+        /// The name.
+        host: String,
+        /// The address it resolved to.
+        addr: SocketAddr,
+    },
 }
 
 /// A kind of address egress never reaches.
@@ -425,6 +437,9 @@ impl TargetCheck {
                     addr: ip,
                     range,
                 });
+            }
+            if self.overrides.is_some() && !self.reachable(addr) {
+                return Err(TargetError::NotATestServer { host, addr });
             }
             if !addrs.contains(&addr) {
                 addrs.push(addr);

@@ -774,8 +774,11 @@ async fn a_cell_reaches_an_allowed_host_through_the_relay_and_nothing_else() {
         },
     )
     .await;
+    // How it ended depends on who noticed first: both sides closing (`closed`) or the call
+    // ending while the client's socket was still being closed (`relay_closed`, seen under gVisor).
     assert!(
-        trail.contains(&format!("shop.sandgate.test:{port} via {server} closed: "))
+        (trail.contains(&format!("shop.sandgate.test:{port} via {server} closed: "))
+            || trail.contains(&format!("shop.sandgate.test:{port} via {server} relay_closed: ")))
             && trail.contains("bytes sent"),
         "an open connection is audited with its bytes: {trail}"
     );

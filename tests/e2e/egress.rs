@@ -778,7 +778,9 @@ async fn a_cell_reaches_an_allowed_host_through_the_relay_and_nothing_else() {
     // ending while the client's socket was still being closed (`relay_closed`, seen under gVisor).
     assert!(
         (trail.contains(&format!("shop.sandgate.test:{port} via {server} closed: "))
-            || trail.contains(&format!("shop.sandgate.test:{port} via {server} relay_closed: ")))
+            || trail.contains(&format!(
+                "shop.sandgate.test:{port} via {server} relay_closed: "
+            )))
             && trail.contains("bytes sent"),
         "an open connection is audited with its bytes: {trail}"
     );

@@ -581,6 +581,62 @@ async fn a_secret_reaches_the_server_in_its_header_and_never_the_sandbox() {
         transcript.contains(&placeholder) && !transcript.contains(&value),
         "the transcript holds the placeholder only"
     );
+    // It notes each call's connections after the call: the injection by name, the refusals.
+    let html = crate::pause_many::transcript(&client, &sandbox, "html").await;
+    let notes: Vec<&str> = html
+        .split("<p class=\"mark egress\">")
+        .skip(1)
+        .map(|rest| rest.split("</p>").next().unwrap_or_default())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("Egress during the call above")
+                && n.contains("secrets injected: SHOP_TOKEN")),
+        "the transcript notes the intercepted connection: {notes:?} in {}",
+        html.find("Egress during")
+            .map_or("no note at all", |at| &html
+                [at.saturating_sub(200)..(at + 300).min(html.len())])
+    );
+    assert!(
+        notes.iter().any(
+            |n| n.contains("Egress during the call above (10 connections)")
+                && n.contains("is an address")
+        ),
+        "and the refused ones, as many as there were: {notes:?}"
+    );
+    assert!(
+        !html.contains(&value),
+        "the HTML transcript holds no value either"
+    );
+    // Counted in /metrics.
+    let metrics = reqwest::get(format!("{}/metrics", gateway.base_url))
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .unwrap();
+    let count = |needle: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(needle))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        count("sandgate_egress_connections_total{outcome=\"ok\",kind=\"intercepted\"}") >= 5.0
+            && count("sandgate_egress_connections_total{outcome=\"refused\",kind=\"tunnel\"}")
+                >= 13.0
+            && count("sandgate_egress_secrets_injected_total") >= 4.0
+            && count("sandgate_egress_bytes_total{direction=\"received\"}") > 0.0,
+        "egress is counted in /metrics: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("egress"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     // Every connection is audited: the injection by name, refusals with their reasons.
     let trail = support::eventually(
         Duration::from_secs(30),

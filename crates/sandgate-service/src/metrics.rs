@@ -385,6 +385,23 @@ fn register_counters(registry: &mut Registry) {
          full transcript does not keep)",
         crate::transcripts::lost_counter().clone(),
     );
+    let egress = crate::egress::metrics::counters();
+    registry.register(
+        "egress_connections",
+        "Egress CONNECTs from sandboxes, by outcome (ok, refused by the policy, the target check \
+         or a budget, failed) and kind (tunnel, or intercepted for a secret bound to the host)",
+        egress.connections.clone(),
+    );
+    registry.register(
+        "egress_bytes",
+        "Bytes egress connections carried, by direction (sent: sandbox to server)",
+        egress.bytes.clone(),
+    );
+    registry.register(
+        "egress_secrets_injected",
+        "Requests an egress secret's value was put into (one per secret and request)",
+        egress.secrets_injected.clone(),
+    );
     registry.register(
         "transcript_entries_over_budget",
         "Transcript entries not kept because their tenant's stored transcripts were at their \

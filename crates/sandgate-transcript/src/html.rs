@@ -101,6 +101,7 @@ fn render_part(transcript: &Transcript, part: &Part, html_results: HtmlResults) 
                         Entry::Resume(mark) => p.mark { (mark.describe()) },
                         Entry::ForkedInto(mark) => p.mark { (mark.describe_into()) },
                         Entry::ForkedFrom(mark) => p.mark { (mark.describe_from()) },
+                        Entry::Egress(note) => p.mark.egress { (note.describe()) },
                     }
                 }
             }

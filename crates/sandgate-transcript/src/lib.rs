@@ -44,6 +44,9 @@ pub enum Entry {
     /// This sandbox began as a copy of another: the mark in the copy's transcript, naming the
     /// source.
     ForkedFrom(ForkMark),
+    /// The egress connections of the call just before it (a cell or a command), opened or
+    /// refused.
+    Egress(EgressNote),
 }
 
 impl Entry {
@@ -56,6 +59,7 @@ impl Entry {
             Entry::Pause(m) => m.by.as_deref(),
             Entry::Resume(m) => m.by.as_deref(),
             Entry::ForkedInto(m) | Entry::ForkedFrom(m) => m.by.as_deref(),
+            Entry::Egress(n) => n.by.as_deref(),
         }
     }
 
@@ -85,6 +89,7 @@ impl Entry {
             Entry::Pause(m) => m.by = by,
             Entry::Resume(m) => m.by = by,
             Entry::ForkedInto(m) | Entry::ForkedFrom(m) => m.by = by,
+            Entry::Egress(n) => n.by = by,
         }
     }
 
@@ -99,6 +104,7 @@ impl Entry {
             Entry::Resume(_) => "resume",
             Entry::ForkedInto(_) => "forked_into",
             Entry::ForkedFrom(_) => "forked_from",
+            Entry::Egress(_) => "egress",
         }
     }
 }
@@ -142,6 +148,44 @@ pub enum PauseCause {
     Idle,
     /// `pause_sandbox` asked for it.
     Asked,
+}
+
+/// The egress connections of one call: a line each, as the audit trail has them (target, how it
+/// ended, bytes each way, the secrets put in by name; or the refusal), never what they carried.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EgressNote {
+    /// One line per connection, in the order they ended.
+    pub connections: Vec<String>,
+    /// Connections of the call not listed (past the note's bound).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub more: u64,
+    /// The person whose call it was (their email); `None`: the bot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl EgressNote {
+    /// The sentence a reader sees.
+    pub fn describe(&self) -> String {
+        let mut text = format!(
+            "Egress during the call above ({} connection{}): {}",
+            self.connections.len() as u64 + self.more,
+            if self.connections.len() as u64 + self.more == 1 {
+                ""
+            } else {
+                "s"
+            },
+            self.connections.join("; ")
+        );
+        if self.more > 0 {
+            text.push_str(&format!("; and {} more", self.more));
+        }
+        text
+    }
 }
 
 /// A pause of the sandbox.

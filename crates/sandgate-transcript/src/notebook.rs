@@ -30,6 +30,7 @@ pub fn render(transcript: &Transcript) -> Value {
                 Entry::ForkedFrom(mark) => {
                     markdown(&id, &mark_note(&when, record, &mark.describe_from()))
                 }
+                Entry::Egress(note) => markdown(&id, &mark_note(&when, record, &note.describe())),
             });
         }
         if part.dropped > 0 {

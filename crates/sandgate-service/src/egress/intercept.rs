@@ -364,6 +364,9 @@ impl Forwarder {
             req.headers_mut().remove(header::RANGE);
             req.headers_mut().remove(header::IF_RANGE);
             lock(&self.injected).extend(injected.iter().cloned());
+            super::metrics::counters()
+                .secrets_injected
+                .inc_by(injected.len() as u64);
         }
         let head = req.method() == http::Method::HEAD;
         if sender.ready().await.is_err() {

@@ -11,13 +11,14 @@
 
 pub mod admin;
 mod intercept;
+pub mod metrics;
 mod relay;
 mod rules;
 mod secrets;
 pub mod target;
 
 pub use intercept::upstream_config;
-pub use relay::EgressService;
+pub use relay::{CallNotes, EgressService};
 pub use rules::{HostPattern, RuleError, parse_rule};
 pub use secrets::{
     DEVELOPMENT_SECRETS_KEY, MAX_VALUE_BYTES, SecretBinding, SecretError, SecretSealer,

@@ -31,6 +31,12 @@ use super::rules::HostPattern;
 use super::secrets::SecretSealer;
 use super::target::{CheckedTarget, TargetCheck};
 
+/// The most CONNECTs one sandbox may make per minute (made or refused), and at once in a burst:
+/// past them a CONNECT is answered 429 without reading the policy or writing the audit trail, so
+/// a flood of refused names costs the database nothing.
+const CONNECTS_PER_MINUTE: u32 = 120;
+const CONNECTS_BURST: u32 = 60;
+
 /// How many sandboxes' egress state (CA, what was delivered) a process keeps; the least recently
 /// used beyond it are forgotten (a forgotten sandbox gets a new CA and its variables again).
 const SANDBOXES_KEPT: usize = 65_536;
@@ -52,6 +58,8 @@ struct Inner {
     upstream_tls: Arc<rustls::ClientConfig>,
     /// Per sandbox: its CA in this process and what this process delivered to it.
     sandboxes: Mutex<lru::LruCache<String, SandboxEgress>>,
+    /// Per sandbox: its CONNECTs' rate.
+    connects: governor::DefaultKeyedRateLimiter<String>,
 }
 
 /// One sandbox's egress state in this process.
@@ -100,6 +108,12 @@ impl EgressService {
                 sandboxes: Mutex::new(lru::LruCache::new(
                     NonZeroUsize::new(SANDBOXES_KEPT).expect("not zero"),
                 )),
+                connects: governor::RateLimiter::keyed(
+                    governor::Quota::per_minute(
+                        std::num::NonZeroU32::new(CONNECTS_PER_MINUTE).expect("not zero"),
+                    )
+                    .allow_burst(std::num::NonZeroU32::new(CONNECTS_BURST).expect("not zero")),
+                ),
             }),
         }
     }
@@ -110,12 +124,14 @@ impl EgressService {
         tenant: Uuid,
         sandbox_id: &str,
         ca: Arc<SandboxCa>,
+        notes: CallNotes,
     ) -> Arc<dyn EgressHandler> {
         Arc::new(CallEgress {
             service: self.clone(),
             tenant,
             sandbox_id: sandbox_id.to_owned(),
             ca,
+            notes,
         })
     }
 
@@ -319,16 +335,48 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The most connections one call's transcript note lists (the rest are counted).
+const NOTE_LINES: usize = 50;
+
+/// The egress connections of one call, for the transcript note after its entry. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct CallNotes(Arc<Mutex<(Vec<String>, u64)>>);
+
+impl CallNotes {
+    fn push(&self, line: String) {
+        let mut notes = lock(&self.0);
+        if notes.0.len() < NOTE_LINES {
+            notes.0.push(line);
+        } else {
+            notes.1 += 1;
+        }
+    }
+
+    /// The transcript note of what was pushed so far (`None`: no connection).
+    pub fn entry(&self) -> Option<sandgate_transcript::Entry> {
+        let notes = lock(&self.0);
+        (!notes.0.is_empty()).then(|| {
+            sandgate_transcript::Entry::Egress(sandgate_transcript::EgressNote {
+                connections: notes.0.clone(),
+                more: notes.1,
+                by: None,
+            })
+        })
+    }
+}
+
 /// The CONNECTs of one call in one sandbox.
 struct CallEgress {
     service: EgressService,
     tenant: Uuid,
     sandbox_id: String,
     ca: Arc<SandboxCa>,
+    notes: CallNotes,
 }
 
 impl CallEgress {
     fn record(&self, outcome: Outcome, started: Instant, detail: String) {
+        self.notes.push(detail.clone());
         self.service.audit(EgressConnection {
             tenant_id: self.tenant,
             sandbox_id: self.sandbox_id.clone(),
@@ -348,12 +396,35 @@ impl CallEgress {
         text: String,
     ) -> EgressRefusal {
         tracing::info!(sandbox_id = %self.sandbox_id, %authority, %text, "egress connection refused");
+        let counted = match outcome {
+            Outcome::Refused => super::metrics::ConnectionOutcome::refused,
+            _ => super::metrics::ConnectionOutcome::failed,
+        };
+        super::metrics::connection(counted, super::metrics::ConnectionKind::tunnel);
         self.record(outcome, started, format!("{authority} refused: {text}"));
         EgressRefusal { status, text }
     }
 
     async fn open_checked(&self, authority: &str) -> Result<EgressUpstream, EgressRefusal> {
         let started = Instant::now();
+        let connects = &self.service.inner.connects;
+        if connects.len() > SANDBOXES_KEPT {
+            connects.retain_recent();
+        }
+        if connects.check_key(&self.sandbox_id).is_err() {
+            tracing::warn!(sandbox_id = %self.sandbox_id, "egress: over the sandbox's CONNECT rate; refused unaudited");
+            super::metrics::connection(
+                super::metrics::ConnectionOutcome::refused,
+                super::metrics::ConnectionKind::tunnel,
+            );
+            return Err(EgressRefusal {
+                status: 429,
+                text: format!(
+                    "this sandbox asked for more than {CONNECTS_PER_MINUTE} egress connections \
+                     in a minute; wait and try again"
+                ),
+            });
+        }
         // The authority is the sandbox's: keep it short and printable in the audit trail.
         let shown: String = authority
             .chars()
@@ -444,6 +515,14 @@ impl CallEgress {
             intercepted = interception.is_some(),
             "egress connection open"
         );
+        super::metrics::connection(
+            super::metrics::ConnectionOutcome::ok,
+            if interception.is_some() {
+                super::metrics::ConnectionKind::intercepted
+            } else {
+                super::metrics::ConnectionKind::tunnel
+            },
+        );
         let (io, injected): (Box<dyn sandgate_sandbox::EgressIo>, _) = match interception {
             None => (Box::new(stream), None),
             Some(interception) => {
@@ -458,11 +537,13 @@ impl CallEgress {
             tenant: self.tenant,
             sandbox_id: self.sandbox_id.clone(),
             ca: self.ca.clone(),
+            notes: self.notes.clone(),
         };
         let rule = target.rule.clone();
         let on_close = move |tally: EgressTally| {
             done.service
                 .spend_bytes(done.tenant, &rule, tally.sent + tally.received);
+            super::metrics::carried(tally.sent, tally.received);
             let secrets = injected.map_or_else(String::new, |names| {
                 let names = lock(&names);
                 if names.is_empty() {
@@ -512,10 +593,12 @@ impl crate::SandboxService {
     /// a tenant with an egress policy, its egress relay beside it. Before the call, the proxy
     /// variables, the sandbox's CA and the secrets' placeholders are delivered to a sandbox of a
     /// tenant with a policy (again whenever they change or the sandbox is in a new container: a
-    /// restore, a resume), and taken out again should the policy be gone.
+    /// restore, a resume), and taken out again should the policy be gone. Each connection the
+    /// call's sandbox opens or is refused goes into `notes` (the transcript's note after it).
     pub async fn with_relays<T>(
         &self,
         resolved: &crate::Resolved,
+        notes: &CallNotes,
         call: impl std::future::Future<Output = T>,
     ) -> T {
         let call = self.with_package_index(resolved, call);
@@ -566,7 +649,7 @@ impl crate::SandboxService {
         let Some(ca) = ca else {
             return call.await;
         };
-        let handler = egress.for_call(tenant, sandbox_id, ca);
+        let handler = egress.for_call(tenant, sandbox_id, ca, notes.clone());
         resolved.sandbox.with_egress(handler, call).await
     }
 }

@@ -41,6 +41,21 @@ pub struct RunLimits {
     pub output_limit: usize,
 }
 
+/// The note of a call's egress connections, after its entry (none when it made none).
+fn record_egress_note(
+    caller: &Caller,
+    resolved: &Resolved,
+    transcripts: &Transcripts,
+    notes: &crate::egress::CallNotes,
+) {
+    if let Some(mut note) = notes.entry() {
+        if let Some(person) = &caller.person {
+            note.set_by(person);
+        }
+        transcripts.record(&resolved.row, note);
+    }
+}
+
 impl SandboxService {
     /// Runs `code` as one notebook cell in the target sandbox; its transcript entry is kept in
     /// `transcripts`. A cell that raised or timed out is an `Ok` outcome saying so.
@@ -64,11 +79,18 @@ impl SandboxService {
         let (text_limit, image_limit) = (options.output_limit, options.display_limit);
         let registered = self.running.register(&resolved.row.id);
         let started = std::time::Instant::now();
+        let notes = crate::egress::CallNotes::default();
         let ran = partial::run_keeping(
             output,
             text_limit,
             image_limit,
-            |sink| self.with_relays(&resolved, resolved.sandbox.exec(code, options, sink)),
+            |sink| {
+                self.with_relays(
+                    &resolved,
+                    &notes,
+                    resolved.sandbox.exec(code, options, sink),
+                )
+            },
             registered.interrupt.wait(),
         )
         .await;
@@ -80,6 +102,7 @@ impl SandboxService {
         let mut entry = transcripts::cell_entry(code, &outcome);
         self.mark_person(caller, &resolved, &mut entry).await;
         transcripts.record(&resolved.row, entry);
+        record_egress_note(caller, &resolved, transcripts, &notes);
         Ok((resolved, outcome))
     }
 
@@ -106,6 +129,7 @@ impl SandboxService {
         let text_limit = options.output_limit;
         let registered = self.running.register(&resolved.row.id);
         let started = std::time::Instant::now();
+        let notes = crate::egress::CallNotes::default();
         let ran = partial::run_keeping(
             output,
             text_limit,
@@ -113,6 +137,7 @@ impl SandboxService {
             |sink| {
                 self.with_relays(
                     &resolved,
+                    &notes,
                     resolved.sandbox.command(line.command, options, sink),
                 )
             },
@@ -127,6 +152,7 @@ impl SandboxService {
         let mut entry = transcripts::command_entry(line.command, line.cwd, &outcome);
         self.mark_person(caller, &resolved, &mut entry).await;
         transcripts.record(&resolved.row, entry);
+        record_egress_note(caller, &resolved, transcripts, &notes);
         Ok((resolved, outcome))
     }
 

@@ -107,10 +107,6 @@ impl Neighbour {
 }
 
 #[tokio::test]
-#[ignore = "heavy: twenty runsc2024 sandboxes checkpointed and restored at once, about five \
-            minutes; in two full suite runs a later resume test (python_sdk's) failed after it, \
-            cause not found yet. Run it alone: `cargo test -p sandgate --test e2e pause_many -- \
-            --ignored`"]
 async fn twenty_sandboxes_pause_and_resume_at_once_while_another_tenant_runs_cells() {
     if !runsc2024_registered() {
         return;

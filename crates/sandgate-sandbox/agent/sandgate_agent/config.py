@@ -96,6 +96,9 @@ EGRESS_MAX_CONNECTIONS = 32
 EGRESS_OPEN_TIMEOUT_S = 60.0
 # A tunnel whose gateway side sends nothing for this long ends (as does a client reading nothing).
 EGRESS_IDLE_TIMEOUT_S = 300.0
+# How long the agent's reader waits to queue a gateway chunk for a client that is not reading
+# before that connection is given up (the reader serves every other frame too).
+EGRESS_ROUTE_WAIT_S = 5.0
 # How long a CONNECT waits for the gateway to open the relay after the agent asked for it.
 EGRESS_WANTED_WAIT_S = 10.0
 # What a client hears when the sandbox's tenant has no egress policy.

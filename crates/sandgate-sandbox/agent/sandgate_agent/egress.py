@@ -32,6 +32,7 @@ from .config import (
     EGRESS_OPEN_TIMEOUT_S,
     EGRESS_PLAIN_HTTP,
     EGRESS_PORT,
+    EGRESS_ROUTE_WAIT_S,
     EGRESS_STATE_DIR,
     EGRESS_WANTED_WAIT_S,
     SYSTEM_CA_BUNDLES,
@@ -124,6 +125,7 @@ class EgressRelay:
         # demand), or None; set by the agent.
         self.call_for_egress = lambda: None
         self.conns = {}  # connection id -> queue of the gateway's frames for it
+        self.socks = {}  # connection id -> the client's socket (ended when the relay gives up)
         self.next_cid = 1
         self.enabled = False  # set by egress_env: the tenant has an egress policy
         self.cas = []  # PEM texts of the egress CAs the gateway sent (egress_env), oldest first
@@ -202,11 +204,15 @@ class EgressRelay:
         with self.lock:
             old, self.serving = self.serving, req_id
             stale = list(self.conns.values()) if old is not None else []
+            stale_socks = list(self.socks.values()) if old is not None else []
             if old is not None:
                 self.conns.clear()
+                self.socks.clear()
             self.served.notify_all()
         for frames in stale:
             put_closed(frames)
+        for sock in stale_socks:
+            shutdown(sock, socket.SHUT_RDWR)
         if old is not None:
             self.writer.ok(old, {"served": False, "replaced": True})
 
@@ -218,9 +224,14 @@ class EgressRelay:
                 return False
             self.serving = None
             pending = list(self.conns.values())
+            socks = list(self.socks.values())
             self.conns.clear()
+            self.socks.clear()
         for frames in pending:
             put_closed(frames)
+        # A tunnel whose queue is full never reads the closing frame: its socket ends it.
+        for sock in socks:
+            shutdown(sock, socket.SHUT_RDWR)
         self.writer.ok(req_id, {"served": True, "replaced": False})
         return True
 
@@ -232,10 +243,22 @@ class EgressRelay:
             frames = self.conns.get(frame.get("cid"))
         if frames is not None:
             try:
-                frames.put(frame, timeout=EGRESS_IDLE_TIMEOUT_S)
+                # On the agent's reader thread: a client that reads nothing must not hold up
+                # every other frame, so the wait is short.
+                frames.put(frame, timeout=EGRESS_ROUTE_WAIT_S)
             except queue.Full:  # the client reads nothing: its connection is given up
-                self.forget(frame.get("cid"))
+                self.give_up(frame.get("cid"), req_id)
         return True
+
+    def give_up(self, cid, serving):
+        """Ends connection `cid`: its client's socket is shut (its threads end) and the gateway
+        is told (`egress_close`), so neither side waits for it."""
+        with self.lock:
+            self.conns.pop(cid, None)
+            sock = self.socks.pop(cid, None)
+        if sock is not None:
+            shutdown(sock, socket.SHUT_RDWR)
+        self.writer.event(serving, "egress_close", cid=cid)
 
     def ask_for_serving(self):
         """Has the gateway open the relay on demand (an `egress_wanted` event on a running exec or
@@ -250,7 +273,7 @@ class EgressRelay:
         with self.lock:
             return self.served.wait_for(lambda: self.serving is not None, EGRESS_WANTED_WAIT_S)
 
-    def open(self, authority):
+    def open(self, authority, sock=None):
         """Asks the gateway for a connection to `authority`; (cid, serve id, frames) or (None,
         None, (status, text)) when it cannot be asked."""
         if not self.ask_for_serving():
@@ -264,6 +287,8 @@ class EgressRelay:
             self.next_cid += 1
             frames = queue.Queue(maxsize=WRITE_QUEUE_CHUNKS)
             self.conns[cid] = frames
+            if sock is not None:
+                self.socks[cid] = sock
             serving = self.serving
         self.writer.event(serving, "egress_open", cid=cid, authority=authority)
         return cid, serving, frames
@@ -271,6 +296,7 @@ class EgressRelay:
     def forget(self, cid):
         with self.lock:
             self.conns.pop(cid, None)
+            self.socks.pop(cid, None)
 
     def handle(self, sock):
         """One client connection: its request head, then (for an admitted CONNECT) the tunnel."""
@@ -291,7 +317,7 @@ class EgressRelay:
             if not enabled:
                 answer(sock, 403, EGRESS_OFF)
                 return
-            cid, serving, frames = self.open(target)
+            cid, serving, frames = self.open(target, sock)
             if cid is None:
                 answer(sock, *frames)
                 return

@@ -191,6 +191,32 @@ def test_a_connect_is_relayed_both_ways_over_the_serve_call(agent):
     agent.ok("interrupt", target=serve)
 
 
+def test_a_client_that_reads_nothing_is_given_up_without_holding_up_the_agent(agent):
+    agent.ok("egress_env", proxy=True)
+    serve = open_serve(agent)
+    q = agent._queue(serve)
+    sock = connect(agent, "api.shop.example:443")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    opened = q.get(timeout=30)
+    cid = opened["cid"]
+    chunk(agent, serve, cid, open=True)
+    # The gateway keeps sending, the client never reads: the socket buffers fill, then the
+    # connection's queue, and the agent gives the connection up and says so.
+    big = b64(b"x" * 65536)
+    for _ in range(200):
+        chunk(agent, serve, cid, data=big)
+    closed = None
+    while closed is None:
+        frame = q.get(timeout=60)
+        if frame.get("event") == "egress_close" and frame.get("cid") == cid:
+            closed = frame
+    # The reader stayed responsive: a ping is answered at once.
+    _, pong = agent.ok("ping", timeout=10)
+    assert pong["pong"] is True, pong
+    sock.close()
+    agent.ok("interrupt", target=serve)
+
+
 def test_a_refusal_reaches_the_client_with_the_gateways_text(agent):
     agent.ok("egress_env", proxy=True)
     serve = open_serve(agent)

@@ -88,6 +88,19 @@ async fn https_server(pki: &sandgate_node::test_pki::Pki, names: &[&str]) -> (u1
                             head.len()
                         )
                     }
+                } else if target.starts_with("/reason") {
+                    // The request's authorization in the status line's reason phrase.
+                    let auth = head
+                        .lines()
+                        .find_map(|l| {
+                            l.strip_prefix("authorization: ")
+                                .or_else(|| l.strip_prefix("Authorization: "))
+                        })
+                        .unwrap_or("")
+                        .to_owned();
+                    format!(
+                        "HTTP/1.1 401 Bad token {auth}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
                 } else if target.starts_with("/redirect") {
                     "HTTP/1.1 302 Found\r\nLocation: https://169.254.169.254/latest/meta-data/\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".to_owned()
                 } else if target.starts_with("/gzip") {
@@ -389,6 +402,30 @@ async fn a_secret_reaches_the_server_in_its_header_and_never_the_sandbox() {
     assert!(
         gzip.starts_with("STATUS 502") && gzip.contains("compressed"),
         "a compressed answer is refused: {gzip}"
+    );
+    // A server that puts the value into its status line: the reason phrase is not sent on.
+    let reason = run(
+        &client,
+        &sandbox,
+        &format!(
+            "import os, requests\nr = requests.get('https://shop.sandgate.test:{port}/reason', headers={{'Authorization': 'Bearer ' + os.environ['SHOP_TOKEN']}}, timeout=60)\nprint('STATUS', r.status_code, r.reason)\n"
+        ),
+    )
+    .await;
+    assert!(
+        reason.starts_with("STATUS 401") && !reason.contains(&value),
+        "a reason phrase never hands the value back: {reason}"
+    );
+    // A header of many placeholders is refused before any value is filled in.
+    let many = run(
+        &client,
+        &sandbox,
+        &get_cell(&url, "{'Authorization': ' '.join([tok] * 600)}", "True"),
+    )
+    .await;
+    assert!(
+        many.starts_with("STATUS 431") && many.contains("at most 16384"),
+        "a header of many placeholders is refused: {many}"
     );
     // A Host that is not the CONNECT target gets no secret: 421, and nothing reaches the server.
     let before = seen.lock().unwrap().len();

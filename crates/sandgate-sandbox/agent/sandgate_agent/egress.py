@@ -58,10 +58,14 @@ RESERVED_NAMES = frozenset(
     + (
         "PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "TERM", "TMPDIR", "TZ",
         "LANG", "LANGUAGE", "SSL_CERT_DIR", "ALL_PROXY", "all_proxy", "MPLCONFIGDIR",
-        "IPYTHONDIR", "HOSTNAME", "MPLBACKEND",
+        "IPYTHONDIR", "HOSTNAME", "MPLBACKEND", "BASH_ENV", "ENV", "IFS", "PS4",
+        "PROMPT_COMMAND", "GLIBC_TUNABLES", "GCONV_PATH", "HOSTALIASES", "SSLKEYLOGFILE",
+        "CURL_HOME", "JAVA_TOOL_OPTIONS", "PERL5OPT", "PERL5LIB",
     )
 )
-RESERVED_PREFIXES = ("LC_", "LD_", "PYTHON", "SANDGATE", "PIP_", "JUPYTER", "NODE_", "OPENSSL")
+RESERVED_PREFIXES = (
+    "LC_", "LD_", "PYTHON", "SANDGATE", "PIP_", "JUPYTER", "NODE_", "OPENSSL", "GIT_", "XDG_",
+)
 
 
 def reserved(name):
@@ -93,12 +97,32 @@ def system_roots():
     return ""
 
 
+def prepare_state_dir():
+    """Makes the bundle's directory (in a container: root's, before any user code runs), so a
+    user process cannot plant a directory or a link there first. Returns whether it is the
+    agent's own: a real directory (not a link) owned by the agent's user."""
+    try:
+        os.makedirs(EGRESS_STATE_DIR, mode=0o755, exist_ok=True)
+        fd = os.open(EGRESS_STATE_DIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            return False
+        # Readable by user processes, which run under another uid than the agent's.
+        os.fchmod(fd, 0o755)
+        return True
+    finally:
+        os.close(fd)
+
+
 def write_bundle(cas):
     """Writes the system's roots and `cas` (PEM texts) to CA_BUNDLE, replacing it whole (a client
-    reading it meanwhile sees the old or the new one). Returns the path."""
-    # Readable by user processes, which may run under another uid than the agent.
-    os.makedirs(EGRESS_STATE_DIR, mode=0o755, exist_ok=True)
-    os.chmod(EGRESS_STATE_DIR, 0o755)
+    reading it meanwhile sees the old or the new one). Returns the path, or None when the
+    directory is not the agent's own (see `prepare_state_dir`)."""
+    if not prepare_state_dir():
+        return None
     text = system_roots()
     if text and not text.endswith("\n"):
         text += "\n"
@@ -130,9 +154,11 @@ class EgressRelay:
         self.enabled = False  # set by egress_env: the tenant has an egress policy
         self.cas = []  # PEM texts of the egress CAs the gateway sent (egress_env), oldest first
         self.placeholders = {}  # secret name -> placeholder token (egress_env)
+        self.bundle_ok = False  # the CA bundle was written where CA_VARIABLES point
         self.listener = None
 
     def start(self):
+        prepare_state_dir()  # before any user code runs
         try:
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -157,7 +183,7 @@ class EgressRelay:
         if not (on and port):
             return {}
         env = proxy_env(port)
-        if cas:
+        if cas and self.bundle_ok:
             env.update({name: CA_BUNDLE for name in CA_VARIABLES})
         env.update(placeholders)
         return env
@@ -182,7 +208,15 @@ class EgressRelay:
                 self.cas = (self.cas + [ca_pem])[-EGRESS_MAX_CAS:]
             cas = list(self.cas)
         if on and (fresh or (cas and not os.path.exists(CA_BUNDLE))):
-            write_bundle(cas)
+            try:
+                written = write_bundle(cas) is not None
+            except OSError as err:
+                written = False
+                self.rt.log(f"egress CA bundle not written: {err}")
+            if not written:
+                self.rt.log(f"egress CA bundle not written: {EGRESS_STATE_DIR} is not the agent's")
+            with self.lock:
+                self.bundle_ok = written
         return sorted(gone)
 
     def accept_loop(self):

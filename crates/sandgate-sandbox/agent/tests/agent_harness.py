@@ -107,7 +107,7 @@ class AgentProcess:
         env["SANDGATE_AGENT_INDEX_PORT"] = "0"
         env["SANDGATE_AGENT_EGRESS_PORT"] = "0"
         # And a directory of its own for the egress CA bundle.
-        env["SANDGATE_AGENT_EGRESS_DIR"] = str(home / ".egress")
+        env["SANDGATE_AGENT_EGRESS_DIR"] = str(home.parent / (home.name + "-egress"))
         if hide_ipython:
             stub = workdir / "no-ipython"
             (stub / "IPython").mkdir(parents=True, exist_ok=True)

@@ -905,10 +905,20 @@ mod tests {
                 "shop.sandgate.test=127.0.0.1:4443, api.sandgate.test=127.0.0.1:4444",
             );
             load_in(jail).expect("test hosts on a loopback-only deployment");
+            // A name with an address and no port only resolves (to test the address checks).
+            jail.set_env(
+                "SANDGATE_EGRESS__TEST_HOSTS",
+                "private.sandgate.test=10.1.2.3, private.sandgate.test=127.0.0.1:4443",
+            );
+            load_in(jail).expect("resolve-only entries, a name listed twice");
             for (hosts, why) in [
                 ("shop.sandgate.test=10.0.0.1:443", "loopback addresses only"),
                 ("shop.sandgate.test", "not name=127.0.0.1:port"),
-                ("shop.sandgate.test=127.0.0.1", "not an address and port"),
+                (
+                    "shop.sandgate.test=127.0.0.1:x",
+                    "not an address (and port)",
+                ),
+                ("shop.sandgate.test=nowhere", "not an address (and port)"),
             ] {
                 jail.set_env("SANDGATE_EGRESS__TEST_HOSTS", hosts);
                 let err = load_in(jail).unwrap_err().to_string();

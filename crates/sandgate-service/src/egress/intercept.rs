@@ -206,7 +206,10 @@ impl Interception {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let acceptor = tokio_rustls::TlsAcceptor::from(self.server.clone());
-        let tls = match acceptor.accept(client).await {
+        let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(client))
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+        {
             Ok(tls) => tls,
             Err(err) => {
                 tracing::info!(host = %self.host, %err, "intercepted egress: the sandbox's TLS handshake failed (does the client trust the CA bundle SSL_CERT_FILE names?)");
@@ -239,6 +242,8 @@ impl Interception {
             async move { Ok::<_, Infallible>(forwarder.forward(req).await) }
         });
         if let Err(err) = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(REQUEST_HEAD_TIMEOUT)
             .serve_connection(TokioIo::new(tls), service)
             .await
         {
@@ -257,9 +262,11 @@ impl Interception {
         let name = ServerName::try_from(self.host.clone()).map_err(|e| {
             Refusal::bad_gateway(format!("{} is not a TLS server name: {e}", self.host))
         })?;
-        let tls = tokio_rustls::TlsConnector::from(self.upstream.clone())
-            .connect(name, server)
+        let connecting =
+            tokio_rustls::TlsConnector::from(self.upstream.clone()).connect(name, server);
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, connecting)
             .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
             .map_err(|e| {
                 Refusal::bad_gateway(format!(
                     "the TLS connection to {}:{} failed ({e}): its certificate must verify for {} \
@@ -329,6 +336,15 @@ struct Forwarder {
         tokio::sync::Mutex<Result<hyper::client::conn::http1::SendRequest<Incoming>, Refusal>>,
 }
 
+/// The longest header a secret's value is filled into, bytes.
+const MAX_FILLED_HEADER: usize = 16 * 1024;
+/// How long a server has for the head of its answer.
+const RESPONSE_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+/// How long each TLS handshake (the sandbox's, the server's) may take.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the sandbox has to send a request's head once its connection is idle.
+const REQUEST_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
 /// Headers that belong to one hop (RFC 9110 §7.6.1) and are not forwarded.
 const HOP_BY_HOP: &[&str] = &[
     "connection",
@@ -351,18 +367,20 @@ impl Forwarder {
             Ok(sender) => sender,
             Err(refusal) => return refusal.response(),
         };
-        for name in HOP_BY_HOP {
-            req.headers_mut().remove(*name);
-        }
-        let injected = self.inject(req.headers_mut());
+        remove_hop_by_hop(req.headers_mut());
+        let injected = match self.inject(req.headers_mut()) {
+            Ok(injected) => injected,
+            Err(refusal) => return refusal.response(),
+        };
+        // No compressed or partial answer on a connection a secret may go into: either could
+        // carry a value past the redaction (also one a server kept from an earlier request).
+        req.headers_mut().insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        req.headers_mut().remove(header::RANGE);
+        req.headers_mut().remove(header::IF_RANGE);
         if !injected.is_empty() {
-            // No compressed or partial answer: either could carry the value past the redaction.
-            req.headers_mut().insert(
-                header::ACCEPT_ENCODING,
-                HeaderValue::from_static("identity"),
-            );
-            req.headers_mut().remove(header::RANGE);
-            req.headers_mut().remove(header::IF_RANGE);
             lock(&self.injected).extend(injected.iter().cloned());
             super::metrics::counters()
                 .secrets_injected
@@ -377,27 +395,47 @@ impl Forwarder {
             *upstream = Err(refusal.clone());
             return refusal.response();
         }
-        let response = match sender.send_request(req).await {
-            Ok(response) => response,
-            Err(err) => {
-                return Refusal::bad_gateway(format!("{}:{}: {err}", self.host, self.port))
-                    .response();
-            }
-        };
+        let response =
+            match tokio::time::timeout(RESPONSE_HEAD_TIMEOUT, sender.send_request(req)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(err)) => {
+                    return Refusal::bad_gateway(format!("{}:{}: {err}", self.host, self.port))
+                        .response();
+                }
+                Err(_) => {
+                    let refusal = Refusal::bad_gateway(format!(
+                        "{}:{} sent no answer within {} s",
+                        self.host,
+                        self.port,
+                        RESPONSE_HEAD_TIMEOUT.as_secs()
+                    ));
+                    *upstream = Err(refusal.clone());
+                    return refusal.response();
+                }
+            };
         drop(upstream);
         let (mut parts, body) = response.into_parts();
-        let encoded = parts
-            .headers
-            .get(header::CONTENT_ENCODING)
-            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
-        if encoded && !injected.is_empty() {
+        // A reason phrase the server wrote is sent on by hyper as it was: not one that could
+        // hold a value.
+        parts.extensions.remove::<hyper::ext::ReasonPhrase>();
+        let coded = |name: header::HeaderName, allowed: &[&str]| {
+            parts.headers.get_all(name).iter().any(|v| {
+                v.to_str().map_or(true, |v| {
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|c| !c.is_empty())
+                        .any(|c| !allowed.iter().any(|a| c.eq_ignore_ascii_case(a)))
+                })
+            })
+        };
+        if coded(header::CONTENT_ENCODING, &["identity"])
+            || coded(header::TRANSFER_ENCODING, &["chunked"])
+        {
             return Refusal::bad_gateway(format!(
-                "{}:{} answered a request carrying the secret {} with a compressed body, \
-                 which the egress component cannot check for the secret's value; the server \
-                 must answer it uncompressed",
-                self.host,
-                self.port,
-                injected.join(", ")
+                "{}:{} answered with a compressed body, which the egress component cannot check \
+                 for the secrets bound to this host; the server must answer uncompressed \
+                 (the request asked for Accept-Encoding: identity)",
+                self.host, self.port
             ))
             .response();
         }
@@ -408,8 +446,15 @@ impl Forwarder {
                     .unwrap_or_else(|_| HeaderValue::from_static("[redacted]"));
             }
         }
-        for name in HOP_BY_HOP.iter().filter(|n| **n != "connection") {
-            parts.headers.remove(*name);
+        let close = parts.headers.get_all(header::CONNECTION).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+        });
+        remove_hop_by_hop(&mut parts.headers);
+        if close {
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         let bodiless = head
             || parts.status == StatusCode::NO_CONTENT
@@ -445,23 +490,39 @@ impl Forwarder {
     }
 
     /// Puts each secret's value where its placeholder is, in the headers it is bound to; the
-    /// names of the secrets put in.
-    fn inject(&self, headers: &mut http::HeaderMap) -> Vec<String> {
+    /// names of the secrets put in. A filled header longer than [`MAX_FILLED_HEADER`] is
+    /// refused (431): a header of many placeholders must not make the gateway hold many values.
+    fn inject(&self, headers: &mut http::HeaderMap) -> Result<Vec<String>, Refusal> {
         let mut injected = Vec::new();
         for secret in &self.secrets {
             for name in &secret.headers {
                 let Ok(name) = http::HeaderName::from_bytes(name.as_bytes()) else {
                     continue;
                 };
-                let http::header::Entry::Occupied(mut entry) = headers.entry(name) else {
+                let http::header::Entry::Occupied(mut entry) = headers.entry(name.clone()) else {
                     continue;
                 };
                 for value in entry.iter_mut() {
-                    let Some(filled) = replace(
-                        value.as_bytes(),
-                        secret.placeholder.as_bytes(),
-                        &secret.value,
-                    ) else {
+                    let hay = value.as_bytes();
+                    let count =
+                        memchr::memmem::find_iter(hay, secret.placeholder.as_bytes()).count();
+                    if count == 0 {
+                        continue;
+                    }
+                    let filled_len =
+                        hay.len() - count * secret.placeholder.len() + count * secret.value.len();
+                    if filled_len > MAX_FILLED_HEADER {
+                        return Err(Refusal {
+                            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                            text: format!(
+                                "the {name} header would be {filled_len} bytes with {} filled \
+                                 in ({count} placeholders); at most {MAX_FILLED_HEADER}",
+                                secret.name
+                            ),
+                        });
+                    }
+                    let Some(filled) = replace(hay, secret.placeholder.as_bytes(), &secret.value)
+                    else {
                         continue;
                     };
                     if let Ok(mut filled) = HeaderValue::from_bytes(&filled) {
@@ -474,7 +535,25 @@ impl Forwarder {
                 }
             }
         }
-        injected
+        Ok(injected)
+    }
+}
+
+/// Takes out the hop-by-hop headers (RFC 9110 §7.6.1): the fixed ones and those the
+/// `Connection` header names.
+fn remove_hop_by_hop(headers: &mut http::HeaderMap) {
+    let named: Vec<http::HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| http::HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
     }
 }
 
@@ -496,98 +575,155 @@ fn replace(haystack: &[u8], needle: &[u8], with: &[u8]) -> Option<Zeroizing<Vec<
     Some(out)
 }
 
-/// A form of a secret's value, and the placeholder it becomes.
-type Needle = (Zeroizing<Vec<u8>>, Vec<u8>);
+/// The forms of a value the redaction looks for: verbatim; JSON-escaped (also with `\/`, and
+/// with `<`, `>`, `&`, `'`, `"` as `\u00XX` in either case, as Go's encoder writes them);
+/// percent-encoded with upper- and lower-case hex, every byte but letters and digits or all but
+/// the unreserved `-_.~`, and `+` for a space; HTML-escaped.
+fn forms(value: &str) -> Vec<String> {
+    let mut forms = vec![value.to_owned()];
+    let json = serde_json::to_string(value).unwrap_or_default();
+    let json = json[1..json.len().saturating_sub(1).max(1)].to_owned();
+    forms.push(json.clone());
+    forms.push(json.replace('/', "\\/"));
+    for upper in [false, true] {
+        let mut escaped = String::new();
+        for c in value.chars() {
+            match c {
+                '<' | '>' | '&' | '\'' | '"' => {
+                    let hex = format!("{:04x}", c as u32);
+                    let hex = if upper { hex.to_uppercase() } else { hex };
+                    escaped.push_str("\\u");
+                    escaped.push_str(&hex);
+                }
+                '\\' => escaped.push_str("\\\\"),
+                c => escaped.push(c),
+            }
+        }
+        forms.push(escaped);
+    }
+    for keep_unreserved in [false, true] {
+        for upper in [true, false] {
+            let mut encoded = String::new();
+            let mut plus = String::new();
+            for b in value.bytes() {
+                let keep = b.is_ascii_alphanumeric()
+                    || (keep_unreserved && matches!(b, b'-' | b'_' | b'.' | b'~'));
+                let piece = if keep {
+                    (b as char).to_string()
+                } else if upper {
+                    format!("%{b:02X}")
+                } else {
+                    format!("%{b:02x}")
+                };
+                plus.push_str(if b == b' ' { "+" } else { &piece });
+                encoded.push_str(&piece);
+            }
+            forms.push(encoded);
+            forms.push(plus);
+        }
+    }
+    let html = value
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;");
+    forms.push(html);
+    forms.retain(|f| !f.is_empty());
+    forms.sort();
+    forms.dedup();
+    forms
+}
 
-/// Takes secrets' values out of what a server answers: each value, also JSON-escaped and
-/// percent-encoded, becomes the secret's placeholder.
+/// Takes secrets' values out of what a server answers: each form of a value ([`forms`]) becomes
+/// the secret's placeholder. One automaton, one pass over each buffer.
 #[derive(Clone)]
 struct Redactor {
-    /// (form of a value, its placeholder), longest first.
-    needles: Arc<Vec<Needle>>,
-    /// Bytes held back: a needle may begin in them and end in the next chunk.
+    /// Every form of every value, leftmost-longest.
+    automaton: Option<Arc<aho_corasick::AhoCorasick>>,
+    /// The placeholder each pattern becomes.
+    placeholders: Arc<Vec<Vec<u8>>>,
+    /// Bytes held back: a form may begin in them and end in the next chunk.
     pending: Vec<u8>,
     keep: usize,
 }
 
 impl Redactor {
     fn new(secrets: &[OpenSecret]) -> Self {
-        let mut needles: Vec<Needle> = Vec::new();
+        let mut patterns: Vec<Zeroizing<Vec<u8>>> = Vec::new();
+        let mut placeholders = Vec::new();
         for secret in secrets {
-            let value = String::from_utf8_lossy(&secret.value).into_owned();
-            let json = serde_json::to_string(&value).unwrap_or_default();
-            let json = json.trim_matches('"').to_owned();
-            let percent =
-                percent_encoding::utf8_percent_encode(&value, percent_encoding::NON_ALPHANUMERIC)
-                    .to_string();
-            // Some encoders also escape the solidus (`\/`).
-            let json_solidus = json.replace('/', "\\/");
-            for form in [value.clone(), json, json_solidus, percent] {
+            let value = Zeroizing::new(String::from_utf8_lossy(&secret.value).into_owned());
+            for form in forms(&value) {
                 let form = Zeroizing::new(form.into_bytes());
-                if !form.is_empty() && !needles.iter().any(|(n, _)| **n == *form) {
-                    needles.push((form, secret.placeholder.as_bytes().to_vec()));
+                if !patterns.iter().any(|p| **p == *form) {
+                    patterns.push(form);
+                    placeholders.push(secret.placeholder.as_bytes().to_vec());
                 }
             }
         }
-        needles.sort_by_key(|(n, _)| std::cmp::Reverse(n.len()));
-        let keep = needles
-            .first()
-            .map_or(0, |(n, _)| n.len().saturating_sub(1));
+        let keep = patterns
+            .iter()
+            .map(|p| p.len())
+            .max()
+            .unwrap_or(0)
+            .saturating_sub(1);
+        let automaton = (!patterns.is_empty()).then(|| {
+            Arc::new(
+                aho_corasick::AhoCorasick::builder()
+                    .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+                    .build(patterns.iter().map(|p| p.as_slice()))
+                    .expect("the forms of a secret's value build an automaton"),
+            )
+        });
         Self {
-            needles: Arc::new(needles),
+            automaton,
+            placeholders: Arc::new(placeholders),
             pending: Vec::new(),
             keep,
         }
     }
 
-    /// The earliest needle in `hay`: (position, which).
-    fn earliest(&self, hay: &[u8]) -> Option<(usize, usize)> {
-        let mut best: Option<(usize, usize)> = None;
-        for (k, (needle, _)) in self.needles.iter().enumerate() {
-            if let Some(at) = memchr::memmem::find(hay, needle) {
-                // Longest first: at the same position the longer form wins.
-                if best.is_none_or(|(b, _)| at < b) {
-                    best = Some((at, k));
-                }
-            }
-        }
-        best
-    }
-
-    /// `bytes` redacted whole; `None` when nothing was in it.
-    fn replace_all(&self, bytes: &[u8]) -> Option<Vec<u8>> {
-        self.earliest(bytes)?;
-        let mut out = Vec::with_capacity(bytes.len());
-        let end = self.redact_into(bytes, &mut out);
-        out.extend_from_slice(&bytes[end..]);
-        Some(out)
-    }
-
-    /// Copies `bytes` into `out` with every needle replaced, up to the end of the last one
-    /// found; returns where the copy stopped.
-    fn redact_into(&self, bytes: &[u8], out: &mut Vec<u8>) -> usize {
+    /// Copies `bytes` into `out` with every match starting before `limit` replaced, up to the
+    /// end of the last one; returns where the copy stopped.
+    fn redact_into(&self, bytes: &[u8], limit: usize, out: &mut Vec<u8>) -> usize {
+        let Some(automaton) = &self.automaton else {
+            return 0;
+        };
         let mut i = 0;
-        while let Some((at, k)) = self.earliest(&bytes[i..]) {
-            let (needle, placeholder) = &self.needles[k];
-            out.extend_from_slice(&bytes[i..i + at]);
-            out.extend_from_slice(placeholder);
-            i += at + needle.len();
+        for found in automaton.find_iter(bytes) {
+            if found.start() >= limit {
+                break;
+            }
+            out.extend_from_slice(&bytes[i..found.start()]);
+            out.extend_from_slice(&self.placeholders[found.pattern().as_usize()]);
+            i = found.end();
         }
         i
     }
 
+    /// `bytes` redacted whole; `None` when nothing was in it.
+    fn replace_all(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        self.automaton.as_ref()?.find(bytes)?;
+        let mut out = Vec::with_capacity(bytes.len());
+        let end = self.redact_into(bytes, bytes.len(), &mut out);
+        out.extend_from_slice(&bytes[end..]);
+        Some(out)
+    }
+
     /// The next chunk of a body: what may be sent now.
     fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
-        if self.needles.is_empty() {
+        if self.automaton.is_none() {
             return chunk.to_vec();
         }
         self.pending.extend_from_slice(chunk);
         let pending = std::mem::take(&mut self.pending);
+        // A form that begins in the last `keep` bytes may end in the next chunk (and a shorter
+        // form inside it must not be taken for it): only matches that begin before are final.
+        let limit = pending.len().saturating_sub(self.keep);
         let mut out = Vec::with_capacity(pending.len());
-        let i = self.redact_into(&pending, &mut out);
-        // No whole needle is left in pending[i..]; one could still end in the next chunk only
-        // if it begins in the last `keep` bytes.
-        let cut = pending.len().saturating_sub(self.keep).max(i);
+        let i = self.redact_into(&pending, limit, &mut out);
+        let cut = limit.max(i);
         out.extend_from_slice(&pending[i..cut]);
         self.pending = pending[cut..].to_vec();
         out
@@ -597,7 +733,7 @@ impl Redactor {
     fn finish(&mut self) -> Vec<u8> {
         let pending = std::mem::take(&mut self.pending);
         let mut out = Vec::with_capacity(pending.len());
-        let i = self.redact_into(&pending, &mut out);
+        let i = self.redact_into(&pending, pending.len(), &mut out);
         out.extend_from_slice(&pending[i..]);
         out
     }
@@ -694,6 +830,44 @@ mod tests {
                 .replace_all(b"nothing here")
                 .is_none()
         );
+    }
+
+    #[test]
+    fn overlapping_values_are_taken_out_whole_wherever_the_chunks_split_them() {
+        let secrets = [secret("A", "xyz"), secret("B", "abcxyzdef")];
+        for body in [b"abcxyzdef and xyz".to_vec(), b"xyzabcxyzdefxyz".to_vec()] {
+            let whole = Redactor::new(&secrets).replace_all(&body).unwrap();
+            for size in 1..body.len() {
+                let mut r = Redactor::new(&secrets);
+                let mut out = Vec::new();
+                for chunk in body.chunks(size) {
+                    out.extend(r.push(chunk));
+                }
+                out.extend(r.finish());
+                assert_eq!(out, whole, "chunks of {size}");
+                let text = String::from_utf8_lossy(&out);
+                assert!(!text.contains("abc") && !text.contains("def"), "{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_encoded_forms_of_a_value_are_taken_out() {
+        let secrets = [secret("A", "a-b/c d<e")];
+        let r = Redactor::new(&secrets);
+        for form in [
+            "a-b/c d<e",
+            "a-b\\/c d<e",
+            "a-b/c d\\u003ce",
+            "a-b/c d\\u003Ce",
+            "a%2Db%2Fc%20d%3Ce",
+            "a%2db%2fc%20d%3ce",
+            "a-b%2Fc+d%3Ce",
+            "a-b/c d&lt;e",
+        ] {
+            let out = r.replace_all(form.as_bytes());
+            assert_eq!(out.as_deref(), Some(&b"sgp_a"[..]), "{form}");
+        }
     }
 
     #[test]

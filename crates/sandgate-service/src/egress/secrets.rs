@@ -48,10 +48,23 @@ const RESERVED_NAMES: &[&str] = &[
     "MPLCONFIGDIR",
     "MPLBACKEND",
     "IPYTHONDIR",
+    "BASH_ENV",
+    "ENV",
+    "IFS",
+    "PS4",
+    "PROMPT_COMMAND",
+    "GLIBC_TUNABLES",
+    "GCONV_PATH",
+    "HOSTALIASES",
+    "SSLKEYLOGFILE",
+    "CURL_HOME",
+    "JAVA_TOOL_OPTIONS",
+    "PERL5OPT",
+    "PERL5LIB",
 ];
 /// Prefixes of variables a placeholder may not take.
 const RESERVED_PREFIXES: &[&str] = &[
-    "LC_", "LD_", "PYTHON", "SANDGATE", "PIP_", "JUPYTER", "NODE_", "OPENSSL",
+    "LC_", "LD_", "PYTHON", "SANDGATE", "PIP_", "JUPYTER", "NODE_", "OPENSSL", "GIT_", "XDG_",
 ];
 /// The label of a sealed value's associated data.
 const AAD_PURPOSE: &[u8] = b"sandgate tenant secret v1\0";

@@ -8,6 +8,7 @@ mod hardening;
 mod image;
 mod kernel;
 mod limits;
+mod name_conflict;
 mod pool;
 mod snapshot;
 mod snapshot_faults;

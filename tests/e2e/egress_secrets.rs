@@ -541,6 +541,19 @@ async fn a_secret_reaches_the_server_in_its_header_and_never_the_sandbox() {
         "past its byte budget a rule refuses (first: {first}): {second}"
     );
 
+    // A flood of CONNECTs: past the sandbox's rate they are refused 429 without a policy read,
+    // and the audit has one row saying so.
+    let flood = run(
+        &client,
+        &sandbox,
+        "import http.client\nseen = {}\nfor _ in range(90):\n    c = http.client.HTTPConnection('127.0.0.1', 3128, timeout=60)\n    c.set_tunnel('127.0.0.1', 1)\n    try:\n        c.request('GET', '/')\n    except OSError as err:\n        code = str(err).split(':')[1].split()[0] if ':' in str(err) else '?'\n        seen[code] = seen.get(code, 0) + 1\n        last = str(err)\nprint(sorted(seen.items()), last)\n",
+    )
+    .await;
+    assert!(
+        flood.contains("('429',") && flood.contains("more than 120 egress connections"),
+        "past its rate a sandbox is refused 429: {flood}"
+    );
+
     // Nothing in the sandbox holds the value: memory, environments, command lines, files.
     let (prefix, len) = ("shpat_", value.len());
     let searched = run(
@@ -688,7 +701,11 @@ async fn a_secret_reaches_the_server_in_its_header_and_never_the_sandbox() {
         trail.contains("intercepted, secrets injected: SHOP_TOKEN")
             && trail.contains("10.1.2.3")
             && trail.contains("bytes per day")
-            && trail.contains(&format!("0x7f000001:{port} refused")),
+            && trail.contains(&format!("0x7f000001:{port} refused"))
+            && trail
+                .matches("further refusals over the rate this minute")
+                .count()
+                == 1,
         "{trail}"
     );
     assert!(!trail.contains(&value), "the audit never holds the value");

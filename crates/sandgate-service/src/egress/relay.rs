@@ -32,8 +32,9 @@ use super::secrets::SecretSealer;
 use super::target::{CheckedTarget, TargetCheck};
 
 /// The most CONNECTs one sandbox may make per minute (made or refused), and at once in a burst:
-/// past them a CONNECT is answered 429 without reading the policy or writing the audit trail, so
-/// a flood of refused names costs the database nothing.
+/// past them a CONNECT is answered 429 without reading the policy, and only the first such
+/// refusal of a minute is audited, so a flood of refused names costs the database one row a
+/// minute.
 const CONNECTS_PER_MINUTE: u32 = 120;
 const CONNECTS_BURST: u32 = 60;
 
@@ -60,6 +61,9 @@ struct Inner {
     sandboxes: Mutex<lru::LruCache<String, SandboxEgress>>,
     /// Per sandbox: its CONNECTs' rate.
     connects: governor::DefaultKeyedRateLimiter<String>,
+    /// Per sandbox: the minute whose refusals over the rate were last audited (one row a
+    /// minute says they happened; the rest are counted in the metrics only).
+    rate_audited: Mutex<lru::LruCache<String, i64>>,
 }
 
 /// One sandbox's egress state in this process.
@@ -106,6 +110,9 @@ impl EgressService {
                 sealer,
                 upstream_tls,
                 sandboxes: Mutex::new(lru::LruCache::new(
+                    NonZeroUsize::new(SANDBOXES_KEPT).expect("not zero"),
+                )),
+                rate_audited: Mutex::new(lru::LruCache::new(
                     NonZeroUsize::new(SANDBOXES_KEPT).expect("not zero"),
                 )),
                 connects: governor::RateLimiter::keyed(
@@ -412,18 +419,36 @@ impl CallEgress {
             connects.retain_recent();
         }
         if connects.check_key(&self.sandbox_id).is_err() {
-            tracing::warn!(sandbox_id = %self.sandbox_id, "egress: over the sandbox's CONNECT rate; refused unaudited");
+            tracing::warn!(sandbox_id = %self.sandbox_id, "egress: over the sandbox's CONNECT rate; refused");
             super::metrics::connection(
                 super::metrics::ConnectionOutcome::refused,
                 super::metrics::ConnectionKind::tunnel,
             );
-            return Err(EgressRefusal {
-                status: 429,
-                text: format!(
-                    "this sandbox asked for more than {CONNECTS_PER_MINUTE} egress connections \
-                     in a minute; wait and try again"
-                ),
-            });
+            let text = format!(
+                "this sandbox asked for more than {CONNECTS_PER_MINUTE} egress connections in a \
+                 minute; wait and try again"
+            );
+            // The first such refusal of a minute is audited (and noted in the transcript),
+            // saying that more may follow unlisted: a flood costs one row a minute.
+            let minute = Utc::now().timestamp().div_euclid(60);
+            let first = lock(&self.service.inner.rate_audited).put(self.sandbox_id.clone(), minute)
+                != Some(minute);
+            if first {
+                self.record(
+                    Outcome::Refused,
+                    started,
+                    format!(
+                        "{} refused: {text} (further refusals over the rate this minute are \
+                         counted in /metrics, not listed)",
+                        authority
+                            .chars()
+                            .take(300)
+                            .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+                            .collect::<String>()
+                    ),
+                );
+            }
+            return Err(EgressRefusal { status: 429, text });
         }
         // The authority is the sandbox's: keep it short and printable in the audit trail.
         let shown: String = authority

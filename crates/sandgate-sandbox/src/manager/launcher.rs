@@ -36,7 +36,7 @@ pub(super) const LAUNCH_MEMORY: Duration = Duration::from_secs(600);
 type Memory = Mutex<HashMap<String, std::time::Instant>>;
 
 /// Notes `sandbox_id` in `memory` now, forgetting what is older than [`LAUNCH_MEMORY`].
-fn note(memory: &Memory, sandbox_id: &str) {
+pub(super) fn note(memory: &Memory, sandbox_id: &str) {
     let mut map = memory.lock().unwrap_or_else(|e| e.into_inner());
     map.retain(|_, at| at.elapsed() < LAUNCH_MEMORY);
     map.insert(sandbox_id.to_owned(), std::time::Instant::now());

@@ -306,6 +306,24 @@ impl SandboxManager {
     /// last ten minutes. Nobody records them: a container such a launch left behind (its removal
     /// failed, e.g. while the engine was away) is an orphan to remove at once, not one to spare.
     pub fn abandoned_launches(&self) -> HashSet<String> {
+        self.abandoned_ids()
+    }
+
+    /// Gives up `sandbox_id`, a sandbox of this process whose container could not be removed
+    /// (its engine away): nobody will record it again, so reconciliation removes what is left of
+    /// it at its first pass once the engine answers, as it does for an abandoned launch, instead
+    /// of sparing it as a fresh launch of this process.
+    pub fn abandon(&self, sandbox_id: &str) {
+        self.inner
+            .launcher
+            .launched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(sandbox_id);
+        launcher::note(&self.inner.launcher.abandoned, sandbox_id);
+    }
+
+    fn abandoned_ids(&self) -> HashSet<String> {
         self.inner
             .launcher
             .abandoned

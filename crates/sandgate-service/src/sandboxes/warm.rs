@@ -226,7 +226,10 @@ impl SandboxService {
                 Ok(Some(_)) => {
                     tracing::debug!(sandbox_id = %sandbox.id(), "demand fell: removing a warm sandbox");
                     if let Err(err) = manager.close(sandbox.clone()).await {
-                        tracing::warn!(error = %err, "removing a surplus warm sandbox failed");
+                        // Its row is retired: reconciliation removes the container once the
+                        // engine answers again, not sparing it as a fresh launch of ours.
+                        tracing::warn!(error = %err, "removing a surplus warm sandbox failed; reconciliation removes it");
+                        manager.abandon(sandbox.id());
                     }
                     removed += 1;
                 }

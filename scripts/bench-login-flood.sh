@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The login-flood benchmark (issue 11; crates/sandgate/benches/login_flood.rs):
+# The login-flood benchmark (crates/sandgate/benches/login_flood.rs; docs/security.md):
 #
 #   scripts/bench-login-flood.sh
 #

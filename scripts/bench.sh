@@ -16,9 +16,9 @@
 # conversations per minute with the CPU by component) alone; --no-series skips the series.
 # --exec-only runs only the rows that time one call (execute_code 1+1 through MCP, through a
 # node, through the sandbox crate), for before/after comparisons (docs/benchmarks.md).
-# --no-snapshots skips issue 26's rows (template restores, checkpoint and restore, the series on
+# --no-snapshots skips the snapshot rows (template restores, checkpoint and restore, the series on
 # runsc2024 restored from a template), which run where the engine has runsc2024;
-# --snapshots-only runs only those (with --quick: a few of each, to try them), with issue 27's
+# --snapshots-only runs only those (with --quick: a few of each, to try them), with the
 # pause rows (pause_sandbox, the resume, fork_sandbox, the snapshot's size) after them;
 # --pauses-only runs only the pause rows.
 set -euo pipefail
@@ -74,7 +74,7 @@ if [[ ! -x $venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "$want" ]]; then
 	echo "$want" >"$stamp"
 fi
 export BENCH_PYTHON=$venv/bin/python
-# The official MCP Python SDK for the series of issue 16 (bench/series/sdk_series.py): the test
+# The official MCP Python SDK for the SDK series (bench/series/sdk_series.py): the test
 # suite's virtualenv has it.
 BENCH_SDK_PYTHON="$("$repo/scripts/py-venv.sh")"
 export BENCH_SDK_PYTHON

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""sandgate's series driven by the official MCP Python SDK (issue 16), run by the benchmark
+"""sandgate's series driven by the official MCP Python SDK, run by the benchmark
 (crates/sandgate/benches/mcp/series.rs) against a real `sandgate serve` in its default
 configuration:
 

@@ -943,6 +943,42 @@ mod tests {
     }
 
     #[test]
+    fn the_egress_test_ca_is_read_on_loopback_only() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SANDGATE_DATABASE__URL", "postgres://u@127.0.0.1:1/db");
+            jail.create_file("test-ca.pem", "-----BEGIN CERTIFICATE-----\n")?;
+            let path = jail.directory().join("test-ca.pem");
+            jail.set_env("SANDGATE_EGRESS__TEST_CA_FILE", path.display().to_string());
+            let loaded = load_in(jail).expect("a test CA on a loopback-only deployment");
+            assert!(
+                loaded
+                    .egress
+                    .test_ca_pem(loaded.only_loopback())
+                    .expect("read")
+                    .is_some_and(|pem| pem.contains("BEGIN CERTIFICATE")),
+                "its certificates are read on loopback"
+            );
+            jail.set_env("SANDGATE_EGRESS__TEST_CA_FILE", "/nonexistent/test-ca.pem");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("egress.test_ca_file") && err.contains("cannot be read"),
+                "a file that cannot be read is named: {err}"
+            );
+            // Reachable from elsewhere (a public URL and a secret of its own): refused at start,
+            // so no deployment others reach trusts a CA besides the system's.
+            jail.set_env("SANDGATE_EGRESS__TEST_CA_FILE", path.display().to_string());
+            jail.set_env("SANDGATE_KEYS__SECRET", "k".repeat(40));
+            jail.set_env("SANDGATE_PUBLIC_URL", "https://sandgate.example");
+            let err = load_in(jail).unwrap_err().to_string();
+            assert!(
+                err.contains("egress.test_ca_file") && err.contains("for tests only"),
+                "off loopback the test CA is refused at start: {err}"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
     fn the_egress_development_key_serves_only_a_loopback_only_deployment() {
         Jail::expect_with(|jail| {
             use crate::egress::DEVELOPMENT_SECRETS_KEY;

@@ -841,6 +841,71 @@ mod tests {
         ));
     }
 
+    /// A resolver whose answer changes after its first lookup (a rebinding name's DNS), counting
+    /// the lookups it answers.
+    struct Rebinding {
+        first: Vec<IpAddr>,
+        then: Vec<IpAddr>,
+        lookups: AtomicUsize,
+    }
+
+    impl Resolver for Arc<Rebinding> {
+        fn lookup<'a>(&'a self, _host: &'a str) -> BoxFuture<'a, std::io::Result<Vec<IpAddr>>> {
+            let n = self.lookups.fetch_add(1, Ordering::SeqCst);
+            let answer = if n == 0 {
+                self.first.clone()
+            } else {
+                self.then.clone()
+            };
+            Box::pin(async move { Ok(answer) })
+        }
+    }
+
+    #[test]
+    fn a_rebinding_name_is_pinned_to_its_checked_answer_and_a_refused_name_is_never_looked_up() {
+        let dns = Arc::new(Rebinding {
+            first: vec!["1.1.1.1".parse().unwrap()],
+            then: vec!["169.254.169.254".parse().unwrap()],
+            lookups: Default::default(),
+        });
+        let check = TargetCheck::with_resolver(dns.clone());
+        let policy = rules(&["api.shop.test"]);
+        let lookups = || dns.lookups.load(Ordering::SeqCst);
+
+        // A name outside the policy: refused before any lookup (nothing leaks through DNS).
+        for authority in [
+            "evil.test:443",
+            "api.shop.test.evil.test:443",
+            "shop.test:443",
+        ] {
+            assert!(
+                matches!(
+                    block_on(check.check(authority, &policy)),
+                    Err(TargetError::NotAllowed { .. })
+                ),
+                "{authority} is not in the policy"
+            );
+        }
+        assert_eq!(lookups(), 0, "refused names are never resolved");
+
+        // The first connection: one lookup, its public answer checked and pinned (the dial
+        // takes these addresses, never the name).
+        let first = block_on(check.check("api.shop.test:443", &policy)).expect("public");
+        assert_eq!(lookups(), 1, "one lookup per connection");
+        assert_eq!(first.addrs, ["1.1.1.1:443".parse::<SocketAddr>().unwrap()]);
+        // The name rebinds to the metadata address: the next connection checks its new answer
+        // and is refused; the pinned target of the first is unchanged.
+        match block_on(check.check("api.shop.test:443", &policy)) {
+            Err(TargetError::Forbidden { range, addr, .. }) => {
+                assert_eq!(range, Range::Metadata);
+                assert_eq!(addr.to_string(), "169.254.169.254");
+            }
+            other => panic!("the rebound answer must be refused: {other:?}"),
+        }
+        assert_eq!(lookups(), 2);
+        assert_eq!(first.addrs, ["1.1.1.1:443".parse::<SocketAddr>().unwrap()]);
+    }
+
     #[test]
     fn test_overrides_exist_only_on_loopback_and_reach_only_their_loopback_servers() {
         assert!(matches!(

@@ -28,6 +28,7 @@ pub mod nodes;
 mod ops;
 mod partial;
 mod pause;
+mod pause_halts;
 mod people;
 mod quota;
 mod run;
@@ -45,6 +46,7 @@ pub use limits::{Caller, Limits};
 pub use nodes::{NodeSet, OwnNode};
 pub use ops::{BoundedRead, Target};
 pub use pause::{HeldSandbox, Pausing, Resumed};
+pub use pause_halts::{PauseHalts, PauseStep};
 pub use people::{ConversationLine, MAX_CONVERSATIONS_LISTED, PeopleNote};
 pub use quota::CallPermit;
 pub use run::{CommandLine, OutputSink, RunLimits};
@@ -103,6 +105,8 @@ pub struct SandboxService {
     /// On a node whose deployment's gateways pause: how long past its idle deadline an idle
     /// sandbox is left to them before this node closes it (none: closed at its deadline).
     pub(crate) idle_left_to_gateways: Option<std::time::Duration>,
+    /// A test's halt of pauses at a step (none outside tests: nothing configures it).
+    pub(crate) pause_halts: Option<Arc<PauseHalts>>,
 }
 
 impl SandboxService {
@@ -124,6 +128,7 @@ impl SandboxService {
             idle_clock: idle_clock::IdleClock::default(),
             pausing: None,
             idle_left_to_gateways: None,
+            pause_halts: None,
         }
     }
 

@@ -17,6 +17,7 @@
 //! the processes that saw a sandbox idle, one takes it `pausing` (a call that touched it since
 //! wins over all of them), and a node's close (`leased` only) cannot end it any more.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -81,6 +82,20 @@ impl SandboxService {
     pub fn with_pausing(mut self, pausing: Pausing) -> Self {
         self.pausing = Some(pausing);
         self
+    }
+
+    /// Halts pauses at the step `halts` is armed with, as a crash there would (for tests of
+    /// what a restarted process makes of a pause cut short; see [`super::PauseHalts`]).
+    pub fn with_pause_halts(mut self, halts: Arc<super::PauseHalts>) -> Self {
+        self.pause_halts = Some(halts);
+        self
+    }
+
+    /// Stops here for ever when a test armed a halt at `step`.
+    async fn halt_at(&self, step: super::PauseStep) {
+        if let Some(halts) = &self.pause_halts {
+            halts.at(step).await;
+        }
     }
 
     /// Whether the reaper pauses idle sandboxes.
@@ -148,6 +163,7 @@ impl SandboxService {
         row: &SandboxRow,
         mark: PauseMark,
     ) -> Result<SandboxRow, ServiceError> {
+        self.halt_at(super::PauseStep::Begun).await;
         let kept = match self.checkpoint_into_store(pausing, row).await {
             Err(ServiceError::Sandbox(err)) if checkpoints_unavailable(&err) => {
                 tracing::info!(error = %err, "this sandbox's runtime cannot checkpoint; keeping its files only");
@@ -157,6 +173,7 @@ impl SandboxService {
         };
         match kept {
             Ok(paused) => {
+                self.halt_at(super::PauseStep::Recorded).await;
                 self.remove_container(&row.id, Some(row)).await;
                 crate::transcripts::write_mark(
                     &self.db,
@@ -208,9 +225,11 @@ impl SandboxService {
                 return Err(snapshot_error(&row.id, err));
             }
         };
+        self.halt_at(super::PauseStep::Checkpointed).await;
         out.shutdown()
             .await
             .map_err(|e| store_failed(&row.id, pausing.store.write_failed(e)))?;
+        self.halt_at(super::PauseStep::Stored).await;
         let recorded = async {
             let mut tx = self.db.begin().await?;
             pending.record(&mut tx).await?;

@@ -1,6 +1,6 @@
 //! A pause cut short (issue 27): a fault injected at each step of the reaper's checkpoint, and a
-//! pause whose process died after it began, leave the sandbox running with its variables, never
-//! lost; the same pause without a fault leaves it paused, its container gone, its sealed
+//! pause whose process died at each of its steps (halted there and dropped), leave the sandbox
+//! running or paused with its variables, never lost; the same pause without a fault leaves it paused, its container gone, its sealed
 //! snapshot in the store and recorded.
 
 use std::sync::Arc;
@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use chrono::Utc;
 use sandgate_sandbox::{ExecOptions, SnapshotFaults, SnapshotStep};
-use sandgate_service::sandboxes::{NodeSet, OwnNode, Pausing};
+use sandgate_service::sandboxes::{NodeSet, OwnNode, PauseHalts, PauseStep, Pausing};
 use sandgate_service::snapshots::{SnapshotCustody, SnapshotKeys, SnapshotStore};
 use sandgate_service::{Caller, SandboxService};
+use sandgate_store::nodes::{self, NewNode};
 use sandgate_store::sandboxes::{self, NewLease, SandboxState};
 use sandgate_store::{pauses, tenants};
 
@@ -80,9 +81,17 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
             manager: engine.manager.clone(),
         }),
         None,
-        (60, 60),
+        // Heard within the hour: the node registered below stays placeable through the test.
+        (3600, 3600),
     );
-    let service = SandboxService::new(db.pool.clone(), nodes, profile, config.limits.clone())
+    // A process's service; each call is another process on the same node and database.
+    let process = || {
+        SandboxService::new(
+            db.pool.clone(),
+            nodes.clone(),
+            profile.clone(),
+            config.limits.clone(),
+        )
         .with_pausing(Pausing {
             custody: SnapshotCustody::new(db.pool.clone(), SnapshotKeys::new(SECRET)),
             store: store.clone(),
@@ -92,9 +101,26 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
             tenant_max_bytes: u64::MAX,
             retention: Duration::from_secs(3600),
             transcripts: sandgate_service::transcripts::bound_of(&config.retention),
-        });
+        })
+    };
+    let service = process();
     let mut conn = db.pool.acquire().await.unwrap();
     let tenant = tenants::create(&mut conn, "owner").await.unwrap().id;
+    // The node registered, as its process does at start: a resume is placed on a live node.
+    nodes::register_locked(
+        &mut conn,
+        &NewNode {
+            id: NODE,
+            name: NODE,
+            advertise_url: "http://127.0.0.1:9",
+            slots: 10,
+            memory_bytes: 1 << 30,
+            draining: false,
+            process: uuid::Uuid::new_v4(),
+        },
+    )
+    .await
+    .unwrap();
     let sandbox = within(LIMIT, "a lease", engine.manager.lease("snap"))
         .await
         .expect("a runsc2024 sandbox");
@@ -181,8 +207,89 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
     assert_eq!(state(&db, tenant, &id).await, SandboxState::Leased);
     assert_eq!(value(&service, &caller, &id, "kept").await, "43");
 
+    // A pause whose process died at each of its steps (the task stopped there and dropped, as
+    // a crash would leave it: no clean-up ran). Another process finds the sandbox running
+    // (the transition undone past its deadline) or, once the pause was recorded, paused: it
+    // removes the left-over container and resumes it from the store. Variables kept each time.
+    let halts = Arc::new(PauseHalts::default());
+    let mut kept = 43;
+    for step in PauseStep::ALL {
+        let doomed = process().with_pause_halts(halts.clone());
+        make_idle(&db, &id).await;
+        halts.arm(step);
+        let pass = tokio::spawn({
+            let doomed = doomed.clone();
+            async move { doomed.reap().await }
+        });
+        within(LIMIT, "the pause to reach its step", halts.reached()).await;
+        pass.abort();
+        let _ = pass.await;
+        drop(doomed);
+        let restarted = process();
+        if step == PauseStep::Recorded {
+            assert_eq!(
+                state(&db, tenant, &id).await,
+                SandboxState::Paused,
+                "{step}: a recorded pause stands"
+            );
+            let reconciled = within(
+                LIMIT,
+                "a reconciliation pass",
+                restarted.reconcile(Duration::from_secs(600), true),
+            )
+            .await
+            .expect("the pass");
+            assert_eq!(
+                reconciled.removed, 1,
+                "{step}: its old container is removed"
+            );
+            assert_eq!(engine.containers().await, 0, "{step}: nothing runs");
+        } else {
+            assert_eq!(
+                state(&db, tenant, &id).await,
+                SandboxState::Pausing,
+                "{step}: the row says what was cut short"
+            );
+            let mut conn = db.pool.acquire().await.unwrap();
+            sqlx::query(
+                "UPDATE sandboxes SET transition_at = now() - interval '1 hour' WHERE id = $1",
+            )
+            .bind(&id)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+            drop(conn);
+            within(LIMIT, "a reaper pass", restarted.reap())
+                .await
+                .expect("the pass");
+            assert_eq!(
+                state(&db, tenant, &id).await,
+                SandboxState::Leased,
+                "{step}: the cut pause is undone"
+            );
+            assert_eq!(
+                engine.containers().await,
+                1,
+                "{step}: its container runs on"
+            );
+        }
+        kept += 1;
+        assert_eq!(
+            value(&restarted, &caller, &id, "kept += 1\nkept").await,
+            kept.to_string(),
+            "{step}: its variables are kept"
+        );
+        assert_eq!(
+            state(&db, tenant, &id).await,
+            SandboxState::Leased,
+            "{step}: it runs again"
+        );
+        restarted.drain_removals().await;
+    }
+
     // Without a fault the pause completes: paused, container gone, the snapshot recorded and
     // in the store.
+    let service = process();
     service.drain_removals().await;
     make_idle(&db, &id).await;
     within(LIMIT, "a reaper pass", service.reap())

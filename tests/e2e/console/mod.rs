@@ -331,51 +331,23 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
         "not listed for them: {}",
         listed.body
     );
-    let form = run_form(&their_csrf);
-    let pairs = refs(&form);
-    let run = them.post(&stack.url("/console/run"), &pairs).await;
-    assert_eq!(run.status, StatusCode::NOT_FOUND, "runs: {}", run.body);
-    let stop = them
-        .post(
-            &stack.url("/console/interrupt"),
-            &[("csrf", &their_csrf), ("conversation", &conversation)],
-        )
-        .await;
-    assert_eq!(stop.status, StatusCode::NOT_FOUND, "interrupts");
-    let upload = reqwest::Client::new()
-        .post(stack.url(&format!(
-            "/console/upload?conversation={}&name=x.txt",
-            url_encode(&conversation)
-        )))
-        .header("cookie", them_cookie(&mut them, &stack).await)
-        .header("x-sandgate-csrf", &their_csrf)
-        .body("planted")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(upload.status(), StatusCode::NOT_FOUND, "uploads");
-    let download = them
-        .get(&stack.url(&format!(
-            "/console/file?conversation={}&path=%2Fhome%2Fuser%2Fsecret.txt",
-            url_encode(&conversation)
-        )))
-        .await;
-    assert_eq!(download.status, StatusCode::NOT_FOUND, "file downloads");
-    assert_eq!(download.body, missing.body, "downloads: the missing page");
-    for action in ["/console/fork", "/console/resume"] {
-        let refused = them
-            .post(
-                &stack.url(action),
-                &[("csrf", &their_csrf), ("conversation", &conversation)],
-            )
-            .await;
+    // Every action on this conversation answers them exactly as the same action on one that
+    // does not exist: status and body (the run is also the output stream).
+    let foreign = every_action(&mut them, &stack, &their_csrf, &conversation).await;
+    let absent = every_action(&mut them, &stack, &their_csrf, "no-such-conversation").await;
+    for ((action, status, body), (_, absent_status, absent_body)) in foreign.iter().zip(&absent) {
+        assert_eq!(*status, StatusCode::NOT_FOUND, "{action}: {body}");
         assert_eq!(
-            refused.status,
-            StatusCode::NOT_FOUND,
-            "{action}: {}",
-            refused.body
+            (status, body),
+            (absent_status, absent_body),
+            "{action}: another tenant's conversation answers as a missing one"
         );
     }
+    let download = foreign
+        .iter()
+        .find(|(action, _, _)| *action == "file")
+        .expect("the download was tried");
+    assert_eq!(download.2, missing.body, "downloads: the missing page");
 
     // The owner's user: a form without the token, or from another site, is refused.
     let (mut owner, csrf) = signed_in(&stack, &stack.email).await;
@@ -600,6 +572,75 @@ async fn other_tenants_readers_forged_forms_and_stale_sign_ins_cannot_act() {
     let out = owner.get(&stack.url(&page)).await;
     assert_eq!(out.status, StatusCode::SEE_OTHER, "signed out");
     support::remove_containers_of(&stack.gateway.instance);
+}
+
+/// Every console URL of `conversation` as `browser`'s user: the run (which is also the stream),
+/// interrupt, upload, download, password confirmation, fork and resume; each action's name,
+/// status and body.
+async fn every_action(
+    browser: &mut HttpBrowser,
+    stack: &Stack,
+    csrf: &str,
+    conversation: &str,
+) -> Vec<(&'static str, StatusCode, String)> {
+    let mut answers = Vec::new();
+    let run = browser
+        .post(
+            &stack.url("/console/run"),
+            &[
+                ("csrf", csrf),
+                ("conversation", conversation),
+                ("kind", "cell"),
+                ("code", "secret = 0"),
+            ],
+        )
+        .await;
+    answers.push(("run", run.status, run.body));
+    for (action, path) in [
+        ("interrupt", "/console/interrupt"),
+        ("fork", "/console/fork"),
+        ("resume", "/console/resume"),
+    ] {
+        let page = browser
+            .post(
+                &stack.url(path),
+                &[("csrf", csrf), ("conversation", conversation)],
+            )
+            .await;
+        answers.push((action, page.status, page.body));
+    }
+    let confirm = browser
+        .post(
+            &stack.url("/console/confirm"),
+            &[
+                ("csrf", csrf),
+                ("conversation", conversation),
+                ("password", PASSWORD),
+            ],
+        )
+        .await;
+    answers.push(("confirm", confirm.status, confirm.body));
+    let upload = reqwest::Client::new()
+        .post(stack.url(&format!(
+            "/console/upload?conversation={}&name=x.txt",
+            url_encode(conversation)
+        )))
+        .header("cookie", browser.cookies())
+        .header("x-sandgate-csrf", csrf)
+        .body("planted")
+        .send()
+        .await
+        .unwrap();
+    let status = upload.status();
+    answers.push(("upload", status, upload.text().await.unwrap()));
+    let download = browser
+        .get(&stack.url(&format!(
+            "/console/file?conversation={}&path=%2Fhome%2Fuser%2Fsecret.txt",
+            url_encode(conversation)
+        )))
+        .await;
+    answers.push(("file", download.status, download.body));
+    answers
 }
 
 /// The browser's cookies as a `Cookie` header (for requests the helper does not make).

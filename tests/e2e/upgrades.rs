@@ -1,13 +1,17 @@
 //! Upgrades (issue 25): the current binary keeps serving a database that a newer binary
 //! migrated one additive step further (a migration it does not know, applied here by the test),
 //! whether it only checks the schema (`database.auto_migrate = false`, a deployment) or migrates
-//! itself; `sandgate migrate` leaves that migration alone; and a database that lacks one of
+//! itself, with a `sandgate node` (which never migrates) running its sandboxes; `sandgate migrate` leaves that migration alone; and a database that lacks one of
 //! this binary's migrations is refused with what to run.
 
 use std::time::Duration;
 
 use sqlx::Connection;
 
+use serde_json::json;
+
+use crate::mcp_client::{Client, Era};
+use crate::support::node::NodeStart;
 use crate::support::{self, Gateway, sandgate_command};
 
 /// A migration of a newer binary: it only adds (a table and a column).
@@ -61,6 +65,12 @@ async fn the_binary_keeps_serving_a_schema_one_additive_migration_ahead() {
         "e2e-upgrade-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
+    // A node of this binary (it never migrates) registers, heartbeats and runs sandboxes on the
+    // newer schema; so does a replica that only checks it, and one that migrates itself.
+    let node = NodeStart::new(&database, &instance)
+        .without_migrating()
+        .start()
+        .await;
     for auto_migrate in ["false", "true"] {
         let gateway = Gateway::start_gateway_only(
             &database,
@@ -81,7 +91,30 @@ async fn the_binary_keeps_serving_a_schema_one_additive_migration_ahead() {
             ready.status().is_success(),
             "auto_migrate={auto_migrate}: the replica serves"
         );
+        let client = Client::connect(&gateway.mcp_url(), &token, Era::Stateless)
+            .await
+            .expect("client connects");
+        let answer = client
+            .ok("execute_code", json!({"code": "kept = 6 * 7\nkept"}))
+            .await;
+        assert_eq!(
+            answer.structured["result"]["text/plain"], "42",
+            "auto_migrate={auto_migrate}: a cell runs on the node: {}",
+            answer.text
+        );
+        let id = answer.structured["sandbox_id"].as_str().unwrap().to_owned();
+        let again = client
+            .ok("execute_code", json!({"sandbox_id": id, "code": "kept"}))
+            .await;
+        assert_eq!(
+            again.structured["result"]["text/plain"], "42",
+            "auto_migrate={auto_migrate}: its state is kept: {}",
+            again.text
+        );
+        client.ok("close_sandbox", json!({"sandbox_id": id})).await;
     }
+    drop(node);
+    support::remove_containers_of(&instance);
 
     // One of this binary's migrations missing: refused, saying what to run.
     let (last, _) = sandgate_store_last(&mut conn).await;
@@ -140,8 +173,6 @@ fn image_id(image: &str) -> String {
 async fn a_node_restarted_with_a_new_sandbox_image_retires_its_old_warm_sandboxes_and_keeps_the_leased()
  {
     use crate::lifecycle::{FAST, plain, sandbox_id};
-    use crate::mcp_client::{Client, Era};
-    use serde_json::json;
 
     // The "new release" of the sandbox image: the stack's with one more label (another id).
     let old_image = crate::support::node::sandbox_image();

@@ -4,9 +4,8 @@
 //! pushes the stack's image there under a repository of this run, forgets that reference, and
 //! the node, configured with the image pinned by digest, pulls it and starts a sandbox from it.
 //!
-//! The engine keeps the stack's image under its own tag, so the pull finds its layers there and
-//! fetches the manifest and configuration only: what it proves is that the node resolves the
-//! pinned reference through the registry, not how long 870 MB take.
+//! The engine forgets the image entirely (every tag, the stack's too) before the node starts,
+//! so the node's pull fetches every layer; the stack's tag is given back at the end.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -137,11 +136,45 @@ async fn a_node_pulls_its_image_pinned_by_digest_from_a_registry_and_serves_a_sa
         .unwrap_or_else(|| panic!("docker push prints the digest, got:\n{pushed}"))
         .to_owned();
     let pinned = format!("{repository}@{digest}");
-    docker_ok(&engine, &["rmi", &tagged]);
+    // Then the engine forgets the image itself: every tag of it (the stack's too, given back
+    // below), so the node's pull must fetch every layer from the registry.
+    let image_id = docker_ok(
+        &engine,
+        &["image", "inspect", "--format", "{{.Id}}", &tagged],
+    )
+    .trim()
+    .to_owned();
+    // Whatever happens below, the stack's tag comes back (from the pull, else from the first
+    // engine) for the other tests of this engine.
+    struct GiveBack(Engine, String);
+    impl Drop for GiveBack {
+        fn drop(&mut self) {
+            let _ = self
+                .0
+                .docker()
+                .args(["tag", &self.1, &sandbox_image()])
+                .output();
+            self.0.ensure_image(&sandbox_image());
+        }
+    }
+    let _give_back = GiveBack(engine.clone(), pinned.clone());
+    let tags = docker_ok(
+        &engine,
+        &[
+            "image",
+            "inspect",
+            "--format",
+            "{{join .RepoTags \"\\n\"}}",
+            &image_id,
+        ],
+    );
+    for tag in tags.lines().filter(|t| !t.is_empty()) {
+        docker_ok(&engine, &["rmi", tag]);
+    }
     let _ = engine.docker().args(["rmi", &pinned]).output();
     assert!(
-        !has_image(&engine, &pinned),
-        "{pinned} is not on the engine before the node starts"
+        !has_image(&engine, &pinned) && !has_image(&engine, &image_id),
+        "neither {pinned} nor any image of its id is on the engine before the node starts"
     );
 
     let database = support::fresh_database().await;
@@ -152,6 +185,7 @@ async fn a_node_pulls_its_image_pinned_by_digest_from_a_registry_and_serves_a_sa
     let missing = format!("{repository}@sha256:{}", "0".repeat(64));
     let refused = NodeStart::new(&database, &format!("{instance}-missing"))
         .engine(&engine)
+        .without_copying_the_image()
         .tls(&tls)
         .env([
             ("SANDGATE_SANDBOX__IMAGE", missing.as_str()),
@@ -168,6 +202,7 @@ async fn a_node_pulls_its_image_pinned_by_digest_from_a_registry_and_serves_a_sa
     let unpinned = NodeStart::new(&database, &format!("{instance}-tag"))
         .without_migrating()
         .engine(&engine)
+        .without_copying_the_image()
         .tls(&tls)
         .env([
             ("SANDGATE_SANDBOX__IMAGE", tagged.as_str()),
@@ -183,6 +218,7 @@ async fn a_node_pulls_its_image_pinned_by_digest_from_a_registry_and_serves_a_sa
 
     let node = NodeStart::new(&database, &instance)
         .engine(&engine)
+        .without_copying_the_image()
         .tls(&tls)
         .env([
             ("SANDGATE_SANDBOX__IMAGE", pinned.as_str()),

@@ -1,7 +1,9 @@
 //! The operator's walkthrough in docs/scale-out.md ("Two hosts, step by step"), run as written:
 //! each `# step N:` block of that section is taken from the file and run with bash, with this
 //! test's values for the variables each block declares (both "hosts" on 127.0.0.1 with ports of
-//! their own, host B on the second engine of `scripts/stack.sh`). Then the gateway the steps
+//! their own, host B on the second engine of `scripts/stack.sh`, one Postgres of the test's own
+//! serving TLS only with the three roles of deploy/postgres/roles.sql, each step connecting as
+//! its role with `verify-full`). Then the gateway the steps
 //! started hands out sandboxes on both nodes and runs cells in them. A step removed, renamed or
 //! broken in the docs fails here.
 
@@ -9,13 +11,17 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use sandgate_node::test_pki::Pki;
 use serde_json::json;
+use sqlx::Connection;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::db_roles::{GATEWAY, MIGRATOR, NODE, make_roles};
 use crate::lifecycle::{plain, sandbox_id};
 use crate::mcp_client::{Client, Era};
 use crate::support::node::{Engine, sandbox_image};
+use crate::support::own_postgres::{OwnPostgres, PASSWORD, SUPERUSER, ServerTls};
 use crate::support::scale_out::{SECOND_ENGINE, node_of};
 use crate::support::{self, BIN};
 
@@ -115,7 +121,28 @@ async fn the_documented_two_host_steps_run_as_written() {
     let _engine = SECOND_ENGINE.lock().await;
     let (engine_a, engine_b) = (Engine::first(), Engine::second());
     engine_b.ensure_image(&sandbox_image());
-    let database = support::fresh_database().await;
+    // "One Postgres with the three roles" (docs/scale-out.md, "The database"): a server of the
+    // test's own serving TLS only, the roles made by deploy/postgres/roles.sql, and every step
+    // connecting as its role with `verify-full`.
+    let ca = Pki::new("postgres CA");
+    let (cert_pem, key_pem) = ca.leaf_pem_for(&["localhost"]);
+    let server = OwnPostgres::start(Some(ServerTls { cert_pem, key_pem })).await;
+    let bundle = server.dir().join("ca.pem");
+    std::fs::write(&bundle, ca.ca_pem()).expect("the CA bundle");
+    let mut superuser = sqlx::PgConnection::connect(&server.socket_url("postgres"))
+        .await
+        .expect("the superuser connects");
+    sqlx::query("CREATE DATABASE sandgate")
+        .execute(&mut superuser)
+        .await
+        .expect("the database");
+    drop(superuser);
+    let url = |(user, password): (&str, &str)| {
+        server.verify_full_url(user, password, "sandgate", &bundle)
+    };
+    make_roles(&url((SUPERUSER, PASSWORD)));
+    let (migrator_url, node_url, gateway_url) = (url(MIGRATOR), url(NODE), url(GATEWAY));
+    let database = gateway_url.clone();
     let run = &uuid::Uuid::new_v4().simple().to_string()[..12];
     let instance = format!("e2e-two-hosts-{run}");
     let pki = std::env::temp_dir().join(format!("sandgate-{instance}"));
@@ -139,7 +166,7 @@ async fn the_documented_two_host_steps_run_as_written() {
         ]),
     )
     .await;
-    run_step(2, &common(&[("MIGRATOR_DATABASE_URL", database.clone())])).await;
+    run_step(2, &common(&[("MIGRATOR_DATABASE_URL", migrator_url)])).await;
 
     let mut nodes = Vec::new();
     for (host, engine) in [("host-a", &engine_a), ("host-b", &engine_b)] {
@@ -151,7 +178,7 @@ async fn the_documented_two_host_steps_run_as_written() {
             ("NODE_LISTEN", listen.clone()),
             ("CERTS", format!("{pki_s}/nodes/{host}")),
             ("SANDBOX_IMAGE", sandbox_image()),
-            ("NODE_DATABASE_URL", database.clone()),
+            ("NODE_DATABASE_URL", node_url.clone()),
         ]);
         if !engine.host.is_empty() {
             vars.push(("SANDGATE_DOCKER__HOST", engine.host.clone()));

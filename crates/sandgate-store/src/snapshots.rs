@@ -136,6 +136,28 @@ pub async fn sealed_bytes_of_tenant(
     Ok(total.unwrap_or(0).max(0) as u64)
 }
 
+/// Whether the tenant's snapshot `id` is held: it is the snapshot of one of the tenant's
+/// sandboxes that is paused or resuming. A snapshot nothing holds is what a pause or a fork
+/// whose process died left behind (a fork's copy is never held: it serves its one restore).
+#[tracing::instrument(skip_all, fields(snapshot = %id, tenant_id = %tenant_id))]
+pub async fn is_held(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    id: &str,
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (
+             SELECT 1 FROM snapshots n
+             JOIN sandboxes s ON s.id = n.sandbox_id AND s.tenant_id = n.tenant_id
+             WHERE n.id = $1 AND n.tenant_id = $2 AND s.snapshot_id = n.id
+               AND s.state IN ('paused', 'resuming'))",
+    )
+    .bind(id)
+    .bind(tenant_id)
+    .fetch_one(conn)
+    .await?)
+}
+
 /// Deletes the tenant's snapshot `id`; false when there was none (or it is another tenant's).
 #[tracing::instrument(skip_all, fields(snapshot = %id, tenant_id = %tenant_id))]
 pub async fn delete(

@@ -236,6 +236,7 @@ pub struct NodeStart {
     engine: Engine,
     tls: bool,
     migrate: bool,
+    copy_image: bool,
     env: Vec<(String, String)>,
 }
 
@@ -247,6 +248,7 @@ impl NodeStart {
             engine: Engine::first(),
             tls: false,
             migrate: true,
+            copy_image: true,
             env: Vec::new(),
         };
         let start = start.env([
@@ -277,6 +279,13 @@ impl NodeStart {
     /// settings (a node never migrates; a deployment migrates before its nodes start).
     pub fn without_migrating(mut self) -> NodeStart {
         self.migrate = false;
+        self
+    }
+
+    /// Leaves the engine's images as they are: by default the stack's sandbox image is copied
+    /// there first when missing (a node that must pull its image needs it absent).
+    pub fn without_copying_the_image(mut self) -> NodeStart {
+        self.copy_image = false;
         self
     }
 
@@ -312,7 +321,9 @@ impl NodeStart {
     /// Starts the node and waits until it prints its address; its standard error when it exits
     /// first (a node that must be refused).
     pub async fn try_start(self) -> Result<NodeProcess, String> {
-        self.engine.ensure_image(&sandbox_image());
+        if self.copy_image {
+            self.engine.ensure_image(&sandbox_image());
+        }
         if self.migrate {
             let migrated = sandgate_command()
                 .arg("migrate")

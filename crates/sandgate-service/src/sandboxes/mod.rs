@@ -107,6 +107,8 @@ pub struct SandboxService {
     pub(crate) idle_left_to_gateways: Option<std::time::Duration>,
     /// A test's halt of pauses at a step (none outside tests: nothing configures it).
     pub(crate) pause_halts: Option<Arc<PauseHalts>>,
+    /// When this process last swept the snapshot store ([`SandboxService::sweep_snapshots`]).
+    pub(crate) snapshot_sweep: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 impl SandboxService {
@@ -129,6 +131,7 @@ impl SandboxService {
             pausing: None,
             idle_left_to_gateways: None,
             pause_halts: None,
+            snapshot_sweep: Arc::default(),
         }
     }
 

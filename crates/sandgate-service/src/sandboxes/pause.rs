@@ -478,6 +478,19 @@ impl SandboxService {
         let retention = i64::try_from(pausing.retention.as_secs()).unwrap_or(i64::MAX);
         let due = pauses::paused_overdue(&mut conn, Utc::now(), retention).await?;
         drop(conn);
+        // Once per transition deadline, the snapshots no sandbox holds that are older than it
+        // (so never one a pause or fork in flight is writing).
+        let sweep_due = {
+            let mut last = self.snapshot_sweep.lock().expect("sweep clock");
+            let due = last.is_none_or(|at| at.elapsed() >= pausing.transition_deadline);
+            if due {
+                *last = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if sweep_due {
+            self.sweep_snapshots(pausing.transition_deadline).await?;
+        }
         let mut closed = 0;
         for row in due {
             let reason = if row.expires_at.is_some_and(|e| e <= Utc::now()) {
@@ -490,6 +503,45 @@ impl SandboxService {
             }
         }
         Ok(closed)
+    }
+
+    /// Deletes the snapshots in the store that no paused or resuming sandbox holds, written
+    /// more than `older_than` ago, with their rows: what a pause or a fork whose process died
+    /// between the store's write and its end left (a pause cut before its record has no row:
+    /// its data key is gone and nobody can open its bytes, but they still take room). Younger
+    /// ones may belong to a pause or fork in flight and stay. Returns how many went.
+    pub async fn sweep_snapshots(&self, older_than: Duration) -> Result<usize, ServiceError> {
+        let Some(pausing) = self.pausing.as_ref() else {
+            return Ok(0);
+        };
+        let before =
+            Utc::now() - chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::zero());
+        let written = match pausing.store.written_before(before).await {
+            Ok(written) => written,
+            Err(err) => {
+                tracing::warn!(error = %err, "listing the snapshot store failed; the next sweep tries again");
+                return Ok(0);
+            }
+        };
+        let mut swept = 0;
+        for (tenant, snapshot_id) in written {
+            let mut conn = self.db.acquire().await?;
+            if snapshots::is_held(&mut conn, tenant, &snapshot_id).await? {
+                continue;
+            }
+            snapshots::delete(&mut conn, tenant, &snapshot_id).await?;
+            drop(conn);
+            match pausing.store.delete(tenant, &snapshot_id).await {
+                Ok(()) => {
+                    tracing::info!(snapshot = %snapshot_id, tenant_id = %tenant, "deleted a snapshot no sandbox holds (a pause or fork cut short)");
+                    swept += 1;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, snapshot = %snapshot_id, "deleting a snapshot no sandbox holds failed; the next sweep tries again");
+                }
+            }
+        }
+        Ok(swept)
     }
 
     /// Ends a paused row (`closed` with `reason`) and deletes its snapshot (row and object).

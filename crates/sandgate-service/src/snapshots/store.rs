@@ -308,6 +308,39 @@ impl SnapshotStore {
         }
     }
 
+    /// The snapshots in the store written before `before`: (tenant, snapshot id) of each. Lists
+    /// the whole store (the snapshot sweep does, once in a while).
+    pub async fn written_before(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<(Uuid, String)>, SnapshotStoreError> {
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&ObjectPath::from("tenants")))
+            .try_collect()
+            .await
+            .map_err(|source| self.failed("listing the snapshots", source, true))?;
+        Ok(listed
+            .into_iter()
+            .filter(|meta| meta.last_modified < before)
+            .filter_map(|meta| {
+                // `tenants/<tenant id>/<snapshot id>.sgsnap`; anything else is not ours.
+                let parts: Vec<String> = meta
+                    .location
+                    .parts()
+                    .map(|p| p.as_ref().to_owned())
+                    .collect();
+                match parts.as_slice() {
+                    [top, tenant, file] if top == "tenants" => Some((
+                        tenant.parse().ok()?,
+                        file.strip_suffix(".sgsnap")?.to_owned(),
+                    )),
+                    _ => None,
+                }
+            })
+            .collect())
+    }
+
     /// Deletes every snapshot of the tenant (its purge); returns how many.
     pub async fn delete_tenant(&self, tenant_id: Uuid) -> Result<usize, SnapshotStoreError> {
         let prefix = ObjectPath::from(format!("tenants/{tenant_id}"));

@@ -1,6 +1,6 @@
 //! A pause cut short (issue 27): a fault injected at each step of the reaper's checkpoint, and a
 //! pause whose process died at each of its steps (halted there and dropped), leave the sandbox
-//! running or paused with its variables, never lost; the same pause without a fault leaves it paused, its container gone, its sealed
+//! running or paused with its variables, never lost, and what they left in the store is swept; the same pause without a fault leaves it paused, its container gone, its sealed
 //! snapshot in the store and recorded.
 
 use std::sync::Arc;
@@ -287,6 +287,25 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
         restarted.drain_removals().await;
     }
 
+    // What those crashes left in the store (the stored step's whole snapshot, never recorded,
+    // its data key gone) is swept; a sweep of snapshots younger than its bound keeps them.
+    assert_eq!(
+        process()
+            .sweep_snapshots(Duration::from_secs(3600))
+            .await
+            .expect("a sweep"),
+        0,
+        "a snapshot younger than the sweep's bound stays (a pause may be writing it)"
+    );
+    assert_eq!(
+        process()
+            .sweep_snapshots(Duration::ZERO)
+            .await
+            .expect("a sweep"),
+        1,
+        "the unrecorded snapshot of the pause cut after the store's write goes"
+    );
+
     // Without a fault the pause completes: paused, container gone, the snapshot recorded and
     // in the store.
     let service = process();
@@ -312,6 +331,18 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
     assert!(
         store.contains(tenant, &snapshot).await.unwrap(),
         "and stored"
+    );
+    assert_eq!(
+        process()
+            .sweep_snapshots(Duration::ZERO)
+            .await
+            .expect("a sweep"),
+        0,
+        "a paused sandbox's snapshot is never swept"
+    );
+    assert!(
+        store.contains(tenant, &snapshot).await.unwrap(),
+        "still stored"
     );
     assert_eq!(engine.containers().await, 0, "its container is gone");
     drop(conn);

@@ -23,7 +23,7 @@ use crate::mcp_client::{Client, Era};
 use crate::support::node::{Engine, sandbox_image};
 use crate::support::own_postgres::{OwnPostgres, PASSWORD, SUPERUSER, ServerTls};
 use crate::support::scale_out::{SECOND_ENGINE, node_of};
-use crate::support::{self, BIN};
+use crate::support::BIN;
 
 /// The repository's root (where `deploy/pki.sh` is).
 fn repo_root() -> PathBuf {
@@ -209,7 +209,16 @@ async fn the_documented_two_host_steps_run_as_written() {
         "the gateway names its URL, got {first:?}"
     );
 
-    let listed = run_step(5, &common(&[("GATEWAY_DATABASE_URL", database.clone())])).await;
+    let listed = run_step(
+        5,
+        &common(&[
+            ("GATEWAY_DATABASE_URL", database.clone()),
+            ("KEYS_SECRET_FILE", format!("{pki_s}/keys.secret")),
+            ("PUBLIC_URL", public_url.clone()),
+            ("TENANT", instance.clone()),
+        ]),
+    )
+    .await;
     for engine in [&engine_a, &engine_b] {
         assert!(
             listed
@@ -220,30 +229,14 @@ async fn the_documented_two_host_steps_run_as_written() {
         );
     }
 
-    // The deployment serves: a tenant and a token with the gateway's settings, then sandboxes
-    // until both nodes have one, a cell in each.
-    let keys_secret = std::fs::read_to_string(pki.join("keys.secret")).expect("keys.secret");
-    // `sandgate admin <args>` with the gateway's settings; its trimmed stdout.
-    let admin = |args: &[&str]| {
-        let mut command = support::sandgate_command();
-        command
-            .args(["admin"])
-            .args(args)
-            .env("SANDGATE_DATABASE__URL", &database)
-            .env("SANDGATE_PUBLIC_URL", &public_url)
-            .env("SANDGATE_KEYS__SECRET", keys_secret.trim());
-        async move {
-            let out = command.output().await.expect("admin runs");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout).trim().to_owned()
-        }
-    };
-    let tenant = admin(&["tenant", "create", &instance]).await;
-    let token = admin(&["token", "issue", "--tenant", &tenant, "--ttl", "10m"]).await;
+    // The deployment serves the token step 5 printed: sandboxes until both nodes have one, a
+    // cell in each.
+    let token = listed
+        .lines()
+        .last()
+        .expect("step 5 prints the token last")
+        .trim()
+        .to_owned();
     let client = Client::connect(&format!("{public_url}/mcp"), &token, Era::Stateless)
         .await
         .expect("a client connects to the gateway of step 4");

@@ -20,10 +20,10 @@ use tokio::process::{Child, Command};
 use crate::db_roles::{GATEWAY, MIGRATOR, NODE, make_roles};
 use crate::lifecycle::{plain, sandbox_id};
 use crate::mcp_client::{Client, Era};
+use crate::support::BIN;
 use crate::support::node::{Engine, sandbox_image};
 use crate::support::own_postgres::{OwnPostgres, PASSWORD, SUPERUSER, ServerTls};
 use crate::support::scale_out::{SECOND_ENGINE, node_of};
-use crate::support::BIN;
 
 /// The repository's root (where `deploy/pki.sh` is).
 fn repo_root() -> PathBuf {

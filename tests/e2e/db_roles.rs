@@ -6,7 +6,6 @@
 //! cell runs through both. The node's role then plays a node taken over by an attacker: it
 //! cannot read `signing_keys` nor create tables.
 
-use std::path::Path;
 use std::time::Duration;
 
 use sandgate_node::test_pki::Pki;
@@ -15,35 +14,10 @@ use sqlx::Connection;
 
 use crate::mcp_client::{Client, Era};
 use crate::support::node::{NodeStart, TlsFiles};
-use crate::support::own_postgres::{OwnPostgres, PASSWORD, SUPERUSER, ServerTls};
+use crate::support::own_postgres::{
+    GATEWAY, MIGRATOR, NODE, OwnPostgres, PASSWORD, SUPERUSER, make_roles,
+};
 use crate::support::{self, Gateway, eventually, sandgate_command};
-
-pub(crate) const MIGRATOR: (&str, &str) = ("sandgate_migrator", "migrator-password-for-tests");
-pub(crate) const GATEWAY: (&str, &str) = ("sandgate_gateway", "gateway-password-for-tests");
-pub(crate) const NODE: (&str, &str) = ("sandgate_node", "node-password-for-tests");
-
-/// Runs deploy/postgres/roles.sql with psql as the superuser, as an operator would.
-pub(crate) fn make_roles(url: &str) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/postgres/roles.sql");
-    let output = std::process::Command::new("psql")
-        .arg(url)
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])
-        .arg("-v")
-        .arg(format!("migrator_password={}", MIGRATOR.1))
-        .arg("-v")
-        .arg(format!("gateway_password={}", GATEWAY.1))
-        .arg("-v")
-        .arg(format!("node_password={}", NODE.1))
-        .arg("-f")
-        .arg(&script)
-        .output()
-        .expect("psql runs");
-    assert!(
-        output.status.success(),
-        "roles.sql: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
 
 /// The SQLSTATE of what `sql` fails with as `conn`'s role (it must fail).
 async fn refusal(conn: &mut sqlx::PgConnection, sql: &str) -> String {
@@ -58,22 +32,8 @@ async fn refusal(conn: &mut sqlx::PgConnection, sql: &str) -> String {
 
 #[tokio::test]
 async fn a_node_role_serves_sandboxes_but_cannot_read_signing_keys_nor_create_tables() {
-    let ca = Pki::new("postgres CA");
-    let (cert_pem, key_pem) = ca.leaf_pem_for(&["localhost"]);
-    let server = OwnPostgres::start(Some(ServerTls { cert_pem, key_pem })).await;
-    let bundle = server.dir().join("ca.pem");
-    std::fs::write(&bundle, ca.ca_pem()).expect("the CA bundle");
-    let mut admin = sqlx::PgConnection::connect(&server.socket_url("postgres"))
-        .await
-        .expect("the superuser connects");
-    sqlx::query("CREATE DATABASE sandgate")
-        .execute(&mut admin)
-        .await
-        .expect("the database");
-    let url = |(user, password): (&str, &str)| {
-        server.verify_full_url(user, password, "sandgate", &bundle)
-    };
-    make_roles(&url((SUPERUSER, PASSWORD)));
+    let server = OwnPostgres::with_roles(&Pki::new("postgres CA")).await;
+    let url = |role| server.role_url(role);
     // Idempotent: an operator runs it again to change a password.
     make_roles(&url((SUPERUSER, PASSWORD)));
 

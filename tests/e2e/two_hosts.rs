@@ -13,16 +13,14 @@ use std::time::Duration;
 
 use sandgate_node::test_pki::Pki;
 use serde_json::json;
-use sqlx::Connection;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::db_roles::{GATEWAY, MIGRATOR, NODE, make_roles};
 use crate::lifecycle::{plain, sandbox_id};
 use crate::mcp_client::{Client, Era};
 use crate::support::BIN;
 use crate::support::node::{Engine, sandbox_image};
-use crate::support::own_postgres::{OwnPostgres, PASSWORD, SUPERUSER, ServerTls};
+use crate::support::own_postgres::{GATEWAY, MIGRATOR, NODE, OwnPostgres};
 use crate::support::scale_out::{SECOND_ENGINE, node_of};
 
 /// The repository's root (where `deploy/pki.sh` is).
@@ -124,23 +122,8 @@ async fn the_documented_two_host_steps_run_as_written() {
     // "One Postgres with the three roles" (docs/scale-out.md, "The database"): a server of the
     // test's own serving TLS only, the roles made by deploy/postgres/roles.sql, and every step
     // connecting as its role with `verify-full`.
-    let ca = Pki::new("postgres CA");
-    let (cert_pem, key_pem) = ca.leaf_pem_for(&["localhost"]);
-    let server = OwnPostgres::start(Some(ServerTls { cert_pem, key_pem })).await;
-    let bundle = server.dir().join("ca.pem");
-    std::fs::write(&bundle, ca.ca_pem()).expect("the CA bundle");
-    let mut superuser = sqlx::PgConnection::connect(&server.socket_url("postgres"))
-        .await
-        .expect("the superuser connects");
-    sqlx::query("CREATE DATABASE sandgate")
-        .execute(&mut superuser)
-        .await
-        .expect("the database");
-    drop(superuser);
-    let url = |(user, password): (&str, &str)| {
-        server.verify_full_url(user, password, "sandgate", &bundle)
-    };
-    make_roles(&url((SUPERUSER, PASSWORD)));
+    let server = OwnPostgres::with_roles(&Pki::new("postgres CA")).await;
+    let url = |role| server.role_url(role);
     let (migrator_url, node_url, gateway_url) = (url(MIGRATOR), url(NODE), url(GATEWAY));
     let database = gateway_url.clone();
     let run = &uuid::Uuid::new_v4().simple().to_string()[..12];

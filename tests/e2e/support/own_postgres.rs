@@ -18,6 +18,36 @@ pub const SUPERUSER: &str = "sgroot";
 /// See [`SUPERUSER`].
 pub const PASSWORD: &str = "own-postgres-test-password";
 
+/// The deployment's database roles (deploy/postgres/roles.sql) with the tests' passwords.
+pub const MIGRATOR: (&str, &str) = ("sandgate_migrator", "migrator-password-for-tests");
+/// See [`MIGRATOR`].
+pub const GATEWAY: (&str, &str) = ("sandgate_gateway", "gateway-password-for-tests");
+/// See [`MIGRATOR`].
+pub const NODE: (&str, &str) = ("sandgate_node", "node-password-for-tests");
+
+/// Runs deploy/postgres/roles.sql with psql as the superuser (`url`), as an operator would.
+pub fn make_roles(url: &str) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/postgres/roles.sql");
+    let output = std::process::Command::new("psql")
+        .arg(url)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])
+        .arg("-v")
+        .arg(format!("migrator_password={}", MIGRATOR.1))
+        .arg("-v")
+        .arg(format!("gateway_password={}", GATEWAY.1))
+        .arg("-v")
+        .arg(format!("node_password={}", NODE.1))
+        .arg("-f")
+        .arg(&script)
+        .output()
+        .expect("psql runs");
+    assert!(
+        output.status.success(),
+        "roles.sql: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 /// A running server; stopped (and its directory removed) when dropped.
 #[allow(missing_debug_implementations)] // holds a child process
 pub struct OwnPostgres {
@@ -132,6 +162,35 @@ impl OwnPostgres {
             self.port,
             ca_bundle.display()
         )
+    }
+
+    /// A server serving only TLS (a certificate for `localhost` from `ca`), with the database
+    /// `sandgate`, `ca`'s bundle in its directory ([`Self::role_url`]) and the deployment's
+    /// roles made by deploy/postgres/roles.sql.
+    pub async fn with_roles(ca: &sandgate_node::test_pki::Pki) -> Self {
+        let (cert_pem, key_pem) = ca.leaf_pem_for(&["localhost"]);
+        let server = Self::start(Some(ServerTls { cert_pem, key_pem })).await;
+        std::fs::write(server.ca_bundle(), ca.ca_pem()).expect("the CA bundle");
+        let mut admin = sqlx::PgConnection::connect(&server.socket_url("postgres"))
+            .await
+            .expect("the superuser connects");
+        sqlx::query("CREATE DATABASE sandgate")
+            .execute(&mut admin)
+            .await
+            .expect("the database");
+        make_roles(&server.role_url((SUPERUSER, PASSWORD)));
+        server
+    }
+
+    /// Where [`Self::with_roles`] put its CA's bundle.
+    pub fn ca_bundle(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// The `verify-full` URL of `role` (user, password) on the database `sandgate`, trusting
+    /// [`Self::ca_bundle`].
+    pub fn role_url(&self, (user, password): (&str, &str)) -> String {
+        self.verify_full_url(user, password, "sandgate", &self.ca_bundle())
     }
 
     /// The directory of the server's files (a test may put a CA bundle there).

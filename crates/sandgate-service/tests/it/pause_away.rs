@@ -13,42 +13,15 @@ use sandgate_sandbox::SandboxProfile;
 use sandgate_service::SandboxService;
 use sandgate_service::sandboxes::{NodeSet, Pausing};
 use sandgate_service::snapshots::{SnapshotCustody, SnapshotKeys, SnapshotStore};
-use sandgate_store::nodes::{self, NewNode};
 use sandgate_store::sandboxes::{self, NewLease, SandboxState};
 use sandgate_store::tenants;
 
-use crate::support::{TestDb, within};
+use crate::support::{TestDb, register_node, within};
 
 const LIMIT: Duration = Duration::from_secs(120);
 const SECRET: &[u8] = b"the test deployment's secret, at least 32 characters";
 /// `node.away_after_seconds` and `node.lost_after_seconds` of the test's gateway.
 const LIVENESS: (u64, u64) = (30, 600);
-
-/// Registers node `id` (at a loopback URL nothing serves) with its last heartbeat
-/// `silent_seconds` ago.
-async fn node(db: &TestDb, id: &str, silent_seconds: i64) {
-    let mut conn = db.pool.acquire().await.unwrap();
-    nodes::register_locked(
-        &mut conn,
-        &NewNode {
-            id,
-            name: id,
-            advertise_url: "http://127.0.0.1:9",
-            slots: 10,
-            memory_bytes: 1 << 30,
-            draining: false,
-            process: uuid::Uuid::new_v4(),
-        },
-    )
-    .await
-    .unwrap();
-    sqlx::query("UPDATE nodes SET heartbeat_at = now() - make_interval(secs => $2) WHERE id = $1")
-        .bind(id)
-        .bind(silent_seconds as f64)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-}
 
 /// A leased sandbox of `tenant` on `node`, last used an hour ago (idle past its 60 s timeout).
 async fn idle_sandbox(db: &TestDb, tenant: uuid::Uuid, id: &str, node: &str) -> DateTime<Utc> {
@@ -120,8 +93,8 @@ async fn the_gateways_pause_pass_leaves_the_sandboxes_of_an_away_node_alone() {
     let tenant = tenants::create(&mut conn, "owner").await.unwrap().id;
     drop(conn);
     // One node up (heartbeat a second ago), one away (silent 60 s: past 30, short of 600).
-    node(&db, "node-up", 1).await;
-    node(&db, "node-away", 60).await;
+    register_node(&db, "node-up", 1).await;
+    register_node(&db, "node-away", 60).await;
     let up_used = idle_sandbox(&db, tenant, "sbx_on_up_node", "node-up").await;
     let away_used = idle_sandbox(&db, tenant, "sbx_on_away_node", "node-away").await;
 

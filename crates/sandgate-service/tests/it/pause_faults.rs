@@ -11,11 +11,10 @@ use sandgate_sandbox::{ExecOptions, SnapshotFaults, SnapshotStep};
 use sandgate_service::sandboxes::{NodeSet, OwnNode, PauseHalts, PauseStep, Pausing};
 use sandgate_service::snapshots::{SnapshotCustody, SnapshotKeys, SnapshotStore};
 use sandgate_service::{Caller, SandboxService};
-use sandgate_store::nodes::{self, NewNode};
 use sandgate_store::sandboxes::{self, NewLease, SandboxState};
 use sandgate_store::{pauses, tenants};
 
-use crate::support::{SnapEngine, TestDb, within};
+use crate::support::{SnapEngine, TestDb, register_node, within};
 
 const LIMIT: Duration = Duration::from_secs(180);
 const SECRET: &[u8] = b"the test deployment's secret, at least 32 characters";
@@ -34,6 +33,16 @@ async fn state(db: &TestDb, tenant: uuid::Uuid, id: &str) -> SandboxState {
 async fn make_idle(db: &TestDb, id: &str) {
     let mut conn = db.pool.acquire().await.unwrap();
     sqlx::query("UPDATE sandboxes SET last_used_at = now() - interval '1 hour' WHERE id = $1")
+        .bind(id)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+}
+
+/// Makes the sandbox's transition (a pause begun) an hour old: past any deadline, cut short.
+async fn began_long_ago(db: &TestDb, id: &str) {
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::query("UPDATE sandboxes SET transition_at = now() - interval '1 hour' WHERE id = $1")
         .bind(id)
         .execute(&mut *conn)
         .await
@@ -107,20 +116,7 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
     let mut conn = db.pool.acquire().await.unwrap();
     let tenant = tenants::create(&mut conn, "owner").await.unwrap().id;
     // The node registered, as its process does at start: a resume is placed on a live node.
-    nodes::register_locked(
-        &mut conn,
-        &NewNode {
-            id: NODE,
-            name: NODE,
-            advertise_url: "http://127.0.0.1:9",
-            slots: 10,
-            memory_bytes: 1 << 30,
-            draining: false,
-            process: uuid::Uuid::new_v4(),
-        },
-    )
-    .await
-    .unwrap();
+    register_node(&db, NODE, 0).await;
     let sandbox = within(LIMIT, "a lease", engine.manager.lease("snap"))
         .await
         .expect("a runsc2024 sandbox");
@@ -195,12 +191,8 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
         .await
         .unwrap()
         .expect("the pause begins");
-    sqlx::query("UPDATE sandboxes SET transition_at = now() - interval '1 hour' WHERE id = $1")
-        .bind(&id)
-        .execute(&mut *conn)
-        .await
-        .unwrap();
     drop(conn);
+    began_long_ago(&db, &id).await;
     within(LIMIT, "a reaper pass", service.reap())
         .await
         .expect("the pass");
@@ -250,15 +242,7 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
                 SandboxState::Pausing,
                 "{step}: the row says what was cut short"
             );
-            let mut conn = db.pool.acquire().await.unwrap();
-            sqlx::query(
-                "UPDATE sandboxes SET transition_at = now() - interval '1 hour' WHERE id = $1",
-            )
-            .bind(&id)
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-            drop(conn);
+            began_long_ago(&db, &id).await;
             within(LIMIT, "a reaper pass", restarted.reap())
                 .await
                 .expect("the pass");

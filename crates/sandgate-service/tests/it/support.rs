@@ -8,6 +8,7 @@ use sandgate_sandbox::{
     DockerBackend, ManagerConfig, OciRuntime, PoolConfig, SandboxBackend as _, SandboxManager,
     SandboxProfile,
 };
+use sandgate_store::nodes::{self, NewNode};
 use sandgate_store::{PgPool, PoolSettings};
 use sqlx::Connection;
 
@@ -189,6 +190,32 @@ impl Drop for SnapEngine {
         })
         .join();
     }
+}
+
+/// Registers node `id` (at a loopback URL nothing serves) with its last heartbeat
+/// `silent_seconds` ago.
+pub async fn register_node(db: &TestDb, id: &str, silent_seconds: i64) {
+    let mut conn = db.pool.acquire().await.unwrap();
+    nodes::register_locked(
+        &mut conn,
+        &NewNode {
+            id,
+            name: id,
+            advertise_url: "http://127.0.0.1:9",
+            slots: 10,
+            memory_bytes: 1 << 30,
+            draining: false,
+            process: uuid::Uuid::new_v4(),
+        },
+    )
+    .await
+    .unwrap();
+    sqlx::query("UPDATE nodes SET heartbeat_at = now() - make_interval(secs => $2) WHERE id = $1")
+        .bind(id)
+        .bind(silent_seconds as f64)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
 }
 
 /// Awaits `fut`, failing the test if it takes longer than `limit` (a hang, not a slow run).

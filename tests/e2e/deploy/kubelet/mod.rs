@@ -23,11 +23,9 @@ use std::time::{Duration, Instant};
 
 use sandgate_node::test_pki::{Leaf, Pki};
 use serde_json::{Value, json};
-use sqlx::Connection;
 
 use super::repo_root;
-use crate::db_roles::{GATEWAY, MIGRATOR, NODE, make_roles};
-use crate::support::own_postgres::{OwnPostgres, PASSWORD, SUPERUSER, ServerTls};
+use crate::support::own_postgres::{GATEWAY, MIGRATOR, NODE, OwnPostgres};
 use crate::support::{node::sandbox_image, remove_containers_of};
 use manifests::{Manifests, Workload, ports};
 use pod::{Container, Kubelet, POD_IP};
@@ -113,23 +111,6 @@ fn docker_socket() -> PathBuf {
         host.strip_prefix("unix://")
             .unwrap_or("/var/run/docker.sock"),
     )
-}
-
-/// A Postgres serving only TLS, with the database and the deployment's roles.
-async fn database(db_ca: &Pki) -> OwnPostgres {
-    let (cert_pem, key_pem) = db_ca.leaf_pem_for(&["localhost"]);
-    let server = OwnPostgres::start(Some(ServerTls { cert_pem, key_pem })).await;
-    let mut admin = sqlx::PgConnection::connect(&server.socket_url("postgres"))
-        .await
-        .expect("the superuser connects");
-    sqlx::query("CREATE DATABASE sandgate")
-        .execute(&mut admin)
-        .await
-        .expect("the database");
-    let bundle = server.dir().join("ca.pem");
-    std::fs::write(&bundle, db_ca.ca_pem()).expect("the CA bundle");
-    make_roles(&server.verify_full_url(SUPERUSER, PASSWORD, "sandgate", &bundle));
-    server
 }
 
 /// Waits for a Job's container to exit; returns whether it succeeded.
@@ -444,7 +425,7 @@ fn check_packages(manifests: &Manifests, workloads: &[Workload]) {
 async fn every_kubernetes_container_runs_as_the_kubelet_would_and_answers_its_probes() {
     let manifests = Manifests::load(&repo_root().join("deploy/kubernetes"));
     let db_ca = Pki::new("kubelet test Postgres CA");
-    let server = database(&db_ca).await;
+    let server = OwnPostgres::with_roles(&db_ca).await;
     let pki = Pki::new("kubelet test deployment CA");
     let secrets = secret_values(&server, &db_ca, &pki);
     let mut template_keys = manifests.all_secret_keys();

@@ -478,19 +478,6 @@ impl SandboxService {
         let retention = i64::try_from(pausing.retention.as_secs()).unwrap_or(i64::MAX);
         let due = pauses::paused_overdue(&mut conn, Utc::now(), retention).await?;
         drop(conn);
-        // Once per transition deadline, the snapshots no sandbox holds that are older than it
-        // (so never one a pause or fork in flight is writing).
-        let sweep_due = {
-            let mut last = self.snapshot_sweep.lock().expect("sweep clock");
-            let due = last.is_none_or(|at| at.elapsed() >= pausing.transition_deadline);
-            if due {
-                *last = Some(std::time::Instant::now());
-            }
-            due
-        };
-        if sweep_due {
-            self.sweep_snapshots(pausing.transition_deadline).await?;
-        }
         let mut closed = 0;
         for row in due {
             let reason = if row.expires_at.is_some_and(|e| e <= Utc::now()) {
@@ -501,6 +488,20 @@ impl SandboxService {
             if self.end_paused(&row, reason).await?.is_some() {
                 closed += 1;
             }
+        }
+        // Once per transition deadline, the snapshots no sandbox holds that are older than it
+        // (so never one a pause or fork in flight is writing). A failed sweep keeps no other
+        // work of the reaper from its pass; the next sweep tries again.
+        let sweep_due = {
+            let mut last = self.snapshot_sweep.lock().expect("sweep clock");
+            let due = last.is_none_or(|at| at.elapsed() >= pausing.transition_deadline);
+            if due {
+                *last = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if sweep_due && let Err(err) = self.sweep_snapshots(pausing.transition_deadline).await {
+            tracing::warn!(error = %err, "sweeping the snapshot store failed; the next sweep tries again");
         }
         Ok(closed)
     }

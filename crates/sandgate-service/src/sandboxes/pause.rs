@@ -489,9 +489,9 @@ impl SandboxService {
                 closed += 1;
             }
         }
-        // Once per transition deadline, the snapshots no sandbox holds that are older than it
-        // (so never one a pause or fork in flight is writing). A failed sweep keeps no other
-        // work of the reaper from its pass; the next sweep tries again.
+        // Once per transition deadline, the snapshots no sandbox holds that are older than a
+        // day at least (see [`sweep_age`]). A failed sweep keeps no other work of the reaper
+        // from its pass; the next sweep tries again.
         let sweep_due = {
             let mut last = self.snapshot_sweep.lock().expect("sweep clock");
             let due = last.is_none_or(|at| at.elapsed() >= pausing.transition_deadline);
@@ -500,7 +500,11 @@ impl SandboxService {
             }
             due
         };
-        if sweep_due && let Err(err) = self.sweep_snapshots(pausing.transition_deadline).await {
+        if sweep_due
+            && let Err(err) = self
+                .sweep_snapshots(sweep_age(pausing.transition_deadline))
+                .await
+        {
             tracing::warn!(error = %err, "sweeping the snapshot store failed; the next sweep tries again");
         }
         Ok(closed)
@@ -527,7 +531,13 @@ impl SandboxService {
         let mut swept = 0;
         for (tenant, snapshot_id) in written {
             let mut conn = self.db.acquire().await?;
-            if snapshots::is_held(&mut conn, tenant, &snapshot_id).await? {
+            // A tenant this deployment does not know: the object is not ours to judge (a store
+            // shared with another deployment); a deleted tenant's purge took its own.
+            if sandgate_store::tenants::get(&mut conn, tenant)
+                .await?
+                .is_none()
+                || snapshots::is_held(&mut conn, tenant, &snapshot_id).await?
+            {
                 continue;
             }
             snapshots::delete(&mut conn, tenant, &snapshot_id).await?;
@@ -573,6 +583,14 @@ impl SandboxService {
 }
 
 /// Whether a checkpoint failed because this runtime or engine cannot take one at all.
+/// How old an unheld snapshot must be before the reaper's sweep deletes it: twice the transition
+/// deadline and a day at least. A pause or fork that wrote it is long over by then, however long
+/// its upload took (an S3 multipart object is dated from the upload's start) and whatever the
+/// store's clock says against ours; what it leaks meanwhile is a day of room.
+fn sweep_age(transition_deadline: Duration) -> Duration {
+    (transition_deadline * 2).max(Duration::from_secs(24 * 3600))
+}
+
 fn checkpoints_unavailable(err: &sandgate_sandbox::SandboxError) -> bool {
     use sandgate_sandbox::{SandboxError, SnapshotError};
     match err {
@@ -648,5 +666,21 @@ impl SandboxService {
                 snapshot_bytes: bytes.and_then(|b| u64::try_from(b).ok()),
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweep_waits_a_day_or_twice_the_transition_deadline() {
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(sweep_age(Duration::from_secs(10)), day);
+        assert_eq!(sweep_age(Duration::from_secs(600)), day);
+        assert_eq!(
+            sweep_age(Duration::from_secs(86_400)),
+            Duration::from_secs(2 * 86_400)
+        );
     }
 }

@@ -14,6 +14,8 @@ use sandgate_service::{Caller, SandboxService};
 use sandgate_store::sandboxes::{self, NewLease, SandboxState};
 use sandgate_store::{pauses, tenants};
 
+use tokio::io::AsyncWriteExt;
+
 use crate::support::{SnapEngine, TestDb, register_node, within};
 
 const LIMIT: Duration = Duration::from_secs(180);
@@ -281,13 +283,26 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
         0,
         "a snapshot younger than the sweep's bound stays (a pause may be writing it)"
     );
+    // An object of a tenant this deployment does not know (a store shared with another one)
+    // is not the sweep's to judge.
+    let stranger = uuid::Uuid::new_v4();
+    let mut foreign = store.writer(stranger, "snap_of_another_deployment");
+    foreign.write_all(b"sealed elsewhere").await.unwrap();
+    foreign.shutdown().await.unwrap();
     assert_eq!(
         process()
             .sweep_snapshots(Duration::ZERO)
             .await
             .expect("a sweep"),
         1,
-        "the unrecorded snapshot of the pause cut after the store's write goes"
+        "the unrecorded snapshot of the pause cut after the store's write goes, nothing else"
+    );
+    assert!(
+        store
+            .contains(stranger, "snap_of_another_deployment")
+            .await
+            .unwrap(),
+        "another deployment's object stays"
     );
 
     // Without a fault the pause completes: paused, container gone, the snapshot recorded and

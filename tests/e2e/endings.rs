@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::mcp_client::{Client, Era};
+use crate::pause_files::files_env;
 use crate::support::{self, Gateway};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -139,22 +140,10 @@ async fn a_conversation_whose_sandbox_reached_its_lifetime_hears_so_live_or_paus
     support::remove_containers_of(&live.instance);
     drop(live);
 
-    // Paused: idle after 1 s into the store (files only on runc), lifetime 10 s (room for the
-    // pause to end first).
-    let paused = Gateway::start(
-        &database,
-        &[
-            ("SANDGATE_SANDBOX__RUNTIME", "runc"),
-            ("SANDGATE_SNAPSHOTS__STORE_DIR", store.path()),
-            ("SANDGATE_SNAPSHOTS__TEMPLATES", "false"),
-            ("SANDGATE_LIMITS__MAX_LIFETIME_SECONDS", "10"),
-            ("SANDGATE_LIMITS__IDLE_TIMEOUT_SECONDS", "1"),
-            ("SANDGATE_LIFECYCLE__REAPER_INTERVAL_MS", "200"),
-            ("SANDGATE_POOL__MIN_READY", "0"),
-            ("SANDGATE_POOL__MAX_READY", "0"),
-        ],
-    )
-    .await;
+    // Paused: the files-only pause's gateway (runc, idle after 2 s into the store), lifetime
+    // 10 s (room for the pause to end first).
+    let env = files_env(&store, &[("SANDGATE_LIMITS__MAX_LIFETIME_SECONDS", "10")]);
+    let paused = Gateway::start(&database, &env).await;
     let token = paused.token(&tenant).await;
     ends_by_lifetime(&paused, &token, Some(&store)).await;
     support::remove_containers_of(&paused.instance);

@@ -21,7 +21,10 @@ use crate::wheels::TempDir;
 const LIMIT: Duration = Duration::from_secs(300);
 
 /// A gateway on runc that pauses idle sandboxes after 2 s into `store`, with `extra` settings.
-fn files_env<'a>(store: &'a StoreDir, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+pub(crate) fn files_env<'a>(
+    store: &'a StoreDir,
+    extra: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
     let mut env = vec![
         ("SANDGATE_SANDBOX__RUNTIME", "runc"),
         ("SANDGATE_SNAPSHOTS__STORE_DIR", store.path()),

@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".sandgate.node.v1.FileContent.data")
         .bytes(".sandgate.node.v1.WriteFileRequest.data")
         .bytes(".sandgate.node.v1.IndexChunk.data")
+        .bytes(".sandgate.node.v1.EgressOut.data")
+        .bytes(".sandgate.node.v1.EgressIn.data")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -334,3 +334,35 @@ impl proto::PoolStatsReply {
         })
     }
 }
+
+impl From<sb::EgressEnvInfo> for proto::EgressEnvReply {
+    fn from(i: sb::EgressEnvInfo) -> Self {
+        Self {
+            proxy: i.proxy,
+            port: i.port.map(u32::from),
+            kernel_applied: i.kernel_applied,
+            placeholders: i.placeholders,
+        }
+    }
+}
+
+impl From<proto::EgressEnvReply> for sb::EgressEnvInfo {
+    fn from(r: proto::EgressEnvReply) -> Self {
+        Self {
+            proxy: r.proxy,
+            port: r.port.and_then(|p| u16::try_from(p).ok()),
+            kernel_applied: r.kernel_applied,
+            placeholders: r.placeholders,
+        }
+    }
+}
+
+impl From<proto::SetEgressEnvRequest> for sb::EgressEnv {
+    fn from(r: proto::SetEgressEnvRequest) -> Self {
+        Self {
+            proxy: r.proxy,
+            ca_pem: r.ca_pem,
+            placeholders: r.placeholders.into_iter().collect(),
+        }
+    }
+}

@@ -191,21 +191,18 @@ impl SandboxHandle {
         }
     }
 
-    /// Turns the sandbox's egress proxy on or off (PROTOCOL.md, `egress_env`). `None` for a
-    /// sandbox on another node: its node relays no egress yet, so it gets no proxy variables.
-    pub async fn set_egress_env(
-        &self,
-        env: &EgressEnv,
-    ) -> Option<Result<EgressEnvInfo, SandboxError>> {
+    /// Turns the sandbox's egress proxy on or off (PROTOCOL.md, `egress_env`; for a sandbox on
+    /// another node through its node, which passes it to the agent).
+    pub async fn set_egress_env(&self, env: &EgressEnv) -> Result<EgressEnvInfo, SandboxError> {
         match self {
-            Self::Local(s) => Some(s.channel().set_egress_env(env).await.map_err(Into::into)),
-            Self::Remote(_) => None,
+            Self::Local(s) => s.channel().set_egress_env(env).await.map_err(Into::into),
+            Self::Remote(s) => s.set_egress_env(env).await,
         }
     }
 
     /// Runs `call` with the sandbox's CONNECTs relayed to `handler` beside it (on demand, as the
-    /// package index is). A sandbox on another node runs `call` without: its node relays no
-    /// egress yet (and it was given no proxy variables).
+    /// package index is). On another node, the node relays them back over the call's own
+    /// stream, and `handler` (in this process) decides and dials them.
     pub async fn with_egress<T>(
         &self,
         handler: Arc<dyn EgressHandler>,
@@ -213,7 +210,7 @@ impl SandboxHandle {
     ) -> T {
         match self {
             Self::Local(s) => s.channel().with_egress(handler, call).await,
-            Self::Remote(_) => call.await,
+            Self::Remote(s) => s.with_egress(handler, call).await,
         }
     }
 

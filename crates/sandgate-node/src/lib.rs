@@ -8,7 +8,8 @@
 //! - The node RPC (`proto/node.proto`, gRPC with tonic over mutual TLS): [`NodeService`] serves a
 //!   [`SandboxManager`]; [`RemoteNode`] and [`RemoteSandbox`] call it; [`status`] carries typed
 //!   errors across; [`NodeTls`] holds the certificates. The package-index relay rides on a cell's
-//!   or command's own stream (`relay`), bounded by [`RelayLimits`]; what the node holds for
+//!   or command's own stream (`relay`), bounded by [`RelayLimits`], and so does the egress relay
+//!   (`egress`: the CONNECTs of the sandbox's proxy, decided in the gateway); what the node holds for
 //!   calls (whole files, a cell's images) is bounded by [`ReadLimits`] (`budget`).
 //!
 //! Both handles are enums: the in-process variant calls the [`SandboxManager`] and [`Sandbox`]
@@ -16,6 +17,7 @@
 
 mod budget;
 mod convert;
+mod egress;
 mod handle;
 mod node;
 mod relay;
@@ -40,6 +42,7 @@ pub mod proto {
 }
 
 pub use budget::ReadLimits;
+pub use egress::{MAX_AUTHORITY, OPEN_PER_CALL};
 pub use handle::SandboxHandle;
 pub use node::{NodeHandle, StartTicket};
 pub use relay::{MAX_INDEX_CHUNK_BYTES, RelayLimits};

@@ -420,7 +420,8 @@ pub(crate) struct CallRelay {
 }
 
 /// The input stream of a call: its request `first`, then (with the call's relay) the answers
-/// to the node's index requests, wrapped by `wrap`.
+/// to the node's index requests, wrapped by `wrap`. [`CallInputs::with_egress`] adds the
+/// messages of the call's egress relay.
 pub(crate) fn call_inputs<M>(
     first: M,
     relay: Option<Asks>,
@@ -431,6 +432,7 @@ pub(crate) fn call_inputs<M>(
             first: Some(first),
             answers: None,
             wrap,
+            egress: None,
         };
         return (inputs, None);
     };
@@ -439,17 +441,32 @@ pub(crate) fn call_inputs<M>(
         first: Some(first),
         answers: Some(rx),
         wrap,
+        egress: None,
     };
     (inputs, Some(CallRelay { asks, answers }))
 }
 
 /// A call's input stream (see [`call_inputs`]). A type of its own rather than a boxed stream:
 /// tonic's streaming client future is `Send` with a concrete stream only (a boxed one trips
-/// the compiler's higher-ranked `Send` check).
+/// the compiler's higher-ranked `Send` check). It ends when every relay it carries has ended.
 pub(crate) struct CallInputs<M> {
     first: Option<M>,
     answers: Option<mpsc::Receiver<proto::IndexChunk>>,
     wrap: fn(proto::IndexChunk) -> M,
+    /// The egress relay's messages, and how they are wrapped.
+    egress: Option<(mpsc::Receiver<proto::EgressIn>, fn(proto::EgressIn) -> M)>,
+}
+
+impl<M> CallInputs<M> {
+    /// The same stream, carrying also the egress relay's messages from `messages`.
+    pub(crate) fn with_egress(
+        mut self,
+        messages: Option<mpsc::Receiver<proto::EgressIn>>,
+        wrap: fn(proto::EgressIn) -> M,
+    ) -> Self {
+        self.egress = messages.map(|rx| (rx, wrap));
+        self
+    }
 }
 
 impl<M: Unpin> futures::Stream for CallInputs<M> {
@@ -459,13 +476,29 @@ impl<M: Unpin> futures::Stream for CallInputs<M> {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<M>> {
+        use std::task::Poll;
         let this = self.get_mut();
         if let Some(first) = this.first.take() {
-            return std::task::Poll::Ready(Some(first));
+            return Poll::Ready(Some(first));
         }
-        match &mut this.answers {
-            Some(rx) => rx.poll_recv(cx).map(|chunk| chunk.map(this.wrap)),
-            None => std::task::Poll::Ready(None),
+        if let Some(rx) = &mut this.answers {
+            match rx.poll_recv(cx) {
+                Poll::Ready(Some(chunk)) => return Poll::Ready(Some((this.wrap)(chunk))),
+                Poll::Ready(None) => this.answers = None,
+                Poll::Pending => {}
+            }
+        }
+        if let Some((rx, wrap)) = &mut this.egress {
+            match rx.poll_recv(cx) {
+                Poll::Ready(Some(message)) => return Poll::Ready(Some(wrap(message))),
+                Poll::Ready(None) => this.egress = None,
+                Poll::Pending => {}
+            }
+        }
+        if this.answers.is_none() && this.egress.is_none() {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
         }
     }
 }

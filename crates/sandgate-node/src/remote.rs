@@ -5,13 +5,15 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use sandgate_sandbox::{
-    CommandOptions, CommandOutcome, ContainerFate, ExecOptions, ExecOutcome, FileChunks, FileInfo,
-    IndexHandler, Job, Listing, OutputEvent, PingInfo, PoolStats, SandboxError, SandboxProfile,
+    CommandOptions, CommandOutcome, ContainerFate, EgressEnv, EgressEnvInfo, EgressHandler,
+    ExecOptions, ExecOutcome, FileChunks, FileInfo, IndexHandler, Job, Listing, OutputEvent,
+    PingInfo, PoolStats, SandboxError, SandboxProfile,
 };
 use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::egress::{self, CallEgress};
 use crate::proto::{self, node_client::NodeClient};
 use crate::relay;
 use crate::server::MAX_MESSAGE_BYTES;
@@ -304,7 +306,8 @@ impl RemoteSandbox {
 
     /// Runs a cell on the node; output events are forwarded to `events` as they arrive. Dropping
     /// the future cancels the RPC stream, and the node interrupts the cell. Under
-    /// [`Self::with_index`], pip in the cell reaches the package index through this call.
+    /// [`Self::with_index`], pip in the cell reaches the package index through this call; under
+    /// [`Self::with_egress`], the CONNECTs of the sandbox's proxy are relayed through it.
     pub async fn exec(
         &self,
         code: &str,
@@ -312,6 +315,7 @@ impl RemoteSandbox {
         events: Option<mpsc::Sender<OutputEvent>>,
     ) -> Result<ExecOutcome, SandboxError> {
         let relay = relay::current(self.container_id());
+        let egress = egress::current(self.container_id());
         let request = proto::ExecRequest {
             sandbox: Some(self.call()),
             code: code.to_owned(),
@@ -320,6 +324,7 @@ impl RemoteSandbox {
             display_limit: options.display_limit as u64,
             stream: events.is_some(),
             index: relay.is_some(),
+            egress: egress.is_some(),
         };
         let first = proto::ExecInput {
             input: Some(proto::exec_input::Input::Start(request)),
@@ -327,16 +332,21 @@ impl RemoteSandbox {
         let (inputs, relay) = relay::call_inputs(first, relay, |chunk| proto::ExecInput {
             input: Some(proto::exec_input::Input::IndexAnswer(chunk)),
         });
+        let (egress, to_node) = egress.map(CallEgress::new).unzip();
+        let inputs = inputs.with_egress(to_node, |message| proto::ExecInput {
+            input: Some(proto::exec_input::Input::Egress(message)),
+        });
         let deadline = options.timeout + STREAM_GRACE;
         let answer = self
             .node
             .client()
             .exec(RemoteNode::request(inputs, deadline))
             .await;
-        self.finish(answer, &events, relay, |m| match m.event {
+        self.finish(answer, &events, relay, egress, |m| match m.event {
             Some(proto::exec_event::Event::Output(e)) => Step::Output(e),
             Some(proto::exec_event::Event::Outcome(o)) => Step::Outcome(o.into()),
             Some(proto::exec_event::Event::IndexRequest(r)) => Step::Index(r),
+            Some(proto::exec_event::Event::Egress(m)) => Step::Egress(m),
             None => Step::Nothing,
         })
         .await
@@ -350,6 +360,7 @@ impl RemoteSandbox {
         events: Option<mpsc::Sender<OutputEvent>>,
     ) -> Result<CommandOutcome, SandboxError> {
         let relay = relay::current(self.container_id());
+        let egress = egress::current(self.container_id());
         let timeout = options.timeout;
         let request = proto::CommandRequest {
             sandbox: Some(self.call()),
@@ -359,6 +370,7 @@ impl RemoteSandbox {
             cwd: options.cwd,
             stream: events.is_some(),
             index: relay.is_some(),
+            egress: egress.is_some(),
         };
         let first = proto::CommandInput {
             input: Some(proto::command_input::Input::Start(request)),
@@ -366,16 +378,21 @@ impl RemoteSandbox {
         let (inputs, relay) = relay::call_inputs(first, relay, |chunk| proto::CommandInput {
             input: Some(proto::command_input::Input::IndexAnswer(chunk)),
         });
+        let (egress, to_node) = egress.map(CallEgress::new).unzip();
+        let inputs = inputs.with_egress(to_node, |message| proto::CommandInput {
+            input: Some(proto::command_input::Input::Egress(message)),
+        });
         let deadline = timeout + STREAM_GRACE;
         let answer = self
             .node
             .client()
             .command(RemoteNode::request(inputs, deadline))
             .await;
-        self.finish(answer, &events, relay, |m| match m.event {
+        self.finish(answer, &events, relay, egress, |m| match m.event {
             Some(proto::command_event::Event::Output(e)) => Step::Output(e),
             Some(proto::command_event::Event::Outcome(o)) => Step::Outcome(o.into()),
             Some(proto::command_event::Event::IndexRequest(r)) => Step::Index(r),
+            Some(proto::command_event::Event::Egress(m)) => Step::Egress(m),
             None => Step::Nothing,
         })
         .await
@@ -392,13 +409,45 @@ impl RemoteSandbox {
         relay::serve(self.container_id(), handler, call).await
     }
 
+    /// Runs `call` (a cell or a command on this sandbox) with the sandbox's CONNECTs decided by
+    /// `handler`: the node relays each one a client in the sandbox makes in that call back here,
+    /// on the call's own stream, and this process dials, relays and audits it. Only a call made
+    /// under it for this sandbox asks the node for that: a node's connections on any other call
+    /// are never served.
+    pub async fn with_egress<T>(
+        &self,
+        handler: Arc<dyn EgressHandler>,
+        call: impl std::future::Future<Output = T>,
+    ) -> T {
+        egress::serve(self.container_id(), handler, call).await
+    }
+
+    /// Turns the sandbox's egress proxy on or off (the agent's `egress_env`).
+    pub async fn set_egress_env(&self, env: &EgressEnv) -> Result<EgressEnvInfo, SandboxError> {
+        let req = proto::SetEgressEnvRequest {
+            sandbox: Some(self.call()),
+            proxy: env.proxy,
+            ca_pem: env.ca_pem.clone(),
+            placeholders: env.placeholders.clone().into_iter().collect(),
+        };
+        let r = self
+            .node
+            .client()
+            .set_egress_env(RemoteNode::request(req, CALL_DEADLINE))
+            .await
+            .map_err(|s| self.error(&s))?;
+        Ok(r.into_inner().into())
+    }
+
     /// Reads a streamed call's messages: output events forwarded to `events`, the node's package
-    /// index requests to the call's relay, until the outcome.
+    /// index requests to the call's index relay, its egress messages to the call's egress relay,
+    /// until the outcome.
     async fn finish<M, O>(
         &self,
         answer: Result<tonic::Response<tonic::Streaming<M>>, tonic::Status>,
         events: &Option<mpsc::Sender<OutputEvent>>,
         relay: Option<relay::CallRelay>,
+        mut egress: Option<CallEgress>,
         step: impl Fn(M) -> Step<O>,
     ) -> Result<O, SandboxError> {
         let mut stream = answer.map_err(|s| self.error(&s))?.into_inner();
@@ -413,6 +462,14 @@ impl RemoteSandbox {
                         relay.ask(request);
                     }
                 }
+                // A node's connection on a call that asked for no egress goes nowhere.
+                Step::Egress(message) => match &mut egress {
+                    Some(egress) => egress.take(message).await,
+                    None => tracing::warn!(
+                        node = self.node.url(),
+                        "a node sent an egress message on a call that asked for no egress; ignored"
+                    ),
+                },
                 Step::Nothing => {}
             }
         }
@@ -587,6 +644,7 @@ enum Step<O> {
     Output(proto::OutputEvent),
     Outcome(O),
     Index(proto::IndexRequest),
+    Egress(proto::EgressOut),
     Nothing,
 }
 

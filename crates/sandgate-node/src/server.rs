@@ -14,8 +14,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::budget::{ReadBudget, ReadLimits};
+use crate::egress::GatewayEgress;
 use crate::proto::{self, node_server};
-use crate::relay::{self, GatewayIndex, RelayLimits};
+use crate::relay::{GatewayIndex, RelayLimits};
 use crate::status::to_status;
 
 /// Largest message either side accepts: a file upload travels in one message, bounded by the
@@ -41,21 +42,60 @@ async fn first_input<I, R>(
         .ok_or_else(|| Status::invalid_argument("a call's first message must be its request"))
 }
 
-/// The gateway's answers to index requests on a call's input stream (anything else there is
-/// garbage, and ends the relay).
-fn index_answers<I: Send + 'static>(
-    inputs: tonic::Streaming<I>,
-    answer: fn(I) -> Option<proto::IndexChunk>,
-) -> relay::Answers {
-    inputs
-        .map(move |input| {
-            input.and_then(|i| {
-                answer(i).ok_or_else(|| {
-                    Status::invalid_argument("only index answers may follow a call's request")
-                })
-            })
-        })
-        .boxed()
+/// What a gateway may send on a call's input stream after its request.
+enum Inbound {
+    /// A piece of its answer to an index request.
+    Index(proto::IndexChunk),
+    /// A message of one egress connection.
+    Egress(proto::EgressIn),
+}
+
+/// Reads a call's input stream to its end, handing index answers to the index relay and egress
+/// messages to the egress relay. Anything else (a second request, a message for a relay the
+/// call did not ask for) ends the reading: the relays then hear that the gateway is gone.
+async fn read_inputs<I>(
+    mut inputs: tonic::Streaming<I>,
+    inbound: fn(I) -> Option<Inbound>,
+    answers: Option<mpsc::Sender<proto::IndexChunk>>,
+    egress: Option<Arc<GatewayEgress>>,
+) {
+    loop {
+        let input = match inputs.message().await {
+            Ok(Some(input)) => input,
+            Ok(None) => break,
+            Err(status) => {
+                tracing::debug!(%status, "a call's input stream broke");
+                break;
+            }
+        };
+        match (inbound(input), &answers, &egress) {
+            (Some(Inbound::Index(chunk)), Some(answers), _) => {
+                if answers.send(chunk).await.is_err() {
+                    break;
+                }
+            }
+            (Some(Inbound::Egress(message)), _, Some(egress)) => egress.deliver(message).await,
+            _ => {
+                tracing::debug!("unexpected message on a call's input stream; its relays end");
+                break;
+            }
+        }
+    }
+    if let Some(egress) = &egress {
+        egress.gateway_gone();
+    }
+}
+
+/// The relays a streamed call asked for, and the reading of its input stream that feeds them.
+struct CallRelays<R> {
+    index: Option<GatewayIndex>,
+    /// The index relay's requests, for the call's output stream.
+    asked: Option<mpsc::Receiver<proto::IndexRequest>>,
+    egress: Option<Arc<GatewayEgress>>,
+    /// The egress relay's messages, for the call's output stream.
+    egress_out: Option<mpsc::Receiver<proto::EgressOut>>,
+    /// Reads the input stream; runs beside the call.
+    inputs: R,
 }
 
 /// The RPC service of one node: its sandbox manager and the handles it has attached.
@@ -160,24 +200,45 @@ impl NodeService {
         Ok(sandbox)
     }
 
-    /// The package-index relay of a call whose gateway serves the index (`wanted`): pip's
-    /// requests go out on the call's stream, the answers come from its `inputs`.
-    fn relay<I: Send + 'static>(
+    /// The relays of a call: the package index when its gateway serves it (pip's requests go
+    /// out on the call's stream), egress when its gateway relays it (the CONNECTs go out there);
+    /// the answers come from its `inputs`.
+    fn relays<I: Send + 'static>(
         &self,
-        wanted: bool,
+        index: bool,
+        egress: bool,
         inputs: tonic::Streaming<I>,
-        answer: fn(I) -> Option<proto::IndexChunk>,
-    ) -> (
-        Option<GatewayIndex>,
-        Option<mpsc::Receiver<proto::IndexRequest>>,
-    ) {
-        if !wanted {
-            return (None, None);
+        inbound: fn(I) -> Option<Inbound>,
+    ) -> CallRelays<impl Future<Output = ()> + Send + 'static> {
+        let (answers, index, asked) = if index {
+            let (answers, rx) = mpsc::channel(ANSWERS_QUEUED);
+            let answers_in = tokio_stream::wrappers::ReceiverStream::new(rx)
+                .map(Ok)
+                .boxed();
+            let (relay, asked) = GatewayIndex::new(answers_in, self.relay);
+            (Some(answers), Some(relay), Some(asked))
+        } else {
+            (None, None, None)
+        };
+        let (egress, egress_out) = if egress {
+            let (relay, out) = GatewayEgress::new();
+            (Some(relay), Some(out))
+        } else {
+            (None, None)
+        };
+        let inputs = read_inputs(inputs, inbound, answers, egress.clone());
+        CallRelays {
+            index,
+            asked,
+            egress,
+            egress_out,
+            inputs,
         }
-        let (relay, asked) = GatewayIndex::new(index_answers(inputs, answer), self.relay);
-        (Some(relay), Some(asked))
     }
 }
+
+/// Pieces of index answers read from a call's stream before the index relay takes them.
+const ANSWERS_QUEUED: usize = 4;
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -206,19 +267,21 @@ trait StreamedCall: Sized + Send + 'static {
 
     /// The request, when `input` is the message that opens the call.
     fn request(input: Self::Input) -> Option<Self>;
-    /// The gateway's answer to an index request, when `input` is one.
-    fn index_answer(input: Self::Input) -> Option<proto::IndexChunk>;
+    /// What `input` is, when it is not the request.
+    fn inbound(input: Self::Input) -> Option<Inbound>;
     /// The sandbox the request names, taken out of it.
     fn take_sandbox(&mut self) -> Option<proto::SandboxCall>;
     /// Whether the caller wants the call's output events (progress) at all.
     fn streams(&self) -> bool;
-    /// Whether the caller serves the sandbox's package index for this call.
     /// The request within the node's own bounds (a cell's images).
     fn bounded(self, _limits: ReadLimits) -> Self {
         self
     }
 
+    /// Whether the caller serves the sandbox's package index for this call.
     fn serves_index(&self) -> bool;
+    /// Whether the caller relays the sandbox's CONNECTs during this call.
+    fn relays_egress(&self) -> bool;
     /// Runs the call on `sandbox`, its output events sent to `events`.
     fn run(
         self,
@@ -229,6 +292,8 @@ trait StreamedCall: Sized + Send + 'static {
     fn output(event: proto::OutputEvent) -> Self::Event;
     /// The output message of an index request of the sandbox's pip.
     fn index_request(request: proto::IndexRequest) -> Self::Event;
+    /// The output message of an egress connection's message.
+    fn egress(message: proto::EgressOut) -> Self::Event;
     /// The last output message: the call's outcome.
     fn outcome(outcome: Self::Outcome) -> Self::Event;
 }
@@ -245,9 +310,10 @@ impl StreamedCall for proto::ExecRequest {
         }
     }
 
-    fn index_answer(input: proto::ExecInput) -> Option<proto::IndexChunk> {
+    fn inbound(input: proto::ExecInput) -> Option<Inbound> {
         match input.input {
-            Some(proto::exec_input::Input::IndexAnswer(chunk)) => Some(chunk),
+            Some(proto::exec_input::Input::IndexAnswer(chunk)) => Some(Inbound::Index(chunk)),
+            Some(proto::exec_input::Input::Egress(message)) => Some(Inbound::Egress(message)),
             _ => None,
         }
     }
@@ -267,6 +333,10 @@ impl StreamedCall for proto::ExecRequest {
 
     fn serves_index(&self) -> bool {
         self.index
+    }
+
+    fn relays_egress(&self) -> bool {
+        self.egress
     }
 
     fn run(
@@ -294,6 +364,12 @@ impl StreamedCall for proto::ExecRequest {
         }
     }
 
+    fn egress(message: proto::EgressOut) -> proto::ExecEvent {
+        proto::ExecEvent {
+            event: Some(proto::exec_event::Event::Egress(message)),
+        }
+    }
+
     fn outcome(outcome: Self::Outcome) -> proto::ExecEvent {
         proto::ExecEvent {
             event: Some(proto::exec_event::Event::Outcome(outcome.into())),
@@ -313,9 +389,10 @@ impl StreamedCall for proto::CommandRequest {
         }
     }
 
-    fn index_answer(input: proto::CommandInput) -> Option<proto::IndexChunk> {
+    fn inbound(input: proto::CommandInput) -> Option<Inbound> {
         match input.input {
-            Some(proto::command_input::Input::IndexAnswer(chunk)) => Some(chunk),
+            Some(proto::command_input::Input::IndexAnswer(chunk)) => Some(Inbound::Index(chunk)),
+            Some(proto::command_input::Input::Egress(message)) => Some(Inbound::Egress(message)),
             _ => None,
         }
     }
@@ -330,6 +407,10 @@ impl StreamedCall for proto::CommandRequest {
 
     fn serves_index(&self) -> bool {
         self.index
+    }
+
+    fn relays_egress(&self) -> bool {
+        self.egress
     }
 
     fn run(
@@ -357,6 +438,12 @@ impl StreamedCall for proto::CommandRequest {
         }
     }
 
+    fn egress(message: proto::EgressOut) -> proto::CommandEvent {
+        proto::CommandEvent {
+            event: Some(proto::command_event::Event::Egress(message)),
+        }
+    }
+
     fn outcome(outcome: Self::Outcome) -> proto::CommandEvent {
         proto::CommandEvent {
             event: Some(proto::command_event::Event::Outcome(outcome.into())),
@@ -379,26 +466,51 @@ impl NodeService {
         tracing::Span::current().record("sandbox_id", sandbox.id());
         let (tx, rx) = mpsc::channel(EVENT_BUFFER);
         let events = req.streams().then_some(tx);
-        let (relay, asked) = self.relay(req.serves_index(), inputs, C::index_answer);
+        let CallRelays {
+            index,
+            asked,
+            egress,
+            egress_out,
+            inputs,
+        } = self.relays(req.serves_index(), req.relays_egress(), inputs, C::inbound);
         let call = async move {
+            let channel = sandbox.channel();
             let run = req.run(&sandbox, events);
-            match &relay {
-                Some(relay) => sandbox.channel().with_index(relay, run).await,
-                None => run.await,
+            let run = async {
+                match &index {
+                    Some(relay) => channel.with_index(relay, run).await,
+                    None => run.await,
+                }
+            };
+            let run = async {
+                match egress {
+                    Some(relay) => channel.with_egress(relay, run).await,
+                    None => run.await,
+                }
+            };
+            // The input stream is read beside the call, and for as long as it runs.
+            let inputs = async {
+                inputs.await;
+                std::future::pending::<()>().await;
+            };
+            tokio::select! {
+                out = run => out,
+                () = inputs => unreachable!("reading the inputs never ends the call"),
             }
         };
-        Ok(Response::new(call_stream::<C>(call, rx, asked)))
+        Ok(Response::new(call_stream::<C>(call, rx, asked, egress_out)))
     }
 }
 
-/// A streamed call's messages: its output events and the package index requests of its relay
-/// as they come, then its outcome. Nothing is spawned: dropping the stream (the gateway went
+/// A streamed call's messages: its output events, the package index requests of its index
+/// relay and the messages of its egress relay as they come, then its outcome. Nothing is spawned: dropping the stream (the gateway went
 /// away or cancelled) drops the call, and the channel interrupts the cell or kills the command
 /// as it does in one process.
 fn call_stream<C: StreamedCall>(
     call: impl Future<Output = Result<C::Outcome, SandboxError>> + Send + 'static,
     events: mpsc::Receiver<OutputEvent>,
     index: Option<mpsc::Receiver<proto::IndexRequest>>,
+    egress: Option<mpsc::Receiver<proto::EgressOut>>,
 ) -> BoxStream<'static, Result<C::Event, Status>> {
     enum State<F, M> {
         Running(Pin<Box<F>>, mpsc::Receiver<OutputEvent>),
@@ -406,13 +518,21 @@ fn call_stream<C: StreamedCall>(
         Done,
     }
     let start = State::Running(Box::pin(call), events);
-    futures::stream::unfold((start, index), move |(state, mut index)| async move {
+    let relays = (index, egress);
+    futures::stream::unfold((start, relays), move |(state, mut relays)| async move {
         let mut state = state;
         loop {
             state = match state {
                 State::Running(mut call, mut events) => {
+                    let (index, egress) = &mut relays;
                     let asked = async {
                         match index.as_mut() {
+                            Some(rx) => rx.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    let egressed = async {
+                        match egress.as_mut() {
                             Some(rx) => rx.recv().await,
                             None => std::future::pending().await,
                         }
@@ -421,11 +541,15 @@ fn call_stream<C: StreamedCall>(
                         biased;
                         Some(e) = events.recv() => {
                             let m = C::output(e.into());
-                            return Some((Ok(m), (State::Running(call, events), index)));
+                            return Some((Ok(m), (State::Running(call, events), relays)));
                         }
                         Some(r) = asked => {
                             let m = C::index_request(r);
-                            return Some((Ok(m), (State::Running(call, events), index)));
+                            return Some((Ok(m), (State::Running(call, events), relays)));
+                        }
+                        Some(o) = egressed => {
+                            let m = C::egress(o);
+                            return Some((Ok(m), (State::Running(call, events), relays)));
                         }
                         out = &mut call => {
                             let last = out.map(C::outcome).map_err(|e| to_status(&e));
@@ -436,9 +560,9 @@ fn call_stream<C: StreamedCall>(
                 State::Draining(mut events, last) => match events.recv().await {
                     Some(e) => {
                         let m = C::output(e.into());
-                        return Some((Ok(m), (State::Draining(events, last), index)));
+                        return Some((Ok(m), (State::Draining(events, last), relays)));
                     }
-                    None => return Some((last, (State::Done, index))),
+                    None => return Some((last, (State::Done, relays))),
                 },
                 State::Done => return None,
             };
@@ -668,6 +792,22 @@ impl node_server::Node for NodeService {
     ) -> Reply<proto::SandboxRef> {
         let sandbox = crate::sealed::serve_restore(&self.manager, request.into_inner()).await?;
         Ok(Response::new(self.keep(&sandbox)))
+    }
+
+    async fn set_egress_env(
+        &self,
+        request: Request<proto::SetEgressEnvRequest>,
+    ) -> Reply<proto::EgressEnvReply> {
+        let mut req = request.into_inner();
+        let sandbox = self.sandbox(req.sandbox.take()).await?;
+        let env = sandgate_sandbox::EgressEnv::from(req);
+        reply(
+            sandbox
+                .channel()
+                .set_egress_env(&env)
+                .await
+                .map_err(SandboxError::from),
+        )
     }
 
     async fn ping(&self, request: Request<proto::SandboxCall>) -> Reply<proto::PingInfo> {

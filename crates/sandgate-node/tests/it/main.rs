@@ -5,6 +5,7 @@
 
 mod attacker;
 mod calls;
+mod egress;
 mod relay;
 mod sealed;
 mod support;

@@ -500,6 +500,7 @@ async fn a_gateway_answering_garbage_or_nothing_gets_clear_errors_and_the_cell_e
             display_limit: 1 << 20,
             stream: false,
             index: true,
+            egress: false,
         })),
     };
     inputs.send(start).await.expect("the request is queued");

@@ -129,11 +129,23 @@ pub struct EgressEnv {
     pub placeholders: std::collections::BTreeMap<String, String>,
 }
 
-/// What the agent said about one connection.
-enum FromAgent {
+/// What one side of a relayed connection said: bytes, that it will send no more (its write
+/// half closed), or that it broke off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EgressFrame {
+    /// Bytes of the connection.
     Data(Bytes),
+    /// This side sends no more; it still reads.
     Eof,
+    /// This side broke off: the connection ends.
     Close,
+}
+
+/// Where [`relay_connection`] sends what the server said, towards the client in the sandbox:
+/// the agent's channel in one process, the call's stream over the node RPC.
+pub trait EgressSink: Send + Sync {
+    /// Sends one frame; an error: nobody listens any more (the relay is gone).
+    fn send(&self, frame: EgressFrame) -> BoxFuture<'_, Result<(), ()>>;
 }
 
 impl AgentChannel {
@@ -158,7 +170,7 @@ impl AgentChannel {
             channel: Some(self.clone()),
             target: call.id,
         };
-        let mut connections: HashMap<u64, mpsc::Sender<FromAgent>> = HashMap::new();
+        let mut connections: HashMap<u64, mpsc::Sender<EgressFrame>> = HashMap::new();
         // Dropped with this future: each open connection's tally then says RelayClosed.
         let mut tasks = JoinSet::new();
         loop {
@@ -201,12 +213,12 @@ impl AgentChannel {
                 "egress_data" => {
                     let data = frame.get("data").and_then(Value::as_str).unwrap_or("");
                     match BASE64.decode(data) {
-                        Ok(raw) => FromAgent::Data(Bytes::from(raw)),
-                        Err(_) => FromAgent::Close,
+                        Ok(raw) => EgressFrame::Data(Bytes::from(raw)),
+                        Err(_) => EgressFrame::Close,
                     }
                 }
-                "egress_eof" => FromAgent::Eof,
-                "egress_close" => FromAgent::Close,
+                "egress_eof" => EgressFrame::Eof,
+                "egress_close" => EgressFrame::Close,
                 other => {
                     tracing::debug!(event = other, "unexpected egress event ignored");
                     continue;
@@ -272,7 +284,7 @@ impl Relay {
         self,
         handler: Arc<dyn EgressHandler>,
         authority: String,
-        from_agent: mpsc::Receiver<FromAgent>,
+        from_agent: mpsc::Receiver<EgressFrame>,
     ) -> u64 {
         let cid = self.cid;
         match handler.open(&authority).await {
@@ -283,96 +295,11 @@ impl Relay {
             }
             Ok(upstream) => {
                 if self.chunk(json!({"open": true})).await.is_ok() {
-                    self.pump(upstream, from_agent).await;
+                    relay_connection(upstream, from_agent, &self).await;
                 }
             }
         }
         cid
-    }
-
-    /// Carries bytes both ways at once (a client may send while the server streams), until
-    /// both sides closed, or one side failed, or the byte limit was reached.
-    async fn pump(&self, upstream: EgressUpstream, mut from_agent: mpsc::Receiver<FromAgent>) {
-        let EgressUpstream {
-            io,
-            byte_limit,
-            on_close,
-        } = upstream;
-        // Shared with the guard, which reports them also when this task is dropped mid-way.
-        let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
-        let (sent, received) = (&counts.0, &counts.1);
-        let over = || {
-            byte_limit.is_some_and(|l| {
-                sent.load(Ordering::Relaxed) + received.load(Ordering::Relaxed) > l
-            })
-        };
-        let (mut reader, mut writer) = tokio::io::split(io);
-        // Each direction ends with `None` when its side closed cleanly, or with why all ends.
-        let up = async {
-            loop {
-                match from_agent.recv().await {
-                    Some(FromAgent::Data(data)) => {
-                        sent.fetch_add(data.len() as u64, Ordering::Relaxed);
-                        if over() {
-                            return Some(EgressEnd::ByteLimit);
-                        }
-                        if writer.write_all(&data).await.is_err() {
-                            return Some(EgressEnd::ServerError);
-                        }
-                    }
-                    Some(FromAgent::Eof) => {
-                        let _ = writer.shutdown().await;
-                        return None;
-                    }
-                    Some(FromAgent::Close) | None => return Some(EgressEnd::ClientGone),
-                }
-            }
-        };
-        let down = async {
-            let mut buf = vec![0u8; CHUNK_BYTES];
-            loop {
-                match reader.read(&mut buf).await {
-                    Ok(0) => {
-                        return match self.chunk(json!({"eof": true})).await {
-                            Ok(()) => None,
-                            Err(_) => Some(EgressEnd::RelayClosed),
-                        };
-                    }
-                    Ok(n) => {
-                        received.fetch_add(n as u64, Ordering::Relaxed);
-                        if over() {
-                            return Some(EgressEnd::ByteLimit);
-                        }
-                        let data = BASE64.encode(&buf[..n]);
-                        if self.chunk(json!({"data": data})).await.is_err() {
-                            return Some(EgressEnd::RelayClosed);
-                        }
-                    }
-                    Err(_) => return Some(EgressEnd::ServerError),
-                }
-            }
-        };
-        let mut guard = TallyGuard {
-            counts: counts.clone(),
-            end: EgressEnd::RelayClosed,
-            on_close: Some(on_close),
-        };
-        let end = {
-            tokio::pin!(up, down);
-            let ended = futures::future::select(up, down).await;
-            match ended {
-                futures::future::Either::Left((Some(end), _))
-                | futures::future::Either::Right((Some(end), _)) => end,
-                futures::future::Either::Left((None, down)) => {
-                    down.await.unwrap_or(EgressEnd::Closed)
-                }
-                futures::future::Either::Right((None, up)) => up.await.unwrap_or(EgressEnd::Closed),
-            }
-        };
-        guard.end = end;
-        if !matches!(end, EgressEnd::Closed | EgressEnd::RelayClosed) {
-            let _ = self.chunk(json!({"closed": true})).await;
-        }
     }
 
     /// A chunk frame of the serve call for this connection.
@@ -384,6 +311,108 @@ impl Relay {
         self.channel
             .send(protocol::request_line(self.serve, "chunk", frame))
             .await
+    }
+}
+
+impl EgressSink for Relay {
+    fn send(&self, frame: EgressFrame) -> BoxFuture<'_, Result<(), ()>> {
+        Box::pin(async move {
+            let fields = match frame {
+                EgressFrame::Data(data) => json!({"data": BASE64.encode(&data)}),
+                EgressFrame::Eof => json!({"eof": true}),
+                EgressFrame::Close => json!({"closed": true}),
+            };
+            self.chunk(fields).await.map_err(|_| ())
+        })
+    }
+}
+
+/// Carries an admitted connection's bytes both ways at once (a client may send while the
+/// server streams): `from_client`'s frames are written to the upstream, what the upstream
+/// says goes to `to_client`, until both sides closed, or one side failed, or the byte limit
+/// was reached. The upstream's `on_close` is told how it ended, also when this future is
+/// dropped mid-way.
+pub async fn relay_connection(
+    upstream: EgressUpstream,
+    mut from_client: mpsc::Receiver<EgressFrame>,
+    to_client: &dyn EgressSink,
+) {
+    let EgressUpstream {
+        io,
+        byte_limit,
+        on_close,
+    } = upstream;
+    // Shared with the guard, which reports them also when this task is dropped mid-way.
+    let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let (sent, received) = (&counts.0, &counts.1);
+    let over = || {
+        byte_limit
+            .is_some_and(|l| sent.load(Ordering::Relaxed) + received.load(Ordering::Relaxed) > l)
+    };
+    let (mut reader, mut writer) = tokio::io::split(io);
+    // Each direction ends with `None` when its side closed cleanly, or with why all ends.
+    let up = async {
+        loop {
+            match from_client.recv().await {
+                Some(EgressFrame::Data(data)) => {
+                    sent.fetch_add(data.len() as u64, Ordering::Relaxed);
+                    if over() {
+                        return Some(EgressEnd::ByteLimit);
+                    }
+                    if writer.write_all(&data).await.is_err() {
+                        return Some(EgressEnd::ServerError);
+                    }
+                }
+                Some(EgressFrame::Eof) => {
+                    let _ = writer.shutdown().await;
+                    return None;
+                }
+                Some(EgressFrame::Close) | None => return Some(EgressEnd::ClientGone),
+            }
+        }
+    };
+    let down = async {
+        let mut buf = vec![0u8; CHUNK_BYTES];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) => {
+                    return match to_client.send(EgressFrame::Eof).await {
+                        Ok(()) => None,
+                        Err(()) => Some(EgressEnd::RelayClosed),
+                    };
+                }
+                Ok(n) => {
+                    received.fetch_add(n as u64, Ordering::Relaxed);
+                    if over() {
+                        return Some(EgressEnd::ByteLimit);
+                    }
+                    let data = Bytes::copy_from_slice(&buf[..n]);
+                    if to_client.send(EgressFrame::Data(data)).await.is_err() {
+                        return Some(EgressEnd::RelayClosed);
+                    }
+                }
+                Err(_) => return Some(EgressEnd::ServerError),
+            }
+        }
+    };
+    let mut guard = TallyGuard {
+        counts: counts.clone(),
+        end: EgressEnd::RelayClosed,
+        on_close: Some(on_close),
+    };
+    let end = {
+        tokio::pin!(up, down);
+        let ended = futures::future::select(up, down).await;
+        match ended {
+            futures::future::Either::Left((Some(end), _))
+            | futures::future::Either::Right((Some(end), _)) => end,
+            futures::future::Either::Left((None, down)) => down.await.unwrap_or(EgressEnd::Closed),
+            futures::future::Either::Right((None, up)) => up.await.unwrap_or(EgressEnd::Closed),
+        }
+    };
+    guard.end = end;
+    if !matches!(end, EgressEnd::Closed | EgressEnd::RelayClosed) {
+        let _ = to_client.send(EgressFrame::Close).await;
     }
 }
 

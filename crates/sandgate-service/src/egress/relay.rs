@@ -3,8 +3,9 @@
 //!
 //! It runs where the calls run: in `sandgate serve`, in process, and in a gateway-only replica
 //! (never on a node host: `sandgate node` builds none). A CONNECT reaches it only inside a call the
-//! gateway opened for that sandbox ([`sandgate_sandbox::AgentChannel::with_egress`]), and only for
-//! a sandbox on this process's own node: a node in another process relays no egress yet.
+//! gateway opened for that sandbox ([`sandgate_sandbox::AgentChannel::with_egress`]); for a
+//! sandbox on a node in another process, that node relays the call's CONNECTs back here on the
+//! call's own stream (`sandgate_node`'s egress relay), and they are decided here all the same.
 //!
 //! Each CONNECT: the tenant's rules are read (a rule taken out applies to the next connection),
 //! [`TargetCheck`] admits the name and port before anything is resolved and checks every
@@ -658,7 +659,7 @@ impl crate::SandboxService {
         let known = lock(&egress.inner.sandboxes).contains(sandbox_id);
         if (wanted || known) && !egress.delivered(sandbox_id, container, digest) {
             match resolved.sandbox.set_egress_env(&env).await {
-                Some(Ok(info)) => {
+                Ok(info) => {
                     tracing::debug!(
                         proxy = info.proxy,
                         kernel = info.kernel_applied,
@@ -667,8 +668,8 @@ impl crate::SandboxService {
                     );
                     egress.set_delivered(sandbox_id, container, digest);
                 }
-                Some(Err(err)) => tracing::warn!(%err, "egress proxy variables not delivered"),
-                None => {} // another node's sandbox: no egress there yet
+                // A node older than egress over the RPC answers that it does not know the call.
+                Err(err) => tracing::warn!(%err, "egress proxy variables not delivered"),
             }
         }
         let Some(ca) = ca else {

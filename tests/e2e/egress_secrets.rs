@@ -19,12 +19,15 @@ use crate::mcp_client::{Client, Era};
 use crate::support;
 
 /// What the HTTPS test server saw: each request's head, as received.
-type Seen = Arc<Mutex<Vec<String>>>;
+pub(crate) type Seen = Arc<Mutex<Vec<String>>>;
 
 /// An HTTPS server on loopback with a certificate for `names` from `pki`. `/echo` answers with
 /// the request's head in its body (chunked in 7-byte pieces with `?chunked`); `/redirect`
 /// answers 302 to the cloud metadata address; `/gzip` claims a gzip body; anything else `ok`.
-async fn https_server(pki: &sandgate_node::test_pki::Pki, names: &[&str]) -> (u16, Seen) {
+pub(crate) async fn https_server(
+    pki: &sandgate_node::test_pki::Pki,
+    names: &[&str],
+) -> (u16, Seen) {
     let (cert, key) = pki.leaf_pem_for(names);
     let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
         .collect::<Result<Vec<_>, _>>()
@@ -118,7 +121,7 @@ async fn https_server(pki: &sandgate_node::test_pki::Pki, names: &[&str]) -> (u1
 
 /// A cell: `requests.get(url, headers=…)` through the proxy the environment names, printing
 /// `STATUS <code>`, the echo header and `BODY <text>`, or `ERROR <type> <text>`.
-fn get_cell(url: &str, headers: &str, verify: &str) -> String {
+pub(crate) fn get_cell(url: &str, headers: &str, verify: &str) -> String {
     format!(
         "import os, requests\n\
          tok = os.environ.get('SHOP_TOKEN', '')\n\
@@ -132,7 +135,7 @@ fn get_cell(url: &str, headers: &str, verify: &str) -> String {
 /// prefix in the kernel's memory, every process's environment and command line, and every file
 /// under /home/user and /tmp is hashed with the bytes after it and compared with the value's
 /// hash. Prints `FOUND <where>` for each hit, then `SEARCHED <regions> <files>`.
-fn search_cell(prefix: &str, len: usize, sha256: &str) -> String {
+pub(crate) fn search_cell(prefix: &str, len: usize, sha256: &str) -> String {
     format!(
         r#"import hashlib, os, re
 P, N, H = {prefix:?}.encode(), {len}, {sha256:?}
@@ -192,7 +195,7 @@ print('SEARCHED', regions, files)
     )
 }
 
-fn sha256_hex(data: &[u8]) -> String {
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest as _;
     sha2::Sha256::digest(data)
         .iter()
@@ -200,7 +203,7 @@ fn sha256_hex(data: &[u8]) -> String {
         .collect()
 }
 
-async fn sandbox_of(client: &Client, conversation: &str) -> String {
+pub(crate) async fn sandbox_of(client: &Client, conversation: &str) -> String {
     client
         .ok("create_sandbox", json!({"conversation_id": conversation}))
         .await
@@ -210,7 +213,7 @@ async fn sandbox_of(client: &Client, conversation: &str) -> String {
         .to_owned()
 }
 
-async fn run(client: &Client, sandbox: &str, code: &str) -> String {
+pub(crate) async fn run(client: &Client, sandbox: &str, code: &str) -> String {
     let out = client
         .ok(
             "execute_code",

@@ -9,6 +9,7 @@ mod db_tls;
 mod deploy;
 mod egress;
 mod egress_secrets;
+mod egress_split;
 mod endings;
 mod erasure;
 mod error_kinds;

@@ -52,7 +52,9 @@ const VERDICT_DEADLINE: Duration = Duration::from_secs(90);
 const MAX_REFUSAL_CHARS: usize = 4000;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn refusal(status: u16, text: impl Into<String>) -> EgressRefusal {
@@ -122,9 +124,7 @@ impl GatewayEgress {
             Some(egress_in::What::Eof(_)) => EgressFrame::Eof,
             Some(egress_in::What::Close(_)) | None => EgressFrame::Close,
         };
-        let frames = lock(&self.connections)
-            .get(&cid)
-            .map(|c| c.frames.clone());
+        let frames = lock(&self.connections).get(&cid).map(|c| c.frames.clone());
         if let Some(frames) = frames {
             let _ = frames.send(frame).await;
         }

@@ -454,8 +454,11 @@ pub(crate) struct CallInputs<M> {
     answers: Option<mpsc::Receiver<proto::IndexChunk>>,
     wrap: fn(proto::IndexChunk) -> M,
     /// The egress relay's messages, and how they are wrapped.
-    egress: Option<(mpsc::Receiver<proto::EgressIn>, fn(proto::EgressIn) -> M)>,
+    egress: Option<EgressInputs<M>>,
 }
+
+/// The egress relay's messages for a call's input stream, and how each is wrapped.
+type EgressInputs<M> = (mpsc::Receiver<proto::EgressIn>, fn(proto::EgressIn) -> M);
 
 impl<M> CallInputs<M> {
     /// The same stream, carrying also the egress relay's messages from `messages`.

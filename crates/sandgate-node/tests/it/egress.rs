@@ -299,7 +299,9 @@ async fn a_sandbox_on_a_remote_node_reaches_a_server_through_the_gateways_egress
     let tallies = within(Duration::from_secs(30), "every tally", async {
         loop {
             let tallies = handler.tallies();
-            if tallies.len() >= 4 + 48 + 1 {
+            // The first cell's four admitted connections, the 48, the command's one.
+            let admitted = 4 + 48 + 1;
+            if tallies.len() >= admitted {
                 return tallies;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -310,7 +312,10 @@ async fn a_sandbox_on_a_remote_node_reaches_a_server_through_the_gateways_egress
         .iter()
         .find(|(a, t)| a == "shop.test:443" && t.received > 1 << 20)
         .expect("the 1 MiB answer's tally");
-    assert!(big.1.sent > 0 && big.1.end != EgressEnd::ByteLimit, "{big:?}");
+    assert!(
+        big.1.sent > 0 && big.1.end != EgressEnd::ByteLimit,
+        "{big:?}"
+    );
     assert!(
         tallies
             .iter()
@@ -535,7 +540,12 @@ async fn a_rogue_node_gets_no_connection_on_a_call_that_did_not_ask_for_egress()
     let outcome = sandbox.with_egress(handler.clone(), run()).await;
     assert_eq!(outcome.stdout, "done");
     assert_eq!(handler.asked(), ["evil.test:443"]);
-    let last = saw.lock().expect("saw").last().cloned().expect("a third call");
+    let last = saw
+        .lock()
+        .expect("saw")
+        .last()
+        .cloned()
+        .expect("a third call");
     assert!(last.egress_asked, "{last:?}");
     assert!(
         matches!(

@@ -458,13 +458,16 @@ pub(crate) struct CallInputs<M> {
 }
 
 /// The egress relay's messages for a call's input stream, and how each is wrapped.
-type EgressInputs<M> = (mpsc::Receiver<proto::EgressIn>, fn(proto::EgressIn) -> M);
+type EgressInputs<M> = (
+    mpsc::UnboundedReceiver<proto::EgressIn>,
+    fn(proto::EgressIn) -> M,
+);
 
 impl<M> CallInputs<M> {
     /// The same stream, carrying also the egress relay's messages from `messages`.
     pub(crate) fn with_egress(
         mut self,
-        messages: Option<mpsc::Receiver<proto::EgressIn>>,
+        messages: Option<mpsc::UnboundedReceiver<proto::EgressIn>>,
         wrap: fn(proto::EgressIn) -> M,
     ) -> Self {
         self.egress = messages.map(|rx| (rx, wrap));

@@ -451,6 +451,7 @@ impl RemoteSandbox {
         step: impl Fn(M) -> Step<O>,
     ) -> Result<O, SandboxError> {
         let mut stream = answer.map_err(|s| self.error(&s))?.into_inner();
+        let mut warned = false;
         while let Some(message) = stream.next().await {
             match step(message.map_err(|s| self.error(&s))?) {
                 Step::Output(e) => forward(events, e).await,
@@ -462,13 +463,19 @@ impl RemoteSandbox {
                         relay.ask(request);
                     }
                 }
-                // A node's connection on a call that asked for no egress goes nowhere.
+                // A node's connection on a call that asked for no egress goes nowhere (said
+                // once a call: a rogue node's flood of them is not a flood of the log).
                 Step::Egress(message) => match &mut egress {
-                    Some(egress) => egress.take(message).await,
-                    None => tracing::warn!(
-                        node = self.node.url(),
-                        "a node sent an egress message on a call that asked for no egress; ignored"
-                    ),
+                    Some(egress) => egress.take(message),
+                    None if !warned => {
+                        warned = true;
+                        tracing::warn!(
+                            node = self.node.url(),
+                            "a node sent egress messages on a call that asked for no egress; \
+                             ignored"
+                        );
+                    }
+                    None => {}
                 },
                 Step::Nothing => {}
             }

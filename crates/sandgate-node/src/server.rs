@@ -74,7 +74,7 @@ async fn read_inputs<I>(
                     break;
                 }
             }
-            (Some(Inbound::Egress(message)), _, Some(egress)) => egress.deliver(message).await,
+            (Some(Inbound::Egress(message)), _, Some(egress)) => egress.deliver(message),
             _ => {
                 tracing::debug!("unexpected message on a call's input stream; its relays end");
                 break;
@@ -93,7 +93,7 @@ struct CallRelays<R> {
     asked: Option<mpsc::Receiver<proto::IndexRequest>>,
     egress: Option<Arc<GatewayEgress>>,
     /// The egress relay's messages, for the call's output stream.
-    egress_out: Option<mpsc::Receiver<proto::EgressOut>>,
+    egress_out: Option<mpsc::UnboundedReceiver<proto::EgressOut>>,
     /// Reads the input stream; runs beside the call.
     inputs: R,
 }
@@ -510,7 +510,7 @@ fn call_stream<C: StreamedCall>(
     call: impl Future<Output = Result<C::Outcome, SandboxError>> + Send + 'static,
     events: mpsc::Receiver<OutputEvent>,
     index: Option<mpsc::Receiver<proto::IndexRequest>>,
-    egress: Option<mpsc::Receiver<proto::EgressOut>>,
+    egress: Option<mpsc::UnboundedReceiver<proto::EgressOut>>,
 ) -> BoxStream<'static, Result<C::Event, Status>> {
     enum State<F, M> {
         Running(Pin<Box<F>>, mpsc::Receiver<OutputEvent>),

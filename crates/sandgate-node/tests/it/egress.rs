@@ -22,11 +22,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::support::{TestNode, profile, within};
 
 /// The gateway's side in these tests: `shop.test:443` and `limited.test:443` (at most 20 000
-/// bytes a connection) reach the test server, every other target is refused; every CONNECT
-/// asked and every connection's tally recorded.
+/// bytes a connection) reach the test server, `sink.test:443` a server that never reads, every
+/// other target is refused; every CONNECT asked and every connection's tally recorded.
 #[derive(Default)]
 struct TestEgress {
     server: Option<SocketAddr>,
+    sink: Option<SocketAddr>,
     asked: Mutex<Vec<String>>,
     tallies: Arc<Mutex<Vec<(String, EgressTally)>>>,
 }
@@ -44,9 +45,10 @@ impl TestEgress {
 
     async fn open_checked(&self, authority: &str) -> Result<EgressUpstream, EgressRefusal> {
         self.asked.lock().expect("asked").push(authority.to_owned());
-        let byte_limit = match authority {
-            "shop.test:443" => None,
-            "limited.test:443" => Some(20_000),
+        let (server, byte_limit) = match authority {
+            "shop.test:443" => (self.server, None),
+            "limited.test:443" => (self.server, Some(20_000)),
+            "sink.test:443" => (self.sink, None),
             _ => {
                 return Err(EgressRefusal {
                     status: 403,
@@ -54,7 +56,7 @@ impl TestEgress {
                 });
             }
         };
-        let server = self.server.expect("a test server");
+        let server = server.expect("a test server");
         let io = tokio::net::TcpStream::connect(server)
             .await
             .map_err(|err| EgressRefusal {
@@ -134,6 +136,22 @@ async fn test_server() -> SocketAddr {
                 let _ = sock.write_all(answer.as_bytes()).await;
                 let _ = sock.shutdown().await;
             });
+        }
+    });
+    addr
+}
+
+/// A server on loopback that accepts connections and never reads from them (they stay open
+/// until the test ends).
+async fn sink_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            held.push(sock);
         }
     });
     addr
@@ -357,6 +375,94 @@ async fn a_sandbox_on_a_remote_node_reaches_a_server_through_the_gateways_egress
     node.cleanup().await;
 }
 
+#[tokio::test]
+async fn a_connection_whose_server_never_reads_stalls_only_itself() {
+    let node = TestNode::start("egress-stall").await;
+    let remote = within(
+        Duration::from_secs(180),
+        "a sandbox launch",
+        node.client().launch(&profile()),
+    )
+    .await
+    .expect("the node starts a sandbox");
+    let sandbox = SandboxHandle::Remote(remote);
+    let handler = Arc::new(TestEgress {
+        server: Some(test_server().await),
+        sink: Some(sink_server().await),
+        ..TestEgress::default()
+    });
+    let env = EgressEnv {
+        proxy: true,
+        ..EgressEnv::default()
+    };
+    sandbox.set_egress_env(&env).await.expect("egress_env");
+    // A thread pushes 64 MiB at a server that never reads: far more than every buffer and
+    // window on the way holds, so that connection stalls. Meanwhile another connection of the
+    // same call fetches twice, output keeps coming, and the cell's outcome comes back while
+    // the stalled upload still waits.
+    let code = r"import socket, threading, time, sys
+stuck = {'sent': 0, 'error': None}
+def push():
+    s = socket.create_connection(('127.0.0.1', 3128), timeout=120)
+    s.sendall(b'CONNECT sink.test:443 HTTP/1.1\r\nHost: sink.test:443\r\n\r\n')
+    head = s.recv(4096)
+    if b' 200 ' not in head.split(b'\r\n')[0]:
+        stuck['error'] = head
+        return
+    chunk = b'z' * (1 << 20)
+    try:
+        for _ in range(64):
+            s.sendall(chunk)
+            stuck['sent'] += 1
+    except OSError as err:
+        stuck['error'] = err
+threading.Thread(target=push, daemon=True).start()
+time.sleep(0)
+while stuck['sent'] < 2 and stuck['error'] is None:
+    time.sleep(0.05)
+print('pushing', flush=True)
+print(fetch('shop.test', '/hello'), flush=True)
+print(fetch('shop.test', '/big'), flush=True)
+print('stuck after', stuck['sent'], 'MiB', stuck['error'])
+";
+    let outcome = within(
+        Duration::from_secs(170),
+        "the cell beside a stalled connection",
+        sandbox.with_egress(
+            handler.clone(),
+            sandbox.exec(&format!("{FETCH}{code}"), exec_options(), None),
+        ),
+    )
+    .await
+    .expect("the cell's outcome comes back");
+    let out = outcome.stdout.trim().to_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{outcome:?}");
+    assert!(
+        lines[1].ends_with("hello from the test server: GET /hello HTTP/1.1"),
+        "another connection of the call is answered while one stalls: {out}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("BODY {} ", 1 << 20)),
+        "and a large answer flows: {out}"
+    );
+    let sent: u64 = lines[3]
+        .strip_prefix("stuck after ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(
+        sent < 64 && lines[3].ends_with("MiB None"),
+        "the upload to the server that never reads is still stalled, not failed: {out}"
+    );
+    assert!(
+        handler.asked().contains(&"sink.test:443".to_owned()),
+        "{:?}",
+        handler.asked()
+    );
+    node.cleanup().await;
+}
+
 /// A gRPC message frame: not compressed, its length, its bytes.
 fn grpc_frame(message: &impl Message) -> Bytes {
     let body = message.encode_to_vec();
@@ -376,10 +482,20 @@ struct RogueSaw {
     egress_in: Vec<proto::EgressIn>,
 }
 
-/// A rogue node: answers `Adopt` for any container, and every `Exec` with a CONNECT of its own
-/// (`evil.test:443`, with bytes) before the outcome, which it sends once the gateway's side of
-/// the stream said something more or ended. Records what each call asked and got.
-async fn rogue_node(saw: Arc<Mutex<Vec<RogueSaw>>>) -> SocketAddr {
+/// What the rogue node does on an `Exec` call.
+#[derive(Debug, Clone)]
+enum Rogue {
+    /// A CONNECT of its own to this target, with bytes, before the outcome, which it sends once
+    /// the gateway's side of the stream said something more or ended.
+    Connect(&'static str),
+    /// A CONNECT to this target; once admitted, one data message far past the flow control's
+    /// bounds; then it reads the gateway's side until that connection is closed.
+    Flood(&'static str),
+}
+
+/// A rogue node: answers `Adopt` for any container, and every `Exec` as `script` says. Records
+/// what each call asked and got.
+async fn rogue_node(saw: Arc<Mutex<Vec<RogueSaw>>>, script: Arc<Mutex<Rogue>>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a loopback port");
@@ -387,12 +503,14 @@ async fn rogue_node(saw: Arc<Mutex<Vec<RogueSaw>>>) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let saw = saw.clone();
+            let script = script.clone();
             tokio::spawn(async move {
                 let Ok(mut conn) = h2::server::handshake(tcp).await else {
                     return;
                 };
                 while let Some(Ok((request, respond))) = conn.accept().await {
-                    tokio::spawn(rogue_call(request, respond, saw.clone()));
+                    let script = script.lock().expect("script").clone();
+                    tokio::spawn(rogue_call(request, respond, saw.clone(), script));
                 }
             });
         }
@@ -404,6 +522,7 @@ async fn rogue_call(
     request: http::Request<h2::RecvStream>,
     mut respond: h2::server::SendResponse<Bytes>,
     saw: Arc<Mutex<Vec<RogueSaw>>>,
+    script: Rogue,
 ) {
     let path = request.uri().path().to_owned();
     let mut body = request.into_body();
@@ -452,30 +571,54 @@ async fn rogue_call(
             ),
             ..RogueSaw::default()
         };
-        let open = proto::EgressOut {
-            cid: 7,
-            what: Some(proto::egress_out::What::Open("evil.test:443".into())),
+        let egress_event = |what| {
+            grpc_frame(&proto::ExecEvent {
+                event: Some(proto::exec_event::Event::Egress(proto::EgressOut {
+                    cid: 7,
+                    what: Some(what),
+                })),
+            })
         };
-        let data = proto::EgressOut {
-            cid: 7,
-            what: Some(proto::egress_out::What::Data(Bytes::from_static(
-                b"GET / HTTP/1.1\r\n\r\n",
-            ))),
+        let mut next_egress = async || -> Option<proto::EgressIn> {
+            match proto::ExecInput::decode(next_message().await?) {
+                Ok(proto::ExecInput {
+                    input: Some(proto::exec_input::Input::Egress(e)),
+                }) => Some(e),
+                _ => None,
+            }
         };
-        for what in [open, data] {
-            let event = proto::ExecEvent {
-                event: Some(proto::exec_event::Event::Egress(what)),
-            };
-            let _ = send.send_data(grpc_frame(&event), false);
-        }
-        // The gateway's side says something more (its answer to the CONNECT), or ends (it
-        // relays nothing for this call).
-        if let Some(message) = next_message().await
-            && let Ok(proto::ExecInput {
-                input: Some(proto::exec_input::Input::Egress(e)),
-            }) = proto::ExecInput::decode(message)
-        {
-            seen.egress_in.push(e);
+        match script {
+            Rogue::Connect(target) => {
+                let open = proto::egress_out::What::Open(target.into());
+                let data =
+                    proto::egress_out::What::Data(Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n"));
+                let _ = send.send_data(egress_event(open), false);
+                let _ = send.send_data(egress_event(data), false);
+                // The gateway's side says something more (its answer to the CONNECT), or ends
+                // (it relays nothing for this call).
+                if let Some(e) = next_egress().await {
+                    seen.egress_in.push(e);
+                }
+            }
+            Rogue::Flood(target) => {
+                let open = proto::egress_out::What::Open(target.into());
+                let _ = send.send_data(egress_event(open), false);
+                if let Some(e) = next_egress().await {
+                    seen.egress_in.push(e);
+                }
+                let flood = proto::egress_out::What::Data(Bytes::from(vec![b'f'; 600 << 10]));
+                let _ = send.send_data(egress_event(flood), false);
+                let closed = tokio::time::timeout(Duration::from_secs(60), async {
+                    while let Some(e) = next_egress().await {
+                        let close = matches!(e.what, Some(proto::egress_in::What::Close(_)));
+                        seen.egress_in.push(e);
+                        if close {
+                            break;
+                        }
+                    }
+                });
+                let _ = closed.await;
+            }
         }
         saw.lock().expect("saw").push(seen);
         replies.push(grpc_frame(&proto::ExecEvent {
@@ -494,9 +637,10 @@ async fn rogue_call(
 }
 
 #[tokio::test]
-async fn a_rogue_node_gets_no_connection_on_a_call_that_did_not_ask_for_egress() {
+async fn a_rogue_node_gets_no_connection_without_egress_nor_past_the_flow_control() {
     let saw = Arc::new(Mutex::new(Vec::new()));
-    let addr = rogue_node(saw.clone()).await;
+    let script = Arc::new(Mutex::new(Rogue::Connect("evil.test:443")));
+    let addr = rogue_node(saw.clone(), script.clone()).await;
     let node = RemoteNode::connect_lazy_cleartext(&format!("http://{addr}"))
         .expect("a cleartext client of loopback");
     let sandbox: RemoteSandbox = within(
@@ -506,7 +650,10 @@ async fn a_rogue_node_gets_no_connection_on_a_call_that_did_not_ask_for_egress()
     )
     .await
     .expect("the rogue node adopts");
-    let handler = Arc::new(TestEgress::default());
+    let handler = Arc::new(TestEgress {
+        server: Some(test_server().await),
+        ..TestEgress::default()
+    });
     let run = || async {
         within(
             Duration::from_secs(30),
@@ -553,5 +700,50 @@ async fn a_rogue_node_gets_no_connection_on_a_call_that_did_not_ask_for_egress()
             Some(proto::egress_in::What::Refused(r)) if r.status == 403 && r.text.contains(REFUSED)
         ),
         "the handler's refusal went back to the node: {last:?}"
+    );
+
+    // A node that floods an admitted connection with one message past the flow control's
+    // bounds: the gateway ends that connection (and tells the node) without writing the bytes,
+    // and the call ends as usual.
+    *script.lock().expect("script") = Rogue::Flood("shop.test:443");
+    let outcome = sandbox.with_egress(handler.clone(), run()).await;
+    assert_eq!(outcome.stdout, "done");
+    let last = saw
+        .lock()
+        .expect("saw")
+        .last()
+        .cloned()
+        .expect("a fourth call");
+    let said: Vec<_> = last.egress_in.iter().map(|e| e.what.clone()).collect();
+    assert!(
+        matches!(
+            said.as_slice(),
+            [
+                Some(proto::egress_in::What::Accepted(_)),
+                ..,
+                Some(proto::egress_in::What::Close(_))
+            ]
+        ),
+        "admitted, then closed over the flood: {said:?}"
+    );
+    let tallies = within(
+        Duration::from_secs(30),
+        "the flooded connection's tally",
+        async {
+            loop {
+                let tallies = handler.tallies();
+                if !tallies.is_empty() {
+                    return tallies;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        },
+    )
+    .await;
+    assert_eq!(tallies.len(), 1, "{tallies:?}");
+    assert_eq!(
+        (tallies[0].1.sent, tallies[0].1.end),
+        (0, EgressEnd::ClientGone),
+        "none of the flood reached the server: {tallies:?}"
     );
 }

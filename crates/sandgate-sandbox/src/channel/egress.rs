@@ -144,8 +144,21 @@ pub enum EgressFrame {
 /// Where [`relay_connection`] sends what the server said, towards the client in the sandbox:
 /// the agent's channel in one process, the call's stream over the node RPC.
 pub trait EgressSink: Send + Sync {
+    /// Tells the client's side the connection was admitted and bytes may flow (the first thing
+    /// [`relay_connection`] sends); an error: nobody listens any more.
+    fn accepted(&self) -> BoxFuture<'_, Result<(), ()>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// Sends one frame; an error: nobody listens any more (the relay is gone).
     fn send(&self, frame: EgressFrame) -> BoxFuture<'_, Result<(), ()>>;
+
+    /// `bytes` of the client's data were written to the upstream: a sink that grants the
+    /// client's side credit for its data (the node RPC's flow control) returns it here.
+    fn consumed(&self, bytes: usize) -> BoxFuture<'_, Result<(), ()>> {
+        let _ = bytes;
+        Box::pin(async { Ok(()) })
+    }
 }
 
 impl AgentChannel {
@@ -294,9 +307,9 @@ impl Relay {
                     .await;
             }
             Ok(upstream) => {
-                if self.chunk(json!({"open": true})).await.is_ok() {
-                    relay_connection(upstream, from_agent, &self).await;
-                }
+                let mut from_agent = from_agent;
+                let frames = futures::stream::poll_fn(move |cx| from_agent.poll_recv(cx));
+                relay_connection(upstream, frames, &self).await;
             }
         }
         cid
@@ -315,6 +328,10 @@ impl Relay {
 }
 
 impl EgressSink for Relay {
+    fn accepted(&self) -> BoxFuture<'_, Result<(), ()>> {
+        Box::pin(async move { self.chunk(json!({"open": true})).await.map_err(|_| ()) })
+    }
+
     fn send(&self, frame: EgressFrame) -> BoxFuture<'_, Result<(), ()>> {
         Box::pin(async move {
             let fields = match frame {
@@ -327,14 +344,15 @@ impl EgressSink for Relay {
     }
 }
 
-/// Carries an admitted connection's bytes both ways at once (a client may send while the
-/// server streams): `from_client`'s frames are written to the upstream, what the upstream
-/// says goes to `to_client`, until both sides closed, or one side failed, or the byte limit
-/// was reached. The upstream's `on_close` is told how it ended, also when this future is
-/// dropped mid-way.
+/// Tells `to_client` that the connection was admitted, then carries its bytes both ways at
+/// once (a client may send while the server streams): `from_client`'s frames are written to
+/// the upstream, what the upstream says goes to `to_client`, until both sides closed, or one
+/// side failed, or the byte limit was reached. The upstream's `on_close` is told how it ended,
+/// also when the client's side never heard it was admitted and when this future is dropped
+/// mid-way: every connection dialed is reported once.
 pub async fn relay_connection(
     upstream: EgressUpstream,
-    mut from_client: mpsc::Receiver<EgressFrame>,
+    mut from_client: impl futures::Stream<Item = EgressFrame> + Send + Unpin,
     to_client: &dyn EgressSink,
 ) {
     let EgressUpstream {
@@ -349,11 +367,19 @@ pub async fn relay_connection(
         byte_limit
             .is_some_and(|l| sent.load(Ordering::Relaxed) + received.load(Ordering::Relaxed) > l)
     };
+    let mut guard = TallyGuard {
+        counts: counts.clone(),
+        end: EgressEnd::RelayClosed,
+        on_close: Some(on_close),
+    };
+    if to_client.accepted().await.is_err() {
+        return;
+    }
     let (mut reader, mut writer) = tokio::io::split(io);
     // Each direction ends with `None` when its side closed cleanly, or with why all ends.
     let up = async {
         loop {
-            match from_client.recv().await {
+            match futures::StreamExt::next(&mut from_client).await {
                 Some(EgressFrame::Data(data)) => {
                     sent.fetch_add(data.len() as u64, Ordering::Relaxed);
                     if over() {
@@ -361,6 +387,9 @@ pub async fn relay_connection(
                     }
                     if writer.write_all(&data).await.is_err() {
                         return Some(EgressEnd::ServerError);
+                    }
+                    if to_client.consumed(data.len()).await.is_err() {
+                        return Some(EgressEnd::RelayClosed);
                     }
                 }
                 Some(EgressFrame::Eof) => {
@@ -394,11 +423,6 @@ pub async fn relay_connection(
                 Err(_) => return Some(EgressEnd::ServerError),
             }
         }
-    };
-    let mut guard = TallyGuard {
-        counts: counts.clone(),
-        end: EgressEnd::RelayClosed,
-        on_close: Some(on_close),
     };
     let end = {
         tokio::pin!(up, down);

@@ -668,7 +668,13 @@ impl crate::SandboxService {
                     );
                     egress.set_delivered(sandbox_id, container, digest);
                 }
-                // A node older than egress over the RPC answers that it does not know the call.
+                // A node older than egress over the RPC does not know the call: its sandbox
+                // gets no variables (no route out) until it is in a new container, and this is
+                // said once for it, not on every call.
+                Err(err @ sandgate_sandbox::SandboxError::OlderNode { .. }) => {
+                    tracing::warn!(%err, "egress proxy variables not delivered");
+                    egress.set_delivered(sandbox_id, container, digest);
+                }
                 Err(err) => tracing::warn!(%err, "egress proxy variables not delivered"),
             }
         }

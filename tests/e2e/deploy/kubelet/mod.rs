@@ -63,6 +63,11 @@ fn secret_values(
             "cookie-secret",
             "a cookie secret of the kubelet test, 32+ chars".into(),
         ),
+        (
+            "sandgate-secrets",
+            "egress-secrets-key",
+            "an egress secrets key of the kubelet test, 32+ chars".into(),
+        ),
         ("sandgate-db-ca", "ca.crt", db_ca.ca_pem()),
         ("sandgate-gateway-tls", "tls.crt", gateway_cert),
         ("sandgate-gateway-tls", "tls.key", gateway_key),

@@ -1,7 +1,11 @@
 //! Pause and resume of sandboxes (issue 27): the transitions `leased → pausing → paused →
 //! resuming → leased`, each one conditional statement (its own transaction unless the caller
 //! wraps it in one), so that a crash between two leaves the row in a state a later pass can
-//! settle, and two callers racing for one transition see exactly one of them win.
+//! settle, and two callers racing for one transition see exactly one of them win. A transition
+//! is ended (finished or given up) only by the one that began it: each end names the
+//! `transition_at` its `begin_*` returned, so a pause or resume that ran past the transition
+//! deadline, was undone and begun again by another caller cannot end the new one with its own
+//! (older) outcome.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -56,42 +60,46 @@ pub async fn begin_pause(
     .await?)
 }
 
-/// Ends a pause: a `pausing` sandbox becomes `paused`, resting in `snapshot_id`. `None` when it
-/// was not pausing any more.
-#[tracing::instrument(skip_all, fields(sandbox_id = %id, snapshot = %snapshot_id))]
+/// Ends the pause `began` (the row [`begin_pause`] returned): the `pausing` sandbox becomes
+/// `paused`, resting in `snapshot_id`. `None` when it is not that pause's any more (undone, or
+/// begun again by another).
+#[tracing::instrument(skip_all, fields(sandbox_id = %began.id, snapshot = %snapshot_id))]
 pub async fn finish_pause(
     conn: &mut PgConnection,
-    id: &str,
+    began: &SandboxRow,
     snapshot_id: &str,
     kind: PausedKind,
 ) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET state = 'paused', snapshot_id = $2, paused_kind = $3,
                 paused_at = now(), transition_at = NULL
-         WHERE id = $1 AND state = 'pausing'
+         WHERE id = $1 AND state = 'pausing' AND transition_at IS NOT DISTINCT FROM $4
          RETURNING {COLUMNS}"
     )))
-    .bind(id)
+    .bind(&began.id)
     .bind(snapshot_id)
     .bind(kind.as_str())
+    .bind(began.transition_at)
     .fetch_optional(conn)
     .await?)
 }
 
-/// Gives a pause up: a `pausing` sandbox (its container still runs) is `leased` again, its idle
-/// clock restarted so that the reaper does not retry at once.
-#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
+/// Gives the pause `began` up: the `pausing` sandbox (its container still runs) is `leased`
+/// again, its idle clock restarted so that the reaper does not retry at once. `None` when it
+/// is not that pause's any more.
+#[tracing::instrument(skip_all, fields(sandbox_id = %began.id))]
 pub async fn abort_pause(
     conn: &mut PgConnection,
-    id: &str,
+    began: &SandboxRow,
 ) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET state = 'leased', transition_at = NULL,
                 last_used_at = GREATEST(last_used_at, now())
-         WHERE id = $1 AND state = 'pausing'
+         WHERE id = $1 AND state = 'pausing' AND transition_at IS NOT DISTINCT FROM $2
          RETURNING {COLUMNS}"
     )))
-    .bind(id)
+    .bind(&began.id)
+    .bind(began.transition_at)
     .fetch_optional(conn)
     .await?)
 }
@@ -115,41 +123,45 @@ pub async fn begin_resume(
     .await?)
 }
 
-/// Ends a resume: a `resuming` sandbox is `leased` again in `container_id` on `node`, its
-/// snapshot forgotten, its idle clock started now (time paused never counts as idle; its own
-/// idle timeout is kept).
-#[tracing::instrument(skip_all, fields(sandbox_id = %id, node = %node))]
+/// Ends the resume `began` (the row [`begin_resume`] returned): the `resuming` sandbox is
+/// `leased` again in `container_id` on `node`, its snapshot forgotten, its idle clock started
+/// now (time paused never counts as idle; its own idle timeout is kept). `None` when it is not
+/// that resume's any more (undone, or begun again by another).
+#[tracing::instrument(skip_all, fields(sandbox_id = %began.id, node = %node))]
 pub async fn finish_resume(
     conn: &mut PgConnection,
-    id: &str,
+    began: &SandboxRow,
     container_id: &str,
     node: &str,
 ) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET state = 'leased', container_id = $2, node = $3,
                 snapshot_id = NULL, transition_at = NULL, last_used_at = now()
-         WHERE id = $1 AND state = 'resuming'
+         WHERE id = $1 AND state = 'resuming' AND transition_at IS NOT DISTINCT FROM $4
          RETURNING {COLUMNS}"
     )))
-    .bind(id)
+    .bind(&began.id)
     .bind(container_id)
     .bind(node)
+    .bind(began.transition_at)
     .fetch_optional(conn)
     .await?)
 }
 
-/// Gives a resume up: a `resuming` sandbox is `paused` again (its snapshot is untouched).
-#[tracing::instrument(skip_all, fields(sandbox_id = %id))]
+/// Gives the resume `began` up: the `resuming` sandbox is `paused` again (its snapshot is
+/// untouched). `None` when it is not that resume's any more.
+#[tracing::instrument(skip_all, fields(sandbox_id = %began.id))]
 pub async fn abort_resume(
     conn: &mut PgConnection,
-    id: &str,
+    began: &SandboxRow,
 ) -> Result<Option<SandboxRow>, StoreError> {
     Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
         "UPDATE sandboxes SET state = 'paused', transition_at = NULL
-         WHERE id = $1 AND state = 'resuming'
+         WHERE id = $1 AND state = 'resuming' AND transition_at IS NOT DISTINCT FROM $2
          RETURNING {COLUMNS}"
     )))
-    .bind(id)
+    .bind(&began.id)
+    .bind(began.transition_at)
     .fetch_optional(conn)
     .await?)
 }

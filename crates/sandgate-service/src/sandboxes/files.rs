@@ -384,7 +384,7 @@ impl SandboxService {
             let mut tx = self.db.begin().await?;
             pending.record(&mut tx).await?;
             let paused =
-                pauses::finish_pause(&mut tx, &row.id, &snapshot_id, PausedKind::Files).await?;
+                pauses::finish_pause(&mut tx, row, &snapshot_id, PausedKind::Files).await?;
             if paused.is_some() {
                 tx.commit().await?;
             }
@@ -526,8 +526,7 @@ impl SandboxService {
             }
         };
         let mut conn = self.db.acquire().await?;
-        let live =
-            pauses::finish_resume(&mut conn, &row.id, sandbox.container_id(), &node_id).await?;
+        let live = pauses::finish_resume(&mut conn, row, sandbox.container_id(), &node_id).await?;
         let Some(live) = live else {
             drop(conn);
             let _ = node.close(sandbox).await;

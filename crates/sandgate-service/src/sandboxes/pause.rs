@@ -188,7 +188,7 @@ impl SandboxService {
             Err(err) => {
                 tracing::warn!(error = %err, sandbox_id = %row.id, "pausing failed; the sandbox runs on");
                 let mut conn = self.db.acquire().await?;
-                pauses::abort_pause(&mut conn, &row.id).await?;
+                pauses::abort_pause(&mut conn, row).await?;
                 Err(err)
             }
         }
@@ -234,7 +234,7 @@ impl SandboxService {
             let mut tx = self.db.begin().await?;
             pending.record(&mut tx).await?;
             let paused =
-                pauses::finish_pause(&mut tx, &row.id, &snapshot_id, PausedKind::Memory).await?;
+                pauses::finish_pause(&mut tx, row, &snapshot_id, PausedKind::Memory).await?;
             if paused.is_some() {
                 tx.commit().await?;
             }
@@ -403,7 +403,7 @@ impl SandboxService {
             }
             Err(err) => {
                 let mut conn = self.db.acquire().await?;
-                pauses::abort_resume(&mut conn, &row.id).await?;
+                pauses::abort_resume(&mut conn, &row).await?;
                 Err(err)
             }
         }
@@ -449,8 +449,7 @@ impl SandboxService {
             .await
             .map_err(|e| snapshot_error(&row.id, e))?;
         let mut conn = self.db.acquire().await?;
-        let live =
-            pauses::finish_resume(&mut conn, &row.id, sandbox.container_id(), &node_id).await?;
+        let live = pauses::finish_resume(&mut conn, row, sandbox.container_id(), &node_id).await?;
         let Some(live) = live else {
             drop(conn);
             let _ = self.nodes.close(sandbox).await;

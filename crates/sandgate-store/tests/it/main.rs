@@ -3,6 +3,7 @@
 mod audit;
 mod egress;
 mod nodes;
+mod pauses;
 mod quotas;
 mod sandboxes;
 mod snapshots;

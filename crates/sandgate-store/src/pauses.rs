@@ -166,6 +166,27 @@ pub async fn abort_resume(
     .await?)
 }
 
+/// The resume `began` cannot be: its snapshot is gone. The `resuming` sandbox is `lost` with
+/// `why` (its snapshot forgotten). `None` when it is not that resume's any more.
+#[tracing::instrument(skip_all, fields(sandbox_id = %began.id))]
+pub async fn lose_resuming(
+    conn: &mut PgConnection,
+    began: &SandboxRow,
+    why: &str,
+) -> Result<Option<SandboxRow>, StoreError> {
+    Ok(sqlx::query_as::<_, SandboxRow>(sqlx::AssertSqlSafe(format!(
+        "UPDATE sandboxes SET state = 'lost', closed_at = now(), close_reason = $2,
+                snapshot_id = NULL, transition_at = NULL
+         WHERE id = $1 AND state = 'resuming' AND transition_at IS NOT DISTINCT FROM $3
+         RETURNING {COLUMNS}"
+    )))
+    .bind(&began.id)
+    .bind(why)
+    .bind(began.transition_at)
+    .fetch_optional(conn)
+    .await?)
+}
+
 /// Undoes transitions a crash cut short: `pausing` rows on `node` (its process just started, so
 /// no pause of it runs; `None`: any node's) or older than `deadline_seconds` go back to
 /// `leased` (their container was left running), `resuming` ones older than the deadline back to

@@ -482,10 +482,7 @@ impl SandboxService {
             Ok(sealed) => sealed,
             Err(SnapshotStoreError::Missing { .. }) => {
                 return Err(self
-                    .lose(
-                        &row.id,
-                        "its snapshot is gone from the snapshot store".into(),
-                    )
+                    .lose_with_snapshot(caller.tenant, row, &snapshot_id)
                     .await);
             }
             Err(err) => return Err(store_failed(&row.id, err)),

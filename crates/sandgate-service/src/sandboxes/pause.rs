@@ -409,6 +409,34 @@ impl SandboxService {
         }
     }
 
+    /// A resuming sandbox whose snapshot is gone from the store is lost, and the snapshot's row
+    /// goes with it, in one transaction (else the row would count in the tenant's snapshot
+    /// quota for ever: the sweep only sees what the store holds).
+    pub(super) async fn lose_with_snapshot(
+        &self,
+        tenant: uuid::Uuid,
+        began: &SandboxRow,
+        snapshot_id: &str,
+    ) -> ServiceError {
+        let why = "its snapshot is gone from the snapshot store";
+        let recorded = async {
+            let mut tx = self.db.begin().await?;
+            snapshots::delete(&mut tx, tenant, snapshot_id).await?;
+            if pauses::lose_resuming(&mut tx, began, why).await?.is_some() {
+                tx.commit().await?;
+            }
+            Ok::<_, ServiceError>(())
+        }
+        .await;
+        if let Err(err) = recorded {
+            tracing::warn!(error = %err, sandbox_id = %began.id, "recording a lost sandbox failed");
+        }
+        ServiceError::Lost {
+            sandbox_id: began.id.clone(),
+            why: why.to_owned(),
+        }
+    }
+
     /// The restore of a `resuming` row's snapshot (same sandbox id) and `resuming → leased`;
     /// then its snapshot is deleted.
     async fn restore_from_store(
@@ -435,10 +463,7 @@ impl SandboxService {
             Ok(sealed) => sealed,
             Err(SnapshotStoreError::Missing { .. }) => {
                 return Err(self
-                    .lose(
-                        &row.id,
-                        "its snapshot is gone from the snapshot store".into(),
-                    )
+                    .lose_with_snapshot(caller.tenant, row, &snapshot_id)
                     .await);
             }
             Err(err) => return Err(store_failed(&row.id, err)),

@@ -345,6 +345,42 @@ async fn a_pause_cut_short_at_any_step_leaves_the_sandbox_running() {
     );
     assert_eq!(engine.containers().await, 0, "its container is gone");
     drop(conn);
+
+    // Its object gone from the store (a bucket emptied by hand): the next call finds the
+    // sandbox lost, saying why, and the snapshot's row goes too (it would count in the
+    // tenant's quota for ever).
+    store.delete(tenant, &snapshot).await.expect("deleted");
+    let resolved = within(
+        LIMIT,
+        "resolving",
+        service.resolve(&caller, Some(&id), None, None),
+    )
+    .await;
+    match resolved {
+        Err(err) => assert!(
+            err.to_string()
+                .contains("its snapshot is gone from the snapshot store"),
+            "the call hears why: {err}"
+        ),
+        Ok(_) => panic!("a sandbox whose snapshot is gone cannot resume"),
+    }
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert_eq!(state(&db, tenant, &id).await, SandboxState::Lost);
+    assert!(
+        sandgate_store::snapshots::get(&mut conn, tenant, &snapshot)
+            .await
+            .unwrap()
+            .is_none(),
+        "the lost snapshot's row is gone"
+    );
+    assert_eq!(
+        sandgate_store::snapshots::sealed_bytes_of_tenant(&mut conn, tenant)
+            .await
+            .unwrap(),
+        0,
+        "and counts in the tenant's quota no more"
+    );
+    drop(conn);
     engine.cleanup().await;
     let _ = std::fs::remove_dir_all(&store_dir);
     db.drop_db().await;

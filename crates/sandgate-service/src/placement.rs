@@ -88,16 +88,16 @@ impl Choice {
     }
 }
 
-/// Reads the nodes that may take leases now (heartbeat within `lost_after_seconds`, not
-/// draining, with their leased counts) on `conn` (a lease's transaction, for a warm lease) and
+/// Reads the nodes that may take leases now (heartbeat within `away_after_seconds`: an away
+/// node takes no new lease; not draining, with their leased counts) on `conn` (a lease's transaction, for a warm lease) and
 /// ranks them by `rule`.
 pub async fn choose(
     conn: &mut PgConnection,
     rule: &dyn Algorithm,
     own: Option<&str>,
-    lost_after_seconds: i64,
+    away_after_seconds: i64,
 ) -> Result<Choice, StoreError> {
-    let loads = nodes::placeable(conn, lost_after_seconds).await?;
+    let loads = nodes::placeable(conn, away_after_seconds).await?;
     Ok(Choice::new(rule, &loads, own))
 }
 

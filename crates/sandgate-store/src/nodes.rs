@@ -172,12 +172,13 @@ pub struct NodeLoad {
     pub leased: i64,
 }
 
-/// Every node that may take a new lease: heartbeat within `lost_after_seconds`, not draining;
-/// each with its leased count.
+/// Every node that may take a new lease: heartbeat within `heard_within_seconds` (callers pass
+/// the away deadline: an away node takes no new lease), not draining; each with its leased
+/// count.
 #[tracing::instrument(skip_all)]
 pub async fn placeable(
     conn: &mut PgConnection,
-    lost_after_seconds: i64,
+    heard_within_seconds: i64,
 ) -> Result<Vec<NodeLoad>, StoreError> {
     Ok(sqlx::query_as::<_, NodeLoad>(sqlx::AssertSqlSafe(format!(
         "SELECT {COLUMNS},
@@ -187,7 +188,7 @@ pub async fn placeable(
          WHERE NOT draining AND heartbeat_at > now() - make_interval(secs => $1)
          ORDER BY name, id"
     )))
-    .bind(lost_after_seconds as f64)
+    .bind(heard_within_seconds as f64)
     .fetch_all(conn)
     .await?)
 }

@@ -188,6 +188,14 @@ pub(crate) fn fake_agent(send_ready: bool) -> (AgentStreams, FakeAgent) {
                         emit(&out, json!({"id": id, "ok": true, "result": {"path": format!("/home/user/{path}"), "size": u64::from(n) * 1024, "sha256": sha}})).await;
                     });
                 }
+                // `egress_serve`: 70 CONNECTs at once, never closed (an agent that does not
+                // close its side); the relay's answers arrive as `chunk` frames (logged).
+                "egress_serve" => {
+                    for cid in 1..=70 {
+                        emit(&out, json!({"id": id, "event": "egress_open", "cid": cid, "authority": "shop.test:443"})).await;
+                    }
+                }
+                "chunk" => {}
                 other => panic!("fake agent got an unexpected op {other}"),
             }
         }

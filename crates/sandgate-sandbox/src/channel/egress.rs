@@ -17,6 +17,9 @@ use tokio::task::JoinSet;
 /// Frames of the agent waiting for one connection's upstream writer.
 const CONNECTION_QUEUE_FRAMES: usize = 16;
 
+/// The most connections one relay keeps open at once (the agent itself keeps at most 32).
+const OPEN_PER_SERVE: usize = 64;
+
 /// The byte stream of an admitted connection (a TCP stream to the checked address).
 pub trait EgressIo: AsyncRead + AsyncWrite + Send + Unpin {}
 
@@ -213,13 +216,25 @@ impl AgentChannel {
                         .and_then(Value::as_str)
                         .unwrap_or_default()
                         .to_owned();
-                    let (tx, rx) = mpsc::channel(CONNECTION_QUEUE_FRAMES);
-                    connections.insert(cid, tx);
                     let relay = Relay {
                         channel: self.clone(),
                         serve: call.id,
                         cid,
                     };
+                    if connections.len() >= OPEN_PER_SERVE {
+                        // The agent keeps at most 32 open: more is an agent that does not
+                        // close its side of the connections that ended.
+                        let refused = format!(
+                            "this sandbox has {OPEN_PER_SERVE} egress connections open already; \
+                             close one and try again"
+                        );
+                        let _ = relay
+                            .chunk(json!({"refused": refused, "status": 429}))
+                            .await;
+                        continue;
+                    }
+                    let (tx, rx) = mpsc::channel(CONNECTION_QUEUE_FRAMES);
+                    connections.insert(cid, tx);
                     tasks.spawn(relay.run(handler.clone(), authority, rx));
                     continue;
                 }

@@ -261,3 +261,47 @@ async fn a_streamed_file_whose_checksum_does_not_match_ends_in_an_error() {
     );
     assert!(rest.next().await.is_none(), "nothing after the error");
 }
+
+/// Admits nothing and refuses nothing: each CONNECT stays waiting for the handler.
+struct NeverAnswers(AtomicU64);
+
+impl EgressHandler for NeverAnswers {
+    fn open<'a>(
+        &'a self,
+        _authority: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<EgressUpstream, EgressRefusal>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(std::future::pending())
+    }
+}
+
+#[tokio::test]
+async fn an_agent_that_never_closes_its_connections_gets_no_more_than_64_open() {
+    let (channel, agent) = open().await;
+    let handler = Arc::new(NeverAnswers(AtomicU64::new(0)));
+    let serve = channel.serve_egress(handler.clone());
+    let refusals = || {
+        agent
+            .received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|f| {
+                f["op"] == "chunk"
+                    && f["status"] == 429
+                    && f["refused"]
+                        .as_str()
+                        .is_some_and(|t| t.contains("64 egress connections open already"))
+            })
+            .count()
+    };
+    tokio::select! {
+        ended = serve => panic!("the relay ended: {ended:?}"),
+        () = eventually("70 CONNECTs taken", Duration::from_secs(10), || refusals() == 6) => {}
+    }
+    assert_eq!(
+        handler.0.load(Ordering::SeqCst),
+        64,
+        "the handler was asked for 64 connections, no more"
+    );
+}

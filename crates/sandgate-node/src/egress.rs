@@ -347,6 +347,7 @@ impl GatewayEgress {
         let far = EgressUpstream {
             io: Box::new(far),
             byte_limit: None,
+            budget: None,
             on_close: Box::new(move |_| {
                 lock(&connections).remove(&cid);
             }),
@@ -369,6 +370,7 @@ impl GatewayEgress {
             io: Box::new(near),
             // The gateway counts and bounds the bytes.
             byte_limit: None,
+            budget: None,
             on_close: Box::new(move |tally| {
                 // The client broke off: the gateway hears it now, not when the pipe drains.
                 if tally.end != EgressEnd::Closed {

@@ -33,10 +33,10 @@ mod testing;
 pub use backend::{ContainerFate, ManagedContainer, SandboxBackend};
 pub use channel::{
     AgentChannel, AgentError, CellError, ChannelError, CommandOptions, CommandOutcome, DirEntry,
-    Display, EgressEnd, EgressEnv, EgressEnvInfo, EgressFrame, EgressHandler, EgressIo,
-    EgressRefusal, EgressSink, EgressTally, EgressUpstream, EntryKind, ExecOptions, ExecOutcome,
-    FileChunks, FileInfo, IndexAnswer, IndexBody, IndexHandler, IndexStream, Job, Listing,
-    OutputEvent, PingInfo, PreloadInfo, RestoredInfo, Space, relay_connection,
+    Display, EgressBudget, EgressEnd, EgressEnv, EgressEnvInfo, EgressFrame, EgressHandler,
+    EgressIo, EgressRefusal, EgressSink, EgressTally, EgressUpstream, EntryKind, ExecOptions,
+    ExecOutcome, FileChunks, FileInfo, IndexAnswer, IndexBody, IndexHandler, IndexStream, Job,
+    Listing, OutputEvent, PingInfo, PreloadInfo, RestoredInfo, Space, relay_connection,
 };
 pub use config::{
     ChannelConfig, ManagerConfig, OciRuntime, PoolConfig, ProfileError, PullPolicy, SandboxProfile,

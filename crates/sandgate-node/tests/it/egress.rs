@@ -68,6 +68,7 @@ impl TestEgress {
         Ok(EgressUpstream {
             io: Box::new(io),
             byte_limit,
+            budget: None,
             on_close: Box::new(move |tally| {
                 tallies.lock().expect("tallies").push((authority, tally));
             }),

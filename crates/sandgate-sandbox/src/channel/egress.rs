@@ -32,6 +32,10 @@ pub struct EgressUpstream {
     /// Most bytes (both ways together) this connection may carry; past it the connection is
     /// ended. `None`: no limit.
     pub byte_limit: Option<u64>,
+    /// A budget this connection shares with others (a rule's bytes per day), charged as its
+    /// bytes flow both ways; once a piece does not fit, the connection is ended before that
+    /// piece is passed on. `None`: none.
+    pub budget: Option<Arc<dyn EgressBudget>>,
     /// Told once how the connection ended and what it carried (also when the relay is dropped
     /// with the connection open).
     pub on_close: Box<dyn FnOnce(EgressTally) + Send>,
@@ -43,6 +47,13 @@ impl std::fmt::Debug for EgressUpstream {
             .field("byte_limit", &self.byte_limit)
             .finish_non_exhaustive()
     }
+}
+
+/// A byte budget connections share, charged as their bytes flow (so connections open at once
+/// cannot together pass it).
+pub trait EgressBudget: Send + Sync {
+    /// Charges `bytes`; false when they do not fit (the connection then ends).
+    fn spend(&self, bytes: u64) -> bool;
 }
 
 /// Why a CONNECT was refused: what the client in the sandbox hears.
@@ -373,14 +384,18 @@ pub async fn relay_connection(
     let EgressUpstream {
         io,
         byte_limit,
+        budget,
         on_close,
     } = upstream;
     // Shared with the guard, which reports them also when this task is dropped mid-way.
     let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
     let (sent, received) = (&counts.0, &counts.1);
-    let over = || {
+    // After `piece` more bytes were counted: whether the connection is past its own limit or
+    // its shared budget (then the piece is not passed on).
+    let over = |piece: u64| {
         byte_limit
             .is_some_and(|l| sent.load(Ordering::Relaxed) + received.load(Ordering::Relaxed) > l)
+            || budget.as_ref().is_some_and(|b| !b.spend(piece))
     };
     let mut guard = TallyGuard {
         counts: counts.clone(),
@@ -397,7 +412,7 @@ pub async fn relay_connection(
             match futures::StreamExt::next(&mut from_client).await {
                 Some(EgressFrame::Data(data)) => {
                     sent.fetch_add(data.len() as u64, Ordering::Relaxed);
-                    if over() {
+                    if over(data.len() as u64) {
                         return Some(EgressEnd::ByteLimit);
                     }
                     if writer.write_all(&data).await.is_err() {
@@ -427,7 +442,7 @@ pub async fn relay_connection(
                 }
                 Ok(n) => {
                     received.fetch_add(n as u64, Ordering::Relaxed);
-                    if over() {
+                    if over(n as u64) {
                         return Some(EgressEnd::ByteLimit);
                     }
                     let data = Bytes::copy_from_slice(&buf[..n]);

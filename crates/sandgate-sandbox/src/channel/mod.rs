@@ -20,8 +20,8 @@ mod types;
 
 use budget::*;
 pub use egress::{
-    EgressEnd, EgressEnv, EgressEnvInfo, EgressFrame, EgressHandler, EgressIo, EgressRefusal,
-    EgressSink, EgressTally, EgressUpstream, relay_connection,
+    EgressBudget, EgressEnd, EgressEnv, EgressEnvInfo, EgressFrame, EgressHandler, EgressIo,
+    EgressRefusal, EgressSink, EgressTally, EgressUpstream, relay_connection,
 };
 pub use error::{AgentError, ChannelError};
 pub use files::FileChunks;

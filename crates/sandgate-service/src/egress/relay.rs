@@ -10,9 +10,10 @@
 //! Each CONNECT: the tenant's rules are read (a rule taken out applies to the next connection),
 //! [`TargetCheck`] admits the name and port before anything is resolved and checks every
 //! address, the rule's connections-per-minute budget is charged, the rule's bytes-per-day budget
-//! left today bounds the connection, the checked address is dialed (no second lookup), and the
-//! connection is audited when it ends (refusals at once): tenant, sandbox, target, outcome,
-//! bytes each way.
+//! is charged as the connection's bytes flow (a connection that reaches it is ended, so
+//! connections open at once cannot together pass it), the checked address is dialed (no second
+//! lookup), and the connection is audited when it ends (refusals at once): tenant, sandbox,
+//! target, outcome, bytes each way.
 
 use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroUsize;
@@ -21,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{Datelike, Utc};
 use futures::future::BoxFuture;
-use sandgate_sandbox::{EgressEnv, EgressHandler, EgressRefusal, EgressTally, EgressUpstream};
+use sandgate_sandbox::{
+    EgressBudget, EgressEnv, EgressHandler, EgressRefusal, EgressTally, EgressUpstream,
+};
 use sandgate_store::PgPool;
 use sandgate_store::audit::{EgressConnection, Outcome};
 use sandgate_store::egress::EgressRule;
@@ -300,11 +303,13 @@ impl EgressService {
         Some(u64::try_from(most.saturating_sub(used)).unwrap_or(0))
     }
 
-    /// Adds what a connection carried to `rule`'s bytes of today.
-    fn spend_bytes(&self, tenant: Uuid, rule: &EgressRule, bytes: u64) {
-        if rule.bytes_per_day.is_none() {
-            return;
-        }
+    /// Charges `bytes` a connection carried to `rule`'s bytes of today, as they flow; false when
+    /// they do not fit (the day's budget is then spent: the connection is ended, and the rule
+    /// refuses new ones until tomorrow).
+    fn spend_bytes(&self, tenant: Uuid, rule: &EgressRule, bytes: u64) -> bool {
+        let Some(most) = rule.bytes_per_day else {
+            return true;
+        };
         let today = Utc::now().num_days_from_ce();
         let mut budgets = lock(&self.inner.budgets);
         let entry = budgets
@@ -314,9 +319,15 @@ impl EgressService {
         if entry.0 != today {
             *entry = (today, 0);
         }
-        entry.1 = entry
+        let after = entry
             .1
             .saturating_add(i64::try_from(bytes).unwrap_or(i64::MAX));
+        if after > most {
+            entry.1 = most;
+            return false;
+        }
+        entry.1 = after;
+        true
     }
 
     /// Dials the checked addresses in turn; the first that accepts.
@@ -479,8 +490,7 @@ impl CallEgress {
             );
             return Err(self.refuse(started, &shown, Outcome::Refused, 429, text));
         }
-        let byte_limit = self.service.bytes_left(self.tenant, &target.rule);
-        if byte_limit == Some(0) {
+        if self.service.bytes_left(self.tenant, &target.rule) == Some(0) {
             let text = format!(
                 "{shown}: this tenant's budget of {} bytes per day for the egress rule \
                  {rule_name} is spent",
@@ -565,10 +575,14 @@ impl CallEgress {
             ca: self.ca.clone(),
             notes: self.notes.clone(),
         };
-        let rule = target.rule.clone();
+        let budget = target.rule.bytes_per_day.map(|_| {
+            Arc::new(DayBudget {
+                service: self.service.clone(),
+                tenant: self.tenant,
+                rule: target.rule.clone(),
+            }) as Arc<dyn EgressBudget>
+        });
         let on_close = move |tally: EgressTally| {
-            done.service
-                .spend_bytes(done.tenant, &rule, tally.sent + tally.received);
             super::metrics::carried(tally.sent, tally.received);
             let secrets = injected.map_or_else(String::new, |names| {
                 let names = lock(&names);
@@ -592,9 +606,23 @@ impl CallEgress {
         };
         Ok(EgressUpstream {
             io,
-            byte_limit,
+            byte_limit: None,
+            budget,
             on_close: Box::new(on_close),
         })
+    }
+}
+
+/// A rule's bytes-per-day budget, charged as a connection's bytes flow (in this process).
+struct DayBudget {
+    service: EgressService,
+    tenant: Uuid,
+    rule: EgressRule,
+}
+
+impl EgressBudget for DayBudget {
+    fn spend(&self, bytes: u64) -> bool {
+        self.service.spend_bytes(self.tenant, &self.rule, bytes)
     }
 }
 
@@ -683,5 +711,60 @@ impl crate::SandboxService {
         };
         let handler = egress.for_call(tenant, sandbox_id, ca, notes.clone());
         resolved.sandbox.with_egress(handler, call).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service() -> EgressService {
+        // Never connected: the budgets live in the process.
+        let db = PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/none").expect("a lazy pool");
+        let tls = crate::egress::upstream_config(None).expect("the system's roots");
+        EgressService::new(db, TargetCheck::system(), Duration::from_secs(1), None, tls)
+    }
+
+    fn rule(bytes_per_day: Option<i64>) -> EgressRule {
+        EgressRule {
+            host: "shop.test".into(),
+            port: 443,
+            connections_per_minute: None,
+            bytes_per_day,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_days_byte_budget_holds_for_connections_open_at_once() {
+        let service = service();
+        let tenant = Uuid::new_v4();
+        let rule = rule(Some(1000));
+        let budget = |tenant| DayBudget {
+            service: service.clone(),
+            tenant,
+            rule: rule.clone(),
+        };
+        // Two connections open at once, both admitted while the whole day's budget was left.
+        let (a, b) = (budget(tenant), budget(tenant));
+        assert!(a.spend(400) && b.spend(400), "800 of 1000 bytes fit");
+        assert!(
+            !a.spend(400),
+            "a piece that would take the two past the day's budget does not fit"
+        );
+        assert_eq!(
+            service.bytes_left(tenant, &rule),
+            Some(0),
+            "the budget is spent: new connections of the rule are refused today"
+        );
+        assert!(!b.spend(1), "and the other open connection is ended too");
+        // Another tenant's budget for the same rule is its own.
+        assert!(budget(Uuid::new_v4()).spend(1000));
+        // A rule without a budget never ends a connection.
+        let unbounded = DayBudget {
+            service: service.clone(),
+            tenant,
+            rule: self::rule(None),
+        };
+        assert!(unbounded.spend(u64::MAX));
     }
 }

@@ -92,6 +92,10 @@ EGRESS_MAX_HEAD = 16 * 1024
 EGRESS_CHUNK = 64 * 1024
 # Connections relayed at once; beyond, a CONNECT is answered 503 at once.
 EGRESS_MAX_CONNECTIONS = 32
+# Data events of one connection the gateway has not yet acknowledged (written on to the server)
+# when its serve call asked for acknowledgements: the client's socket is read only below it, so a
+# server that stops reading stalls its own connection, never the agent's output to the gateway.
+EGRESS_WINDOW_EVENTS = 16
 # How long a CONNECT waits for the gateway's decision (it resolves and dials first).
 EGRESS_OPEN_TIMEOUT_S = 60.0
 # A tunnel whose gateway side sends nothing for this long ends (as does a client reading nothing).

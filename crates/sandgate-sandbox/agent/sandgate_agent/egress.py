@@ -35,6 +35,7 @@ from .config import (
     EGRESS_ROUTE_WAIT_S,
     EGRESS_STATE_DIR,
     EGRESS_WANTED_WAIT_S,
+    EGRESS_WINDOW_EVENTS,
     SYSTEM_CA_BUNDLES,
     WRITE_QUEUE_CHUNKS,
 )
@@ -150,6 +151,10 @@ class EgressRelay:
         self.call_for_egress = lambda: None
         self.conns = {}  # connection id -> queue of the gateway's frames for it
         self.socks = {}  # connection id -> the client's socket (ended when the relay gives up)
+        # Whether the open serve call acknowledges data events (its `acks`); then connection id
+        # -> its Credit.
+        self.acks = False
+        self.credits = {}
         self.next_cid = 1
         self.enabled = False  # set by egress_env: the tenant has an egress policy
         self.cas = []  # PEM texts of the egress CAs the gateway sent (egress_env), oldest first
@@ -232,16 +237,19 @@ class EgressRelay:
             except RuntimeError:  # at the process limit: this connection is refused
                 sock.close()
 
-    def serve(self, req_id):
+    def serve(self, req_id, acks=False):
         """A gateway call opens the relay; a newer call replaces an older one (answered at once,
-        its connections closed)."""
+        its connections closed). With `acks`, the gateway acknowledges each data event once it
+        wrote it on, and each connection keeps at most EGRESS_WINDOW_EVENTS unacknowledged."""
         with self.lock:
             old, self.serving = self.serving, req_id
+            self.acks = bool(acks)
             stale = list(self.conns.values()) if old is not None else []
             stale_socks = list(self.socks.values()) if old is not None else []
             if old is not None:
                 self.conns.clear()
                 self.socks.clear()
+                self.end_credits()
             self.served.notify_all()
         for frames in stale:
             put_closed(frames)
@@ -261,6 +269,7 @@ class EgressRelay:
             socks = list(self.socks.values())
             self.conns.clear()
             self.socks.clear()
+            self.end_credits()
         for frames in pending:
             put_closed(frames)
         # A tunnel whose queue is full never reads the closing frame: its socket ends it.
@@ -269,11 +278,22 @@ class EgressRelay:
         self.writer.ok(req_id, {"served": True, "replaced": False})
         return True
 
+    def end_credits(self):
+        """Ends every connection's credit (under the lock): their readers stop waiting."""
+        for credit in self.credits.values():
+            credit.end()
+        self.credits.clear()
+
     def route(self, req_id, frame):
         """Takes a chunk frame of the serve call; True when it was one (even if now unwanted)."""
         with self.lock:
             if req_id is None or req_id != self.serving:
                 return False
+            if "ack" in frame:
+                credit = self.credits.get(frame.get("cid"))
+                if credit is not None:
+                    credit.acked()
+                return True
             frames = self.conns.get(frame.get("cid"))
         if frames is not None:
             try:
@@ -290,6 +310,9 @@ class EgressRelay:
         with self.lock:
             self.conns.pop(cid, None)
             sock = self.socks.pop(cid, None)
+            credit = self.credits.pop(cid, None)
+        if credit is not None:
+            credit.end()
         if sock is not None:
             shutdown(sock, socket.SHUT_RDWR)
         self.writer.event(serving, "egress_close", cid=cid)
@@ -324,13 +347,22 @@ class EgressRelay:
             if sock is not None:
                 self.socks[cid] = sock
             serving = self.serving
-        self.writer.event(serving, "egress_open", cid=cid, authority=authority)
+            acks = self.acks
+            if acks:
+                self.credits[cid] = Credit()
+        if acks:
+            self.writer.event(serving, "egress_open", cid=cid, authority=authority, acks=True)
+        else:
+            self.writer.event(serving, "egress_open", cid=cid, authority=authority)
         return cid, serving, frames
 
     def forget(self, cid):
         with self.lock:
             self.conns.pop(cid, None)
             self.socks.pop(cid, None)
+            credit = self.credits.pop(cid, None)
+        if credit is not None:
+            credit.end()
 
     def handle(self, sock):
         """One client connection: its request head, then (for an admitted CONNECT) the tunnel."""
@@ -379,6 +411,8 @@ class Tunnel:
         self.serving = serving
         self.frames = frames
         self.closed = threading.Event()  # the gateway ended the connection (or the relay closed)
+        with relay.lock:
+            self.credit = relay.credits.get(cid)  # None: the serve call acknowledges nothing
 
     def run(self):
         first = self.next_frame(EGRESS_OPEN_TIMEOUT_S)
@@ -406,6 +440,14 @@ class Tunnel:
         """Client to gateway: `egress_data` events, then `egress_eof` (or `egress_close` when the
         client broke off)."""
         while not self.closed.is_set():
+            if self.credit is not None and not self.credit.take(EGRESS_IDLE_TIMEOUT_S):
+                # Ended, or the gateway wrote nothing on for the idle timeout: the server is
+                # not reading.
+                if not self.closed.is_set():
+                    self.writer.event(self.serving, "egress_close", cid=self.cid)
+                    self.closed.set()
+                    shutdown(self.sock, socket.SHUT_RDWR)
+                return
             try:
                 data = self.sock.recv(EGRESS_CHUNK)
             except (OSError, ValueError):
@@ -417,6 +459,8 @@ class Tunnel:
             if not data:
                 self.writer.event(self.serving, "egress_eof", cid=self.cid)
                 return
+            if self.credit is not None:
+                self.credit.spent()
             self.writer.event(
                 self.serving, "egress_data", cid=self.cid, data=base64.b64encode(data).decode()
             )
@@ -427,6 +471,8 @@ class Tunnel:
             frame = self.next_frame(EGRESS_IDLE_TIMEOUT_S)
             if frame is None or frame.get("closed"):
                 self.closed.set()
+                if self.credit is not None:
+                    self.credit.end()
                 shutdown(self.sock, socket.SHUT_RDWR)
                 return
             data = frame.get("data") or ""
@@ -442,6 +488,38 @@ class Tunnel:
             if frame.get("eof"):
                 shutdown(self.sock, socket.SHUT_WR)
                 return
+
+
+class Credit:
+    """How many of one connection's data events the gateway has not yet acknowledged."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.unacked = 0
+        self.ended = False
+
+    def take(self, timeout):
+        """Waits for room for one more data event; False when the connection ended, or no room
+        came within `timeout` seconds."""
+        with self.cond:
+            room = self.cond.wait_for(
+                lambda: self.ended or self.unacked < EGRESS_WINDOW_EVENTS, timeout
+            )
+            return room and not self.ended
+
+    def spent(self):
+        with self.cond:
+            self.unacked += 1
+
+    def acked(self):
+        with self.cond:
+            self.unacked = max(0, self.unacked - 1)
+            self.cond.notify_all()
+
+    def end(self):
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
 
 
 def put_closed(frames):

@@ -190,7 +190,7 @@ class Agent(FrameServer):
         self.index.serve(req_id)
 
     def op_egress_serve(self, req_id, frame):
-        self.egress.serve(req_id)
+        self.egress.serve(req_id, acks=frame.get("acks") is True)
 
     def op_egress_env(self, req_id, frame):
         """Egress on or off for this sandbox (PROTOCOL.md, `egress_env`): the proxy variables of

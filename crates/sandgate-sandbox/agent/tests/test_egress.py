@@ -263,3 +263,45 @@ def test_a_connect_asks_a_running_call_to_open_the_relay(agent):
     agent.ok("interrupt", target=serve)
     agent.ok("interrupt", target=cmd)
     agent.wait(cmd)
+
+
+def test_with_acks_a_connection_stays_within_its_window_of_unacknowledged_data(agent):
+    import queue
+    import threading
+
+    agent.ok("egress_env", proxy=True)
+    serve = agent.start("egress_serve", acks=True)
+    agent.ok("ping")
+    q = agent._queue(serve)
+    sock = connect(agent, "api.shop.example:443")
+    opened = q.get(timeout=30)
+    assert opened["event"] == "egress_open" and opened["acks"] is True, opened
+    cid = opened["cid"]
+    chunk(agent, serve, cid, open=True)
+    head, _ = read_head(sock)
+    assert head.startswith("HTTP/1.1 200"), head
+    # The client sends far more than the window and the gateway acknowledges nothing: 16 data
+    # events, then the agent stops reading the client.
+    def push():
+        try:
+            sock.sendall(b"u" * (8 << 20))
+        except OSError:
+            pass  # closed at the test's end
+
+    threading.Thread(target=push, daemon=True).start()
+    for _ in range(16):
+        frame = q.get(timeout=30)
+        assert frame["event"] == "egress_data" and frame["cid"] == cid, frame
+    try:
+        extra = q.get(timeout=2)
+    except queue.Empty:
+        extra = None
+    assert extra is None, f"a 17th event without an acknowledgement: {extra}"
+    # Each acknowledgement lets one more through; the reader stayed responsive meanwhile.
+    _, pong = agent.ok("ping", timeout=10)
+    assert pong["pong"] is True, pong
+    chunk(agent, serve, cid, ack=65536)
+    frame = q.get(timeout=30)
+    assert frame["event"] == "egress_data" and frame["cid"] == cid, frame
+    sock.close()
+    agent.ok("interrupt", target=serve)

@@ -14,8 +14,9 @@ use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinSet;
 
-/// Frames of the agent waiting for one connection's upstream writer.
-const CONNECTION_QUEUE_FRAMES: usize = 16;
+/// Frames of the agent waiting for one connection's upstream writer: the agent's window of
+/// unacknowledged data events (16, `EGRESS_WINDOW_EVENTS`) and room for its end.
+const CONNECTION_QUEUE_FRAMES: usize = 20;
 
 /// The most connections one relay keeps open at once (the agent itself keeps at most 32).
 const OPEN_PER_SERVE: usize = 64;
@@ -192,12 +193,15 @@ impl AgentChannel {
     /// told to stop relaying, and open connections end) or the channel is lost.
     #[tracing::instrument(skip_all, fields(sandbox_id = %self.inner.shared.label))]
     pub async fn serve_egress(&self, handler: Arc<dyn EgressHandler>) -> Result<(), ChannelError> {
-        let mut call = self.start("egress_serve", json!({})).await?;
+        // `acks`: an agent that knows them keeps each connection within its window of data
+        // events not yet acknowledged (PROTOCOL.md), so this loop never waits on a connection.
+        let mut call = self.start("egress_serve", json!({"acks": true})).await?;
         let _close = InterruptOnDrop {
             channel: Some(self.clone()),
             target: call.id,
         };
-        let mut connections: HashMap<u64, mpsc::Sender<EgressFrame>> = HashMap::new();
+        // Each connection's frames, and whether its agent keeps it within the window.
+        let mut connections: HashMap<u64, (mpsc::Sender<EgressFrame>, bool)> = HashMap::new();
         // Dropped with this future: each open connection's tally then says RelayClosed.
         let mut tasks = JoinSet::new();
         loop {
@@ -227,10 +231,12 @@ impl AgentChannel {
                         .and_then(Value::as_str)
                         .unwrap_or_default()
                         .to_owned();
+                    let acks = frame.get("acks").and_then(Value::as_bool) == Some(true);
                     let relay = Relay {
                         channel: self.clone(),
                         serve: call.id,
                         cid,
+                        acks,
                     };
                     if connections.len() >= OPEN_PER_SERVE {
                         // The agent keeps at most 32 open: more is an agent that does not
@@ -245,7 +251,7 @@ impl AgentChannel {
                         continue;
                     }
                     let (tx, rx) = mpsc::channel(CONNECTION_QUEUE_FRAMES);
-                    connections.insert(cid, tx);
+                    connections.insert(cid, (tx, acks));
                     tasks.spawn(relay.run(handler.clone(), authority, rx));
                     continue;
                 }
@@ -263,9 +269,19 @@ impl AgentChannel {
                     continue;
                 }
             };
-            if let Some(tx) = connections.get(&cid)
-                && tx.send(said).await.is_err()
-            {
+            let Some((tx, acks)) = connections.get(&cid) else {
+                continue;
+            };
+            let kept = if *acks {
+                // Within its window the queue has room: a full one is an agent past it, and
+                // that connection ends (this loop serves every connection and never waits).
+                tx.try_send(said).is_ok()
+            } else {
+                // An agent of before acknowledgements: its connection's queue may hold the
+                // loop up, as it always did.
+                tx.send(said).await.is_ok()
+            };
+            if !kept {
                 connections.remove(&cid);
             }
         }
@@ -315,6 +331,9 @@ struct Relay {
     channel: AgentChannel,
     serve: u64,
     cid: u64,
+    /// Whether the agent keeps this connection within its window (then each data event is
+    /// acknowledged once written on).
+    acks: bool,
 }
 
 impl Relay {
@@ -356,6 +375,15 @@ impl Relay {
 impl EgressSink for Relay {
     fn accepted(&self) -> BoxFuture<'_, Result<(), ()>> {
         Box::pin(async move { self.chunk(json!({"open": true})).await.map_err(|_| ()) })
+    }
+
+    fn consumed(&self, bytes: usize) -> BoxFuture<'_, Result<(), ()>> {
+        Box::pin(async move {
+            if !self.acks {
+                return Ok(());
+            }
+            self.chunk(json!({"ack": bytes})).await.map_err(|_| ())
+        })
     }
 
     fn send(&self, frame: EgressFrame) -> BoxFuture<'_, Result<(), ()>> {

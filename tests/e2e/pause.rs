@@ -4,7 +4,8 @@
 //! `conversation_id` resumes it under the same `sandbox_id` with its variables and files; the
 //! same across a restart of the gateway while it is paused; ten cycles in a row keep everything
 //! and the sandbox's own idle timeout; another tenant naming the paused sandbox gets the
-//! missing-sandbox answer; `close_sandbox` deletes the snapshot.
+//! missing-sandbox answer; `close_sandbox` deletes the snapshot; a resumed sandbox and a fork
+//! of it get their egress again (issue 29).
 //!
 //! Skipped, saying so, where the engine has no `runsc2024` runtime.
 
@@ -501,4 +502,178 @@ async fn a_fork_diverges_from_its_source() {
         "the copy's notebook names the source: {notes:#?}"
     );
     support::remove_containers_of(&gateway.instance);
+}
+
+/// A tenant with an egress rule and a secret (issue 29): what the gateway delivered before a
+/// call is delivered again to a resumed sandbox and to a fork, whose container is new: the
+/// resumed sandbox keeps its placeholder and fetches through the relay, the secret filled in;
+/// the fork gets a placeholder of its own and its own CA, and the source's placeholder, copied
+/// into the fork's memory, is never filled in there.
+#[tokio::test]
+async fn a_resumed_sandbox_and_its_fork_reach_the_allowed_host_again() {
+    use crate::egress_secrets::{get_cell, https_server};
+    if !runsc2024_registered() {
+        return;
+    }
+    let pki = sandgate_node::test_pki::Pki::new("sandgate e2e resume-and-fork CA");
+    let (port, seen) = https_server(&pki, &["shop.sandgate.test"]).await;
+    let dir = std::env::temp_dir().join(format!("sandgate-resume-egress-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca_file = dir.join("test-ca.pem");
+    std::fs::write(&ca_file, pki.ca_pem()).unwrap();
+    let hosts = format!("shop.sandgate.test=127.0.0.1:{port}");
+    let database = support::fresh_database().await;
+    let _restores = crate::pause::RESTORES.read().await;
+    let plain = plain_dir();
+    let store = StoreDir::new();
+    let mut env = pausing_env(&plain, &store);
+    env.push(("SANDGATE_EGRESS__TEST_HOSTS", &hosts));
+    env.push(("SANDGATE_EGRESS__TEST_CA_FILE", ca_file.to_str().unwrap()));
+    let gateway = Gateway::start(&database, &env).await;
+    let tenant = gateway.create_tenant().await;
+    let rule = format!("shop.sandgate.test:{port}");
+    gateway
+        .cli(&["admin", "tenant", "egress", &tenant, "--allow", &rule])
+        .await;
+    let value = format!("shpat_{}", uuid::Uuid::new_v4().simple());
+    gateway
+        .cli_stdin(
+            &[
+                "admin",
+                "tenant",
+                "secret",
+                "set",
+                &tenant,
+                "SHOP_TOKEN",
+                "--host",
+                "shop.sandgate.test",
+                "--header",
+                "authorization",
+            ],
+            &value,
+        )
+        .await;
+    let client = Client::connect(
+        &gateway.mcp_url(),
+        &gateway.token(&tenant).await,
+        Era::Stateless,
+    )
+    .await
+    .expect("client connects");
+    let conversation = format!("conv-{}", uuid::Uuid::new_v4().simple());
+    let url = format!("https://shop.sandgate.test:{port}/echo");
+    // A cell that fetches with the placeholder `tok` (an expression) and prints it.
+    let fetch_with = |tok: &str| {
+        let fetch = get_cell(&url, "{'Authorization': 'Bearer ' + tok}", "True").replacen(
+            "tok = os.environ.get('SHOP_TOKEN', '')",
+            &format!("tok = {tok}"),
+            1,
+        );
+        format!("{fetch}print('TOKEN', tok)\n")
+    };
+    // The kernel's placeholder now, kept in `kept`.
+    let fetch = format!("{}kept = tok\n", fetch_with("os.environ['SHOP_TOKEN']"));
+    let stdout = |result: &Value| result["stdout"].as_str().unwrap_or_default().to_owned();
+    let last_head = || {
+        seen.lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap_or_default()
+            .to_lowercase()
+    };
+    let filled = format!("authorization: bearer {}", value.to_lowercase());
+
+    let first = cell(&client, &conversation, &fetch).await;
+    let source = first["sandbox_id"].as_str().expect("an id").to_owned();
+    let out = stdout(&first);
+    let placeholder = out
+        .lines()
+        .find_map(|l| l.strip_prefix("TOKEN "))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        out.starts_with("STATUS 200") && placeholder.starts_with("sgp_"),
+        "before the pause the fetch goes through: {out}"
+    );
+    assert!(last_head().contains(&filled), "the value was filled in");
+
+    until_paused(&gateway.instance, &store).await;
+    let requests = seen.lock().unwrap().len();
+    let resumed = cell(&client, &conversation, &fetch).await;
+    let out = stdout(&resumed);
+    assert!(
+        resumed["resumed"]["paused_seconds"].as_f64().is_some(),
+        "the sandbox was resumed: {resumed}"
+    );
+    assert!(
+        out.starts_with("STATUS 200")
+            && out.contains(&format!("ECHO Bearer {placeholder}"))
+            && out.contains(&format!("TOKEN {placeholder}")),
+        "a resumed sandbox keeps its placeholder and reaches the host: {out}"
+    );
+    assert_eq!(seen.lock().unwrap().len(), requests + 1, "one more request");
+    assert!(
+        last_head().contains(&filled),
+        "the resumed sandbox's request got the value"
+    );
+    assert!(!out.contains(&value), "never the value: {out}");
+
+    let forked = client
+        .ok("fork_sandbox", json!({"conversation_id": conversation}))
+        .await;
+    let fork = forked.structured["sandbox_id"]
+        .as_str()
+        .expect("the fork's id")
+        .to_owned();
+    assert_ne!(fork, source, "a fork has a new id: {}", forked.text);
+    let in_fork = |code: String| {
+        let client = &client;
+        let fork = fork.clone();
+        async move {
+            client
+                .ok(
+                    "execute_code",
+                    json!({"sandbox_id": fork, "code": code, "timeout_seconds": 180}),
+                )
+                .await
+                .structured
+        }
+    };
+    // The fork's environment holds a placeholder of its own; the source's, which the fork's
+    // memory holds too (`kept`), is not filled in for the fork.
+    let out = stdout(&in_fork("import os\nprint('ENV', os.environ['SHOP_TOKEN'])".into()).await);
+    let fork_placeholder = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ENV "))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        fork_placeholder.starts_with("sgp_") && fork_placeholder != placeholder,
+        "the fork gets a placeholder of its own: {out}"
+    );
+    let out = stdout(&in_fork(fetch_with("kept")).await);
+    assert!(
+        out.starts_with("STATUS 200") && out.contains(&format!("TOKEN {placeholder}")),
+        "the fork reaches the host, verifying its own CA: {out}"
+    );
+    assert!(
+        last_head().contains(&format!("authorization: bearer {placeholder}")),
+        "the source's placeholder is not filled in for the fork: {}",
+        last_head()
+    );
+    let out = stdout(&in_fork(fetch_with("os.environ['SHOP_TOKEN']")).await);
+    assert!(
+        out.starts_with("STATUS 200")
+            && out.contains(&format!("ECHO Bearer {fork_placeholder}"))
+            && !out.contains(&value),
+        "the fork's own placeholder goes through, redacted on the way back: {out}"
+    );
+    assert!(
+        last_head().contains(&filled),
+        "the fork's placeholder is filled in: {}",
+        last_head()
+    );
+    support::remove_containers_of(&gateway.instance);
+    let _ = std::fs::remove_dir_all(&dir);
 }

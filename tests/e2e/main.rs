@@ -8,6 +8,7 @@ mod db_roles;
 mod db_tls;
 mod deploy;
 mod egress;
+mod egress_approval;
 mod egress_secrets;
 mod egress_split;
 mod endings;

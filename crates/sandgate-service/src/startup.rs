@@ -167,7 +167,12 @@ impl Services {
             std::time::Duration::from_secs(config.egress.connect_timeout_seconds),
             config.egress.sealer(config.only_loopback()),
             upstream_tls,
-        );
+        )
+        .with_approvals_page(format!(
+            "{}{}",
+            config.public_url(),
+            crate::egress::APPROVALS_PATH
+        ));
         let sandboxes = core.sandboxes.with_egress(egress);
         // The calls run here (a node runs none), and other replicas' consoles may interrupt them.
         sandboxes.listen_for_interrupts(background_stop.clone(), &background);

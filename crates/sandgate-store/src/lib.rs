@@ -18,6 +18,7 @@ pub mod clients;
 pub mod conversations;
 pub mod downloads;
 pub mod egress;
+pub mod egress_approvals;
 pub mod erasure;
 pub mod grants;
 pub mod hygiene;

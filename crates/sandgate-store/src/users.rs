@@ -16,6 +16,9 @@ pub enum Role {
     Viewer,
     /// May also run cells and commands and move files in the tenant's sandboxes.
     Takeover,
+    /// May also approve or deny the hosts a conversation's sandbox asked for outside the
+    /// tenant's egress policy (`crate::egress_approvals`).
+    Approver,
 }
 
 impl Role {
@@ -24,6 +27,7 @@ impl Role {
         match self {
             Role::Viewer => "viewer",
             Role::Takeover => "takeover",
+            Role::Approver => "approver",
         }
     }
 
@@ -32,8 +36,16 @@ impl Role {
         match s {
             "viewer" => Some(Role::Viewer),
             "takeover" => Some(Role::Takeover),
+            "approver" => Some(Role::Approver),
             _ => None,
         }
+    }
+}
+
+impl Role {
+    /// Whether the role may run code and move files (the takeover role's rights).
+    pub fn may_act(self) -> bool {
+        matches!(self, Role::Takeover | Role::Approver)
     }
 }
 

@@ -177,8 +177,8 @@ enum TenantCommand {
         max_wheel_mb: Option<Setting<i32>>,
     },
     /// Show or change a tenant's egress policy: the hosts its sandboxes may reach (off until a
-    /// host is allowed). Prints the policy in force. No connection leaves a sandbox yet: the
-    /// sandbox-side proxy and the relay are still to come.
+    /// host is allowed), through the proxy the agent serves in the sandbox and the relay to the
+    /// gateway. Prints the policy in force.
     Egress {
         /// The tenant id.
         tenant: uuid::Uuid,
@@ -198,8 +198,13 @@ enum TenantCommand {
         /// A budget of the hosts of this command's --allow: most bytes (both ways) per day.
         #[arg(long, value_name = "BYTES")]
         bytes_per_day: Option<i64>,
+        /// Whether a host outside the policy that a sandbox asks for becomes a request a person
+        /// with the `approver` role may approve for that sandbox in the console (`on`/`off`;
+        /// off by default; `off` also ends pending requests and standing approvals).
+        #[arg(long, value_name = "on|off", value_parser = on_off)]
+        approvals: Option<bool>,
         /// Only show the policy (the default when nothing else is given).
-        #[arg(long, conflicts_with_all = ["deny_all", "allow", "remove"])]
+        #[arg(long, conflicts_with_all = ["deny_all", "allow", "remove", "approvals"])]
         show: bool,
     },
     /// Manage a tenant's secrets: values the egress component will put into the named headers of
@@ -325,12 +330,13 @@ enum UserCommand {
         email: String,
     },
     /// Set a user's console role: `viewer` reads the tenant's conversations, `takeover` may
-    /// also run code and move files in its sandboxes.
+    /// also run code and move files in its sandboxes, `approver` may also approve hosts a
+    /// conversation's sandbox asked for outside the egress policy (`tenant egress --approvals`).
     Role {
         /// Login email.
         #[arg(long)]
         email: String,
-        /// `viewer` or `takeover`.
+        /// `viewer`, `takeover` or `approver`.
         #[arg(long, value_parser = user_role)]
         role: admin::UserRole,
     },
@@ -351,8 +357,16 @@ enum UserCommand {
     },
 }
 
+fn on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("{s:?}: give on or off")),
+    }
+}
+
 fn user_role(s: &str) -> Result<admin::UserRole, String> {
-    admin::UserRole::parse(s).ok_or_else(|| format!("{s:?}: give viewer or takeover"))
+    admin::UserRole::parse(s).ok_or_else(|| format!("{s:?}: give viewer, takeover or approver"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -715,6 +729,7 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
             remove,
             connections_per_minute,
             bytes_per_day,
+            approvals,
             show: _,
         }) => {
             let change = egress::admin::EgressChange {
@@ -723,9 +738,10 @@ async fn run_admin(command: Admin, config: Config) -> anyhow::Result<()> {
                 remove,
                 connections_per_minute,
                 bytes_per_day,
+                approvals,
             };
-            let rules = egress::admin::set_egress(&config, tenant, &change).await?;
-            println!("{}", egress::admin::render_egress(&rules));
+            let policy = egress::admin::set_egress(&config, tenant, &change).await?;
+            println!("{}", egress::admin::render_egress(&policy));
         }
         Admin::Tenant(TenantCommand::Secret(command)) => run_secret(command, &config).await?,
         Admin::Tenant(TenantCommand::Purge { tenant }) => {

@@ -471,13 +471,34 @@ pub async fn confirm(
         Ok(ok) => ok,
         Err(r) => return r,
     };
+    reconfirmed(
+        &state,
+        &extensions,
+        &headers,
+        &session,
+        form.password,
+        &conversation_url(&conversation),
+    )
+    .await
+}
+
+/// Checks `session`'s password again (under the sign-in limits) and sends the browser `back`,
+/// or says why not.
+pub(super) async fn reconfirmed(
+    state: &AppState,
+    extensions: &axum::http::Extensions,
+    headers: &HeaderMap,
+    session: &Session,
+    password: String,
+    back: &str,
+) -> Response {
     let peer = extensions
         .get::<ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0);
-    let address = ClientAddress::resolve(peer, &headers, &state.config.http.client_address_header);
+    let address = ClientAddress::resolve(peer, headers, &state.config.http.client_address_header);
     let app = state.oauth_app();
-    match session::reconfirm(&app, &headers, address, &session, form.password).await {
-        Ok(()) => see_other(&conversation_url(&conversation)),
+    match session::reconfirm(&app, headers, address, session, password).await {
+        Ok(()) => see_other(back),
         Err(session::Unconfirmed::Wrong) => error_page(
             StatusCode::UNAUTHORIZED,
             "Wrong password",

@@ -19,6 +19,9 @@
 //! `sandbox=""` frame under that policy. Forms carry the session's CSRF token; actions also
 //! refuse a cross-site `Origin` / `Sec-Fetch-Site`.
 //!
+//! - [`approvals`]: the hosts a sandbox asked for outside the tenant's egress policy, which a
+//!   user with the `approver` role approves or denies for that sandbox (off unless the tenant's
+//!   policy turns approvals on).
 //! - [`takeover`]: "take over in a copy" (the sandbox forked into a conversation of its own,
 //!   the bot's left alone), resuming a paused sandbox, and the console's file download (bound
 //!   to the signed-in user's tenant, as every other console URL).
@@ -39,6 +42,7 @@ use crate::AppState;
 use crate::oauth::{html as oauth_html, session};
 
 pub mod act;
+pub mod approvals;
 pub mod pages;
 pub mod takeover;
 
@@ -62,6 +66,12 @@ pub mod paths {
     pub const RESUME: &str = "/console/resume";
     /// Downloads a file of the conversation's sandbox (`?conversation=&path=`).
     pub const FILE: &str = "/console/file";
+    /// The tenant's requests for hosts outside its egress policy (`?id=` puts one on top).
+    pub const EGRESS: &str = sandgate_service::egress::APPROVALS_PATH;
+    /// Approves or denies one (POST form).
+    pub const EGRESS_DECIDE: &str = "/console/egress/decide";
+    /// Confirms the password again, back to the requests (POST form).
+    pub const EGRESS_CONFIRM: &str = "/console/egress/confirm";
 }
 
 /// How long after proving their password a user may run code.
@@ -100,6 +110,9 @@ pub fn routes(max_upload_bytes: usize) -> Router<AppState> {
         .route(paths::FORK, post(takeover::fork))
         .route(paths::RESUME, post(takeover::resume))
         .route(paths::FILE, get(takeover::file))
+        .route(paths::EGRESS, get(approvals::list))
+        .route(paths::EGRESS_DECIDE, post(approvals::decide))
+        .route(paths::EGRESS_CONFIRM, post(approvals::confirm))
         .layer(DefaultBodyLimit::max(MAX_FORM_BYTES));
     let uploads = Router::new()
         .route(paths::UPLOAD, post(act::upload))
@@ -233,7 +246,7 @@ fn from_our_pages(public: &str, headers: &HeaderMap) -> bool {
 
 /// Why the user may not act now (the role, then a recent sign-in); `None` when they may.
 pub fn refusal_to_act(session: &Session) -> Option<Response> {
-    if session.role != crate::admin::UserRole::Takeover {
+    if !session.role.may_act() {
         return Some(error_page(
             StatusCode::FORBIDDEN,
             "Read only",

@@ -76,7 +76,7 @@ pub async fn list(
                 }
             }
             @if lines.is_empty() { p.muted #no-conversations { "No conversations found." } }
-            p.muted { a href=(crate::oauth::paths::APPS) { "Connected apps" } " · " a href=(crate::oauth::paths::TRANSCRIPTS) { "Transcripts" } }
+            p.muted { a href=(crate::oauth::paths::APPS) { "Connected apps" } " · " a href=(crate::oauth::paths::TRANSCRIPTS) { "Transcripts" } " · " a #egress-requests href=(paths::EGRESS) { "Egress requests" } }
         }
     };
     page(
@@ -221,7 +221,7 @@ pub async fn conversation(
 /// sandbox, or "take over in a copy" (fork it into a conversation of its own and work there,
 /// leaving the bot's sandbox untouched). Nothing for a reader, or without a sandbox.
 pub fn takeover_options(session: &Session, id: &str, found: &Found) -> Markup {
-    let takeover = session.role == crate::admin::UserRole::Takeover;
+    let takeover = session.role.may_act();
     let Some(row) = found.live.as_ref().filter(|_| takeover) else {
         return html! {};
     };
@@ -247,7 +247,7 @@ pub fn takeover_options(session: &Session, id: &str, found: &Found) -> Markup {
 
 /// The run, interrupt and confirm forms (or why there are none).
 fn act_card(session: &Session, id: &str) -> Markup {
-    let takeover = session.role == crate::admin::UserRole::Takeover;
+    let takeover = session.role.may_act();
     let recent = chrono::Utc::now() - session.authenticated_at <= RECENT_SIGN_IN;
     html! {
         div.card #act {
@@ -333,7 +333,7 @@ async fn files_of(
 }
 
 fn files_card(session: &Session, id: &str, files: &[FileLine], live: bool) -> Markup {
-    let takeover = session.role == crate::admin::UserRole::Takeover;
+    let takeover = session.role.may_act();
     let upload = url::form_urlencoded::Serializer::new(String::new())
         .append_pair("conversation", id)
         .finish();

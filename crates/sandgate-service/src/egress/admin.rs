@@ -3,6 +3,7 @@
 //! transaction with the tenant locked, and audited (`sandgate admin audit`) without a value.
 
 use sandgate_store::egress::{self, EgressRule, SealedSecret, SecretInfo};
+use sandgate_store::egress_approvals as approvals;
 use sandgate_store::{audit, tenants};
 use uuid::Uuid;
 
@@ -27,23 +28,38 @@ pub struct EgressChange {
     pub connections_per_minute: Option<i32>,
     /// The budget of the rules added: most bytes (both ways) per day.
     pub bytes_per_day: Option<i64>,
+    /// Turn the approval of hosts outside the policy on or off (`None`: leave it).
+    pub approvals: Option<bool>,
+}
+
+/// A tenant's egress policy as in force.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressPolicy {
+    /// The allowed hosts (empty: no route out).
+    pub rules: Vec<EgressRule>,
+    /// Whether a host outside them may be approved for a sandbox by a person
+    /// (`sandgate_store::egress_approvals`).
+    pub approvals: bool,
 }
 
 impl EgressChange {
     /// Whether it changes nothing (the policy is only shown).
     pub fn is_empty(&self) -> bool {
-        !self.deny_all && self.allow.is_empty() && self.remove.is_empty()
+        !self.deny_all
+            && self.allow.is_empty()
+            && self.remove.is_empty()
+            && self.approvals.is_none()
     }
 }
 
-/// Applies `change` to `tenant`'s egress policy and returns the rules in force. Every rule is
+/// Applies `change` to `tenant`'s egress policy and returns the policy in force. Every rule is
 /// checked before anything is stored; a change is audited with what it did.
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant))]
 pub async fn set_egress(
     config: &Config,
     tenant: Uuid,
     change: &EgressChange,
-) -> Result<Vec<EgressRule>, AdminError> {
+) -> Result<EgressPolicy, AdminError> {
     let budget = |name: &str, ok: bool| {
         (!ok).then(|| AdminError::InvalidLimit(format!("--{name} must be at least 1")))
     };
@@ -90,6 +106,20 @@ pub async fn set_egress(
         egress::put_rule(&mut tx, tenant, rule).await?;
         done.push(format!("allow {}", render_rule(rule)));
     }
+    if let Some(on) = change.approvals {
+        if on != approvals::approvals_on(&mut tx, tenant).await? {
+            approvals::set_approvals(&mut tx, tenant, on).await?;
+            done.push(format!("approvals {}", if on { "on" } else { "off" }));
+        }
+        if !on {
+            let ended = approvals::withdraw_all(&mut tx, tenant).await?;
+            if ended > 0 {
+                done.push(format!(
+                    "{ended} pending request(s) and standing approval(s) ended"
+                ));
+            }
+        }
+    }
     if !done.is_empty() {
         audit::record_change(
             &mut tx,
@@ -101,8 +131,9 @@ pub async fn set_egress(
         .await?;
     }
     let rules = egress::rules(&mut tx, tenant).await?;
+    let approvals = approvals::approvals_on(&mut tx, tenant).await?;
     tx.commit().await?;
-    Ok(rules)
+    Ok(EgressPolicy { rules, approvals })
 }
 
 /// Locks the tenant's row for the transaction; refuses a tenant that does not exist.
@@ -126,9 +157,16 @@ fn render_rule(rule: &EgressRule) -> String {
 }
 
 /// Renders a tenant's egress policy for the operator.
-pub fn render_egress(rules: &[EgressRule]) -> String {
+pub fn render_egress(policy: &EgressPolicy) -> String {
+    let rules = &policy.rules;
     if rules.is_empty() {
-        return "no egress: the tenant's sandboxes have no route out".to_owned();
+        let mut out = "no egress: the tenant's sandboxes have no route out".to_owned();
+        if policy.approvals {
+            out.push_str(
+                "\napprovals: on, but without a rule no sandbox has the proxy to ask through",
+            );
+        }
+        return out;
     }
     let mut out = format!(
         "{:<40} {:>5} {:>16} {:>16}",
@@ -144,6 +182,12 @@ pub fn render_egress(rules: &[EgressRule]) -> String {
             or_none(rule.bytes_per_day.map(|n| n.to_string())),
         ));
     }
+    out.push_str(if policy.approvals {
+        "\napprovals: on (a host outside these rules that a sandbox asks for can be approved for \
+         that sandbox by a user with the approver role, on the console's egress page)"
+    } else {
+        "\napprovals: off"
+    });
     out
 }
 

@@ -7,9 +7,12 @@
 //! [`EgressService`] (the egress component, in the gateway's process) decides, dials, budgets and
 //! audits the CONNECTs the agent's loopback proxy relays over the sandbox's channel: a plain
 //! tunnel, or for a host a secret is bound to, an interception that puts the secret's value
-//! where the sandbox's placeholder is ([`intercept`]).
+//! where the sandbox's placeholder is ([`intercept`]). A tenant may have a host outside its
+//! policy approved for one sandbox by a person ([`APPROVALS_PATH`],
+//! `sandgate_store::egress_approvals`).
 
 pub mod admin;
+pub mod approvals;
 mod intercept;
 pub mod metrics;
 mod relay;
@@ -18,7 +21,11 @@ mod secrets;
 pub mod target;
 
 pub use intercept::upstream_config;
-pub use relay::{CallNotes, EgressService};
+pub use relay::{APPROVAL_HOLDS_FOR, CallNotes, EgressService};
+
+/// The console's page of a tenant's requests for hosts outside its egress policy (approved or
+/// denied there by a user with the `approver` role); a request's link adds `?id=<uuid>`.
+pub const APPROVALS_PATH: &str = "/console/egress";
 pub use rules::{HostPattern, RuleError, parse_rule};
 pub use secrets::{
     DEVELOPMENT_SECRETS_KEY, MAX_VALUE_BYTES, SecretBinding, SecretError, SecretSealer,

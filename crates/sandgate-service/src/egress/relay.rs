@@ -33,7 +33,8 @@ use uuid::Uuid;
 use super::intercept::{Interception, OpenSecret, SandboxCa};
 use super::rules::HostPattern;
 use super::secrets::SecretSealer;
-use super::target::{CheckedTarget, TargetCheck};
+use super::target::{CheckedTarget, TargetCheck, TargetError};
+use sandgate_store::egress_approvals as approvals;
 
 /// The most CONNECTs one sandbox may make per minute (made or refused), and at once in a burst:
 /// past them a CONNECT is answered 429 without reading the policy, and only the first such
@@ -45,6 +46,12 @@ const CONNECTS_BURST: u32 = 60;
 /// How many sandboxes' egress state (CA, what was delivered) a process keeps; the least recently
 /// used beyond it are forgotten (a forgotten sandbox gets a new CA and its variables again).
 const SANDBOXES_KEPT: usize = 65_536;
+
+/// How long a request for a person's approval of a host stays open.
+const APPROVAL_PENDING_FOR: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+
+/// How long a person's approval (or denial) of a host for a sandbox holds.
+pub const APPROVAL_HOLDS_FOR: chrono::TimeDelta = chrono::TimeDelta::hours(24);
 
 /// The egress component of one process. Cheap to clone.
 #[derive(Clone)]
@@ -68,6 +75,9 @@ struct Inner {
     /// Per sandbox: the minute whose refusals over the rate were last audited (one row a
     /// minute says they happened; the rest are counted in the metrics only).
     rate_audited: Mutex<lru::LruCache<String, i64>>,
+    /// The console's page of approvals (`<public_url>/console/egress`), named in the refusals
+    /// of tenants with approvals on; `None`: no console here, no requests are made.
+    approvals_page: Option<String>,
 }
 
 /// One sandbox's egress state in this process.
@@ -125,8 +135,110 @@ impl EgressService {
                     )
                     .allow_burst(std::num::NonZeroU32::new(CONNECTS_BURST).expect("not zero")),
                 ),
+                approvals_page: None,
             }),
         }
+    }
+
+    /// This component, naming `page` (the console's approvals page, an absolute URL) in the
+    /// refusals of hosts a person of the tenant may approve.
+    #[must_use]
+    pub fn with_approvals_page(self, page: String) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|_| {
+            unreachable!("with_approvals_page is called before the component is shared")
+        });
+        Self {
+            inner: Arc::new(Inner {
+                approvals_page: Some(page),
+                ..inner
+            }),
+        }
+    }
+
+    /// The tenant's rules, and the hosts approved for `sandbox_id` as rules without budgets.
+    async fn rules_for(
+        &self,
+        tenant: Uuid,
+        sandbox_id: &str,
+    ) -> Result<Vec<EgressRule>, sandgate_store::StoreError> {
+        let mut conn = self.inner.db.acquire().await?;
+        let mut rules = sandgate_store::egress::rules(&mut conn, tenant).await?;
+        if self.inner.approvals_page.is_some() {
+            for (host, port) in approvals::approved(&mut conn, tenant, sandbox_id).await? {
+                if !rules.iter().any(|r| r.host == host && r.port == port) {
+                    rules.push(EgressRule {
+                        host,
+                        port,
+                        connections_per_minute: None,
+                        bytes_per_day: None,
+                    });
+                }
+            }
+        }
+        Ok(rules)
+    }
+
+    /// The refusal of `host:port` (not in the policy, `refused` says so) when the tenant has
+    /// approvals on: the request's link first (a client may show only the first 200
+    /// characters), or why there is none. `None` when approvals are off.
+    async fn approval_text(
+        &self,
+        tenant: Uuid,
+        sandbox_id: &str,
+        host: &str,
+        port: u16,
+        refused: &str,
+    ) -> Option<String> {
+        let page = self.inner.approvals_page.as_ref()?;
+        let asked = async {
+            let mut conn = self.inner.db.acquire().await?;
+            if !approvals::approvals_on(&mut conn, tenant).await? {
+                return Ok(None);
+            }
+            approvals::request(
+                &mut conn,
+                tenant,
+                sandbox_id,
+                host,
+                i32::from(port),
+                APPROVAL_PENDING_FOR,
+            )
+            .await
+            .map(|made| Some(made.ok_or(())))
+        };
+        let until = |t: chrono::DateTime<Utc>| t.format("%Y-%m-%d %H:%M UTC").to_string();
+        let text = match asked.await {
+            Ok(None) => return None,
+            Ok(Some(Ok(request))) => match request.state {
+                approvals::ApprovalState::Pending => format!(
+                    "awaiting approval at {page}?id={}: {host}:{port} is not in this tenant's \
+                     egress policy; a person of the tenant with the approver role can approve it \
+                     for this sandbox until {} (nothing was resolved)",
+                    request.id,
+                    until(request.expires_at)
+                ),
+                approvals::ApprovalState::Denied => format!(
+                    "{host}:{port} was denied for this sandbox by a person of this tenant (until \
+                     {}); {refused}",
+                    until(request.expires_at)
+                ),
+                // Approved since this connection's rules were read: the next one goes through.
+                approvals::ApprovalState::Approved => {
+                    format!("{host}:{port} was approved for this sandbox just now: try again")
+                }
+            },
+            Ok(Some(Err(()))) => format!(
+                "{refused}; this sandbox has {} requests for approval waiting already: no new \
+                 one was made",
+                approvals::MAX_PENDING_PER_SANDBOX
+            ),
+            Err(err) => {
+                let err: sandgate_store::StoreError = err;
+                tracing::error!(%err, "egress: the approval request could not be recorded");
+                format!("{refused}; the request for a person's approval could not be recorded now")
+            }
+        };
+        Some(text)
     }
 
     /// The handler of one call's CONNECTs in `sandbox_id` of `tenant`.
@@ -468,7 +580,7 @@ impl CallEgress {
             .take(300)
             .map(|c| if c.is_ascii_graphic() { c } else { '?' })
             .collect();
-        let rules = match self.service.rules(self.tenant).await {
+        let rules = match self.service.rules_for(self.tenant, &self.sandbox_id).await {
             Ok(rules) => rules,
             Err(err) => {
                 tracing::error!(%err, "egress rules unreadable");
@@ -479,7 +591,16 @@ impl CallEgress {
         let target = match self.service.inner.check.check(authority, &rules).await {
             Ok(target) => target,
             Err(err) => {
-                return Err(self.refuse(started, &shown, Outcome::Refused, 403, err.to_string()));
+                let mut text = err.to_string();
+                if let TargetError::NotAllowed { host, port } = &err
+                    && let Some(asked) = self
+                        .service
+                        .approval_text(self.tenant, &self.sandbox_id, host, *port, &text)
+                        .await
+                {
+                    text = asked;
+                }
+                return Err(self.refuse(started, &shown, Outcome::Refused, 403, text));
             }
         };
         let rule_name = format!("{}:{}", target.rule.host, target.rule.port);

@@ -2,6 +2,7 @@
 
 mod audit;
 mod egress;
+mod egress_approvals;
 mod nodes;
 mod pauses;
 mod quotas;

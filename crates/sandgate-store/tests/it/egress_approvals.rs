@@ -1,0 +1,226 @@
+//! Hosts approved by a person for one sandbox, against real Postgres: a request is per sandbox,
+//! host and port (asking again returns it), capped per sandbox, decided once, only by its
+//! tenant, and lets through only its own sandbox until it expires.
+
+use chrono::{Duration, Utc};
+use sandgate_store::egress_approvals::{self as approvals, ApprovalState, MAX_PENDING_PER_SANDBOX};
+use sandgate_store::sandboxes::{self, NewLease};
+use sandgate_store::tenants;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::support::TestDb;
+
+async fn leased(conn: &mut PgConnection, id: &str, tenant: Uuid, conversation: &str) {
+    let lease = NewLease {
+        tenant_id: tenant,
+        conversation_id: Some(conversation),
+        idle_timeout_seconds: 60,
+        expires_at: Utc::now() + Duration::hours(1),
+        grant_id: None,
+    };
+    sandboxes::insert_leased(conn, id, "default", &format!("ctr_{id}"), "node1", &lease)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let acme = tenants::create(&mut conn, "acme").await.unwrap().id;
+    let other = tenants::create(&mut conn, "other").await.unwrap().id;
+    crate::nodes::live_node(&mut conn, "node1").await;
+    leased(&mut conn, "sbx_a", acme, "ticket-1").await;
+    leased(&mut conn, "sbx_b", acme, "ticket-2").await;
+    leased(&mut conn, "sbx_o", other, "ticket-9").await;
+
+    assert!(
+        !approvals::approvals_on(&mut conn, acme).await.unwrap(),
+        "off by default"
+    );
+    approvals::set_approvals(&mut conn, acme, true)
+        .await
+        .unwrap();
+    assert!(approvals::approvals_on(&mut conn, acme).await.unwrap());
+    assert!(
+        !approvals::approvals_on(&mut conn, other).await.unwrap(),
+        "per tenant"
+    );
+
+    let hour = Duration::hours(1);
+    let first = approvals::request(&mut conn, acme, "sbx_a", "api.x.test", 443, hour)
+        .await
+        .unwrap()
+        .expect("a request");
+    assert_eq!(first.state, ApprovalState::Pending);
+    assert_eq!(first.conversation_id.as_deref(), Some("ticket-1"));
+    let again = approvals::request(&mut conn, acme, "sbx_a", "api.x.test", 443, hour)
+        .await
+        .unwrap()
+        .expect("the same request");
+    assert_eq!(
+        again.id, first.id,
+        "asking again returns the standing request"
+    );
+    // Another tenant cannot ask on this tenant's sandbox.
+    assert!(
+        approvals::request(&mut conn, other, "sbx_a", "api.x.test", 443, hour)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    // Another tenant neither sees nor decides it.
+    assert!(
+        approvals::get(&mut conn, other, first.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        approvals::list(&mut conn, other, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        approvals::decide(&mut conn, other, first.id, true, "user:x", hour)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        approvals::approved(&mut conn, acme, "sbx_a")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    let decided = approvals::decide(&mut conn, acme, first.id, true, "user:a@acme.test", hour)
+        .await
+        .unwrap()
+        .expect("decided");
+    assert_eq!(decided.state, ApprovalState::Approved);
+    assert_eq!(decided.decided_by.as_deref(), Some("user:a@acme.test"));
+    assert!(
+        approvals::decide(&mut conn, acme, first.id, false, "user:b@acme.test", hour)
+            .await
+            .unwrap()
+            .is_none(),
+        "a decision is made once"
+    );
+    assert_eq!(
+        approvals::approved(&mut conn, acme, "sbx_a").await.unwrap(),
+        vec![("api.x.test".to_owned(), 443)]
+    );
+    assert!(
+        approvals::approved(&mut conn, acme, "sbx_b")
+            .await
+            .unwrap()
+            .is_empty(),
+        "another sandbox of the tenant is not let through"
+    );
+    assert!(
+        approvals::approved(&mut conn, acme, "sbx_a")
+            .await
+            .unwrap()
+            .len()
+            == 1
+    );
+
+    // A denial stands; after it expires, asking again makes a pending request.
+    let denied = approvals::request(&mut conn, acme, "sbx_b", "api.y.test", 8443, hour)
+        .await
+        .unwrap()
+        .unwrap();
+    approvals::decide(&mut conn, acme, denied.id, false, "user:a@acme.test", hour)
+        .await
+        .unwrap()
+        .unwrap();
+    let standing = approvals::request(&mut conn, acme, "sbx_b", "api.y.test", 8443, hour)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(standing.state, ApprovalState::Denied);
+    sqlx::query(
+        "UPDATE egress_approvals SET expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(denied.id)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    let asked_again = approvals::request(&mut conn, acme, "sbx_b", "api.y.test", 8443, hour)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(asked_again.state, ApprovalState::Pending);
+    assert!(asked_again.decided_by.is_none());
+
+    // An expired approval lets nothing through.
+    sqlx::query(
+        "UPDATE egress_approvals SET expires_at = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(first.id)
+    .execute(&mut *conn)
+    .await
+    .unwrap();
+    assert!(
+        approvals::approved(&mut conn, acme, "sbx_a")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // The cap: past it, no new request for the sandbox.
+    for n in 0..MAX_PENDING_PER_SANDBOX {
+        let host = format!("h{n}.flood.test");
+        assert!(
+            approvals::request(&mut conn, acme, "sbx_o2", &host, 443, hour)
+                .await
+                .unwrap()
+                .is_none(),
+            "no such sandbox: no request"
+        );
+        approvals::request(&mut conn, acme, "sbx_a", &host, 443, hour)
+            .await
+            .unwrap()
+            .expect("under the cap");
+    }
+    assert!(
+        approvals::request(&mut conn, acme, "sbx_a", "one-more.flood.test", 443, hour)
+            .await
+            .unwrap()
+            .is_none(),
+        "past the cap"
+    );
+    // The list puts the pending first.
+    let listed = approvals::list(&mut conn, acme, 500).await.unwrap();
+    assert_eq!(listed.len() as i64, MAX_PENDING_PER_SANDBOX + 2);
+    assert!(listed[0].state == ApprovalState::Pending);
+
+    // Withdrawn: nothing pending or approved stands.
+    approvals::set_approvals(&mut conn, acme, false)
+        .await
+        .unwrap();
+    let ended = approvals::withdraw_all(&mut conn, acme).await.unwrap();
+    assert_eq!(ended as i64, MAX_PENDING_PER_SANDBOX + 1);
+    let now = Utc::now();
+    assert!(
+        approvals::list(&mut conn, acme, 500)
+            .await
+            .unwrap()
+            .iter()
+            .all(|a| !a.current(now + Duration::seconds(1)) || a.state == ApprovalState::Denied)
+    );
+
+    // The rows go with their sandbox.
+    sqlx::query("DELETE FROM sandboxes WHERE id = 'sbx_a'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        approvals::list(&mut conn, acme, 500).await.unwrap().len(),
+        1
+    );
+}

@@ -90,6 +90,9 @@ async fn purge_once(db: &PgPool, default_seconds: i64) -> Result<u64, StoreError
     // MCP session states whose session ended (closed, expired, refused at the cap); ten minutes
     // old at least, so that a state saved just before its binding is never taken for one.
     sandgate_store::mcp_session_states::purge_unbound(&mut conn, 600).await?;
+    // Requests for egress hosts a day after they ran out (their decisions stay in the audit
+    // trail, under its own retention).
+    sandgate_store::egress_approvals::purge_expired(&mut conn, 86_400).await?;
     Ok(purged)
 }
 
@@ -129,6 +132,8 @@ pub struct Purged {
     /// Paused sandboxes closed, their snapshots deleted (rows, and the store's objects where
     /// a snapshot store is configured).
     pub snapshots_deleted: u64,
+    /// Requests for hosts outside the egress policy (and their decisions) deleted.
+    pub egress_requests: u64,
 }
 
 /// Containers of a purged tenant that their node could not remove now. Their rows are ended,
@@ -159,6 +164,12 @@ pub fn render_purged(purged: &Purged) -> String {
         purged.snapshots_deleted,
         purged.containers_removed
     );
+    if purged.egress_requests > 0 {
+        out.push_str(&format!(
+            "\ndeleted {} requests for egress hosts (and their decisions)",
+            purged.egress_requests
+        ));
+    }
     for left in &purged.containers_left {
         let node = match (&left.name, left.silent_seconds) {
             (Some(name), Some(silent)) => {
@@ -211,6 +222,8 @@ pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, Reten
     let snapshots_deleted = sandgate_store::snapshots::delete_of_tenant(&mut tx, tenant).await?;
     let stranded = sandboxes::lost_on_silent_nodes(&mut tx, tenant, lost_after).await?;
     let deleted = transcripts::purge_tenant(&mut tx, tenant).await?;
+    let egress_requests =
+        sandgate_store::egress_approvals::delete_of_tenant(&mut tx, tenant).await?;
     sandgate_store::commit(tx).await?;
     let paused_closed = paused.len();
     // A pausing one's container still ran; a paused one's is gone already.
@@ -251,6 +264,7 @@ pub async fn purge_tenant(config: &Config, tenant: Uuid) -> Result<Purged, Reten
     Ok(Purged {
         sandboxes_closed: ended.len() + paused_closed,
         snapshots_deleted,
+        egress_requests,
         containers_removed: removed,
         containers_left: left,
         transcripts: deleted,

@@ -293,3 +293,25 @@ pub async fn decide(
     .fetch_optional(conn)
     .await?)
 }
+
+/// Deletes every request of the tenant (`sandgate admin tenant purge`); how many.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn delete_of_tenant(conn: &mut PgConnection, tenant_id: Uuid) -> Result<u64, StoreError> {
+    let done = sqlx::query("DELETE FROM egress_approvals WHERE tenant_id = $1")
+        .bind(tenant_id)
+        .execute(conn)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Deletes the requests that ran out more than `seconds` ago (the purge job); how many.
+#[tracing::instrument(skip_all)]
+pub async fn purge_expired(conn: &mut PgConnection, seconds: i64) -> Result<u64, StoreError> {
+    let done = sqlx::query(
+        "DELETE FROM egress_approvals WHERE expires_at < now() - make_interval(secs => $1)",
+    )
+    .bind(seconds as f64)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}

@@ -155,7 +155,8 @@ impl EgressService {
         }
     }
 
-    /// The tenant's rules, and the hosts approved for `sandbox_id` as rules without budgets.
+    /// The tenant's rules, and the hosts approved for `sandbox_id` that no rule admits, as
+    /// rules without budgets.
     async fn rules_for(
         &self,
         tenant: Uuid,
@@ -165,7 +166,12 @@ impl EgressService {
         let mut rules = sandgate_store::egress::rules(&mut conn, tenant).await?;
         if self.inner.approvals_page.is_some() {
             for (host, port) in approvals::approved(&mut conn, tenant, sandbox_id).await? {
-                if !rules.iter().any(|r| r.host == host && r.port == port) {
+                // A rule of the policy that admits the name (added since) keeps it, with its
+                // budgets: an approval only adds what no rule admits.
+                let admitted = rules.iter().any(|r| {
+                    r.port == port && HostPattern::parse(&r.host).is_ok_and(|p| p.matches(&host))
+                });
+                if !admitted {
                     rules.push(EgressRule {
                         host,
                         port,

@@ -223,4 +223,20 @@ async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
         approvals::list(&mut conn, acme, 500).await.unwrap().len(),
         1
     );
+
+    // The purge job deletes what ran out long enough ago; a tenant's purge, the tenant's.
+    assert_eq!(approvals::purge_expired(&mut conn, 3600).await.unwrap(), 0);
+    approvals::request(&mut conn, acme, "sbx_b", "fresh.test", 443, hour)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(approvals::purge_expired(&mut conn, 0).await.unwrap(), 1);
+    assert_eq!(
+        approvals::delete_of_tenant(&mut conn, other).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        approvals::delete_of_tenant(&mut conn, acme).await.unwrap(),
+        1
+    );
 }

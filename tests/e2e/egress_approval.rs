@@ -65,7 +65,7 @@ fn request_id(refusal: &str) -> String {
 #[tokio::test]
 async fn a_person_approves_a_host_for_one_sandbox_and_the_bot_cannot() {
     let pki = sandgate_node::test_pki::Pki::new("sandgate e2e approval test CA");
-    let (port, _seen) = https_server(&pki, &["shop.sandgate.test", "extra.sandgate.test"]).await;
+    let (port, seen) = https_server(&pki, &["shop.sandgate.test", "extra.sandgate.test"]).await;
     let dir = std::env::temp_dir().join(format!("sandgate-approval-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir).unwrap();
     let ca_file = dir.join("test-ca.pem");
@@ -89,6 +89,26 @@ async fn a_person_approves_a_host_for_one_sandbox_and_the_bot_cannot() {
         policy.contains("approvals: off"),
         "off by default: {policy}"
     );
+    // A secret bound to the host that will be approved: an approval never sends it.
+    let value = format!("extra_{}", uuid::Uuid::new_v4().simple());
+    stack
+        .gateway
+        .cli_stdin(
+            &[
+                "admin",
+                "tenant",
+                "secret",
+                "set",
+                &tenant,
+                "EXTRA_TOKEN",
+                "--host",
+                "extra.sandgate.test",
+                "--header",
+                "authorization",
+            ],
+            &value,
+        )
+        .await;
     let token = stack.gateway.token(&tenant).await;
     let bot = Client::connect(&stack.gateway.mcp_url(), &token, Era::Stateless)
         .await
@@ -271,8 +291,22 @@ async fn a_person_approves_a_host_for_one_sandbox_and_the_bot_cannot() {
     chromium.quit().await;
 
     // That sandbox reaches the host; the other sandbox of the conversation's tenant does not.
-    let through = run(&bot, &a, &fetch(&extra)).await;
+    let through = run(
+        &bot,
+        &a,
+        &get_cell(
+            &extra,
+            "{'Authorization': 'Bearer ' + os.environ['EXTRA_TOKEN']}",
+            "False",
+        ),
+    )
+    .await;
     assert!(through.starts_with("STATUS 200"), "approved: {through}");
+    let head = seen.lock().unwrap().last().cloned().unwrap_or_default();
+    assert!(
+        head.to_lowercase().contains("authorization: bearer sgp_") && !head.contains(&value),
+        "a connection an approval admitted carries no secret: {head}"
+    );
     let other_sandbox = run(&bot, &b, &fetch(&extra)).await;
     assert!(
         other_sandbox.contains("403") && request_id(&other_sandbox) != id,
@@ -325,7 +359,8 @@ async fn a_person_approves_a_host_for_one_sandbox_and_the_bot_cannot() {
             && trail.contains(&format!(
                 "approved extra.sandgate.test:{port} for sandbox {a}"
             ))
-            && trail.contains(&format!("extra.sandgate.test:{port} via")))
+            && trail.contains(&format!("extra.sandgate.test:{port} via"))
+            && trail.contains(&format!("approved for this sandbox by user:{approver}")))
         .then_some(())
     })
     .await;

@@ -74,6 +74,18 @@ impl Approval {
     }
 }
 
+/// What asking for a host did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Asked {
+    /// The tenant has approvals off: no request.
+    Off,
+    /// The sandbox has [`MAX_PENDING_PER_SANDBOX`] pending already, or is not the tenant's:
+    /// no request.
+    Full,
+    /// The standing request (pending, approved or denied), or the new one.
+    Request(Approval),
+}
+
 /// The columns of an [`Approval`], in SQL.
 macro_rules! columns {
     () => {
@@ -126,10 +138,30 @@ pub async fn withdraw_all(conn: &mut PgConnection, tenant_id: Uuid) -> Result<u6
     Ok(done.rows_affected())
 }
 
+/// Ends the tenant's pending requests and standing approvals among `ids`; how many.
+#[tracing::instrument(skip_all, fields(tenant_id = %tenant_id))]
+pub async fn withdraw(
+    conn: &mut PgConnection,
+    tenant_id: Uuid,
+    ids: &[Uuid],
+) -> Result<u64, StoreError> {
+    let done = sqlx::query(
+        "UPDATE egress_approvals SET expires_at = now()
+         WHERE tenant_id = $1 AND id = ANY($2) AND state IN ('pending', 'approved')
+           AND expires_at > now()",
+    )
+    .bind(tenant_id)
+    .bind(ids)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// The sandbox's request for `host:port`: the standing one (pending, approved or denied), or a
-/// new pending one open for `pending_for` (an expired one is asked again), naming the
-/// sandbox's conversation. `None` when the sandbox already has [`MAX_PENDING_PER_SANDBOX`]
-/// pending, or is not the tenant's.
+/// new pending one open for `pending_for` (an expired one is asked again, under a new id, so
+/// an old link or page never decides it), naming the sandbox's conversation. The tenant's
+/// switch is read in the same transaction (shared lock: an `--approvals off` waits for it, or
+/// it for the switch).
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, sandbox_id = %sandbox_id, host = %host))]
 pub async fn request(
     conn: &mut PgConnection,
@@ -138,8 +170,19 @@ pub async fn request(
     host: &str,
     port: i32,
     pending_for: TimeDelta,
-) -> Result<Option<Approval>, StoreError> {
+) -> Result<Asked, StoreError> {
     let mut tx = conn.begin().await?;
+    let on = sqlx::query_scalar::<_, bool>(
+        "SELECT approvals FROM tenant_egress_settings WHERE tenant_id = $1 FOR SHARE",
+    )
+    .bind(tenant_id)
+    .fetch_optional(&mut *tx)
+    .await?
+    .unwrap_or(false);
+    if !on {
+        tx.commit().await?;
+        return Ok(Asked::Off);
+    }
     // One sandbox's requests are made one at a time (its row locked), so the cap holds.
     let Some(conversation_id) = sqlx::query_scalar::<_, Option<String>>(
         "SELECT conversation_id FROM sandboxes WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
@@ -149,7 +192,7 @@ pub async fn request(
     .fetch_optional(&mut *tx)
     .await?
     else {
-        return Ok(None);
+        return Ok(Asked::Full);
     };
     let existing = sqlx::query_as::<_, Approval>(concat!(
         "SELECT ",
@@ -166,7 +209,7 @@ pub async fn request(
     if let Some(standing) = existing.as_ref().filter(|a| a.current(Utc::now())) {
         let standing = standing.clone();
         tx.commit().await?;
-        return Ok(Some(standing));
+        return Ok(Asked::Request(standing));
     }
     let pending: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM egress_approvals
@@ -178,14 +221,15 @@ pub async fn request(
     .await?;
     if pending >= MAX_PENDING_PER_SANDBOX {
         tx.commit().await?;
-        return Ok(None);
+        return Ok(Asked::Full);
     }
     let made = sqlx::query_as::<_, Approval>(concat!(
         "INSERT INTO egress_approvals
              (id, tenant_id, sandbox_id, conversation_id, host, port, state, expires_at)
          VALUES ($1, $2, $3, $4, $5, $6, 'pending', now() + $7)
          ON CONFLICT (tenant_id, sandbox_id, host, port) DO UPDATE
-         SET state = 'pending', requested_at = now(), decided_at = NULL, decided_by = NULL,
+         SET id = EXCLUDED.id, state = 'pending', requested_at = now(), decided_at = NULL,
+             decided_by = NULL,
              conversation_id = EXCLUDED.conversation_id, expires_at = EXCLUDED.expires_at
          RETURNING ",
         columns!(),
@@ -201,20 +245,23 @@ pub async fn request(
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(Some(made))
+    Ok(Asked::Request(made))
 }
 
-/// The hosts and ports approved for the sandbox now.
+/// The hosts and ports approved for the sandbox now, with who approved each; none while the
+/// tenant has approvals off.
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, sandbox_id = %sandbox_id))]
 pub async fn approved(
     conn: &mut PgConnection,
     tenant_id: Uuid,
     sandbox_id: &str,
-) -> Result<Vec<(String, i32)>, StoreError> {
-    Ok(sqlx::query_as::<_, (String, i32)>(
-        "SELECT host, port FROM egress_approvals
-         WHERE tenant_id = $1 AND sandbox_id = $2 AND state = 'approved' AND expires_at > now()
-         ORDER BY host, port",
+) -> Result<Vec<(String, i32, String)>, StoreError> {
+    Ok(sqlx::query_as::<_, (String, i32, String)>(
+        "SELECT a.host, a.port, coalesce(a.decided_by, '') FROM egress_approvals a
+         JOIN tenant_egress_settings s ON s.tenant_id = a.tenant_id AND s.approvals
+         WHERE a.tenant_id = $1 AND a.sandbox_id = $2 AND a.state = 'approved'
+           AND a.expires_at > now()
+         ORDER BY a.host, a.port",
     )
     .bind(tenant_id)
     .bind(sandbox_id)
@@ -262,7 +309,7 @@ pub async fn get(
 
 /// Decides the tenant's pending request `id` (`approve` or deny) as `by`, the decision
 /// standing for `holds_for`; the request as decided, or `None` when it is not the tenant's,
-/// not pending, or expired.
+/// not pending, expired, or the tenant has approvals off.
 #[tracing::instrument(skip_all, fields(tenant_id = %tenant_id, id = %id))]
 pub async fn decide(
     conn: &mut PgConnection,
@@ -281,6 +328,8 @@ pub async fn decide(
         "UPDATE egress_approvals
          SET state = $3, decided_at = now(), decided_by = $4, expires_at = now() + $5
          WHERE tenant_id = $1 AND id = $2 AND state = 'pending' AND expires_at > now()
+           AND EXISTS (SELECT 1 FROM tenant_egress_settings s
+                       WHERE s.tenant_id = $1 AND s.approvals)
          RETURNING ",
         columns!(),
         ""

@@ -95,11 +95,35 @@ pub async fn set_egress(
     let mut done = Vec::new();
     if change.deny_all {
         let removed = egress::clear_rules(&mut tx, tenant).await?;
-        done.push(format!("deny all ({removed} rule(s) taken out)"));
+        let ended = approvals::withdraw_all(&mut tx, tenant).await?;
+        done.push(format!(
+            "deny all ({removed} rule(s) taken out, {ended} request(s) and approval(s) ended)"
+        ));
     }
     for rule in &remove {
         if egress::remove_rule(&mut tx, tenant, &rule.host, rule.port).await? {
             done.push(format!("remove {}:{}", rule.host, rule.port));
+        }
+        // The approvals of the hosts the rule admitted go with it.
+        let pattern = super::rules::HostPattern::parse(&rule.host)?;
+        let now = chrono::Utc::now();
+        let ids: Vec<uuid::Uuid> = approvals::list(&mut tx, tenant, i64::MAX)
+            .await?
+            .into_iter()
+            .filter(|a| {
+                a.current(now)
+                    && a.state != approvals::ApprovalState::Denied
+                    && a.port == rule.port
+                    && pattern.matches(&a.host)
+            })
+            .map(|a| a.id)
+            .collect();
+        let ended = approvals::withdraw(&mut tx, tenant, &ids).await?;
+        if ended > 0 {
+            done.push(format!(
+                "{ended} request(s) and approval(s) of {}:{} ended",
+                rule.host, rule.port
+            ));
         }
     }
     for rule in &allow {

@@ -155,38 +155,42 @@ impl EgressService {
         }
     }
 
-    /// The tenant's rules, and the hosts approved for `sandbox_id` that no rule admits, as
-    /// rules without budgets.
+    /// The tenant's rules, then the hosts approved for `sandbox_id` that no rule admits, as
+    /// rules without budgets, each with who approved it. A tenant without a rule has no route
+    /// out, whatever was approved.
     async fn rules_for(
         &self,
         tenant: Uuid,
         sandbox_id: &str,
-    ) -> Result<Vec<EgressRule>, sandgate_store::StoreError> {
+    ) -> Result<(Vec<EgressRule>, Vec<(EgressRule, String)>), sandgate_store::StoreError> {
         let mut conn = self.inner.db.acquire().await?;
-        let mut rules = sandgate_store::egress::rules(&mut conn, tenant).await?;
-        if self.inner.approvals_page.is_some() {
-            for (host, port) in approvals::approved(&mut conn, tenant, sandbox_id).await? {
+        let rules = sandgate_store::egress::rules(&mut conn, tenant).await?;
+        let mut approved = Vec::new();
+        if self.inner.approvals_page.is_some() && !rules.is_empty() {
+            for (host, port, by) in approvals::approved(&mut conn, tenant, sandbox_id).await? {
                 // A rule of the policy that admits the name (added since) keeps it, with its
                 // budgets: an approval only adds what no rule admits.
                 let admitted = rules.iter().any(|r| {
                     r.port == port && HostPattern::parse(&r.host).is_ok_and(|p| p.matches(&host))
                 });
                 if !admitted {
-                    rules.push(EgressRule {
+                    let rule = EgressRule {
                         host,
                         port,
                         connections_per_minute: None,
                         bytes_per_day: None,
-                    });
+                    };
+                    approved.push((rule, by));
                 }
             }
         }
-        Ok(rules)
+        Ok((rules, approved))
     }
 
     /// The refusal of `host:port` (not in the policy, `refused` says so) when the tenant has
     /// approvals on: the request's link first (a client may show only the first 200
-    /// characters), or why there is none. `None` when approvals are off.
+    /// characters), or why there is none. `None` when approvals are off, and for a name no
+    /// rule could ever hold (a single label such as `localhost`): never a request.
     async fn approval_text(
         &self,
         tenant: Uuid,
@@ -196,11 +200,11 @@ impl EgressService {
         refused: &str,
     ) -> Option<String> {
         let page = self.inner.approvals_page.as_ref()?;
+        if HostPattern::parse(host).is_err() {
+            return None;
+        }
         let asked = async {
             let mut conn = self.inner.db.acquire().await?;
-            if !approvals::approvals_on(&mut conn, tenant).await? {
-                return Ok(None);
-            }
             approvals::request(
                 &mut conn,
                 tenant,
@@ -210,12 +214,11 @@ impl EgressService {
                 APPROVAL_PENDING_FOR,
             )
             .await
-            .map(|made| Some(made.ok_or(())))
         };
         let until = |t: chrono::DateTime<Utc>| t.format("%Y-%m-%d %H:%M UTC").to_string();
         let text = match asked.await {
-            Ok(None) => return None,
-            Ok(Some(Ok(request))) => match request.state {
+            Ok(approvals::Asked::Off) => return None,
+            Ok(approvals::Asked::Request(request)) => match request.state {
                 approvals::ApprovalState::Pending => format!(
                     "awaiting approval at {page}?id={}: {host}:{port} is not in this tenant's \
                      egress policy; a person of the tenant with the approver role can approve it \
@@ -233,13 +236,12 @@ impl EgressService {
                     format!("{host}:{port} was approved for this sandbox just now: try again")
                 }
             },
-            Ok(Some(Err(()))) => format!(
+            Ok(approvals::Asked::Full) => format!(
                 "{refused}; this sandbox has {} requests for approval waiting already: no new \
                  one was made",
                 approvals::MAX_PENDING_PER_SANDBOX
             ),
             Err(err) => {
-                let err: sandgate_store::StoreError = err;
                 tracing::error!(%err, "egress: the approval request could not be recorded");
                 format!("{refused}; the request for a person's approval could not be recorded now")
             }
@@ -586,14 +588,17 @@ impl CallEgress {
             .take(300)
             .map(|c| if c.is_ascii_graphic() { c } else { '?' })
             .collect();
-        let rules = match self.service.rules_for(self.tenant, &self.sandbox_id).await {
-            Ok(rules) => rules,
-            Err(err) => {
-                tracing::error!(%err, "egress rules unreadable");
-                let text = "the egress component cannot read this tenant's policy now; try again";
-                return Err(self.refuse(started, &shown, Outcome::Failed, 503, text.into()));
-            }
-        };
+        let (mut rules, approved) =
+            match self.service.rules_for(self.tenant, &self.sandbox_id).await {
+                Ok(rules) => rules,
+                Err(err) => {
+                    tracing::error!(%err, "egress rules unreadable");
+                    let text =
+                        "the egress component cannot read this tenant's policy now; try again";
+                    return Err(self.refuse(started, &shown, Outcome::Failed, 503, text.into()));
+                }
+            };
+        rules.extend(approved.iter().map(|(rule, _)| rule.clone()));
         let target = match self.service.inner.check.check(authority, &rules).await {
             Ok(target) => target,
             Err(err) => {
@@ -625,13 +630,24 @@ impl CallEgress {
             );
             return Err(self.refuse(started, &shown, Outcome::Refused, 429, text));
         }
+        // Admitted by a person's approval rather than a rule: no secret goes there (the
+        // operator bound secrets for the hosts of the policy; an approver did not see them),
+        // and the audit names who approved it.
+        let approved_by = approved
+            .iter()
+            .find(|(rule, _)| *rule == target.rule)
+            .map(|(_, by)| by.clone());
         // The secrets bound to this host (their values opened now: a value that does not open
         // refuses the connection rather than sending a request without it).
-        let secrets = match self
-            .service
-            .secrets_for(self.tenant, &self.sandbox_id, &target.host)
-            .await
-        {
+        let secrets = match approved_by {
+            Some(_) => Ok(Vec::new()),
+            None => {
+                self.service
+                    .secrets_for(self.tenant, &self.sandbox_id, &target.host)
+                    .await
+            }
+        };
+        let secrets = match secrets {
             Ok(secrets) => secrets,
             Err(err) => {
                 tracing::error!(%err, authority = %shown, "egress: a secret bound to the target does not open");
@@ -720,6 +736,10 @@ impl CallEgress {
                     format!("; intercepted, secrets injected: {}", names.join(", "))
                 }
             });
+            let secrets = match &approved_by {
+                Some(by) => format!("{secrets}; approved for this sandbox by {by}"),
+                None => secrets,
+            };
             done.record(
                 Outcome::Ok,
                 started,

@@ -3,7 +3,9 @@
 //! tenant, and lets through only its own sandbox until it expires.
 
 use chrono::{Duration, Utc};
-use sandgate_store::egress_approvals::{self as approvals, ApprovalState, MAX_PENDING_PER_SANDBOX};
+use sandgate_store::egress_approvals::{
+    self as approvals, Approval, ApprovalState, Asked, MAX_PENDING_PER_SANDBOX,
+};
 use sandgate_store::sandboxes::{self, NewLease};
 use sandgate_store::tenants;
 use sqlx::PgConnection;
@@ -24,6 +26,13 @@ async fn leased(conn: &mut PgConnection, id: &str, tenant: Uuid, conversation: &
         .unwrap();
 }
 
+fn made(asked: Asked) -> Approval {
+    match asked {
+        Asked::Request(request) => request,
+        other => panic!("a request, not {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
     let db = TestDb::new().await;
@@ -34,10 +43,18 @@ async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
     leased(&mut conn, "sbx_a", acme, "ticket-1").await;
     leased(&mut conn, "sbx_b", acme, "ticket-2").await;
     leased(&mut conn, "sbx_o", other, "ticket-9").await;
+    let hour = Duration::hours(1);
 
     assert!(
         !approvals::approvals_on(&mut conn, acme).await.unwrap(),
         "off by default"
+    );
+    assert_eq!(
+        approvals::request(&mut conn, acme, "sbx_a", "api.x.test", 443, hour)
+            .await
+            .unwrap(),
+        Asked::Off,
+        "off: no request"
     );
     approvals::set_approvals(&mut conn, acme, true)
         .await
@@ -48,27 +65,31 @@ async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
         "per tenant"
     );
 
-    let hour = Duration::hours(1);
-    let first = approvals::request(&mut conn, acme, "sbx_a", "api.x.test", 443, hour)
-        .await
-        .unwrap()
-        .expect("a request");
+    let first = made(
+        approvals::request(&mut conn, acme, "sbx_a", "api.x.test", 443, hour)
+            .await
+            .unwrap(),
+    );
     assert_eq!(first.state, ApprovalState::Pending);
     assert_eq!(first.conversation_id.as_deref(), Some("ticket-1"));
-    let again = approvals::request(&mut conn, acme, "sbx_a", "api.x.test", 443, hour)
-        .await
-        .unwrap()
-        .expect("the same request");
+    let again = made(
+        approvals::request(&mut conn, acme, "sbx_a", "api.x.test", 443, hour)
+            .await
+            .unwrap(),
+    );
     assert_eq!(
         again.id, first.id,
         "asking again returns the standing request"
     );
-    // Another tenant cannot ask on this tenant's sandbox.
-    assert!(
+    // Another tenant cannot ask on this tenant's sandbox, even with approvals on.
+    approvals::set_approvals(&mut conn, other, true)
+        .await
+        .unwrap();
+    assert_eq!(
         approvals::request(&mut conn, other, "sbx_a", "api.x.test", 443, hour)
             .await
-            .unwrap()
-            .is_none()
+            .unwrap(),
+        Asked::Full
     );
 
     // Another tenant neither sees nor decides it.
@@ -110,9 +131,10 @@ async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
             .is_none(),
         "a decision is made once"
     );
+    let open = vec![("api.x.test".to_owned(), 443, "user:a@acme.test".to_owned())];
     assert_eq!(
         approvals::approved(&mut conn, acme, "sbx_a").await.unwrap(),
-        vec![("api.x.test".to_owned(), 443)]
+        open
     );
     assert!(
         approvals::approved(&mut conn, acme, "sbx_b")
@@ -121,27 +143,65 @@ async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
             .is_empty(),
         "another sandbox of the tenant is not let through"
     );
+
+    // The switch off: nothing approved lets anything through, nothing is decided.
+    let pending = made(
+        approvals::request(&mut conn, acme, "sbx_b", "api.z.test", 443, hour)
+            .await
+            .unwrap(),
+    );
+    approvals::set_approvals(&mut conn, acme, false)
+        .await
+        .unwrap();
     assert!(
         approvals::approved(&mut conn, acme, "sbx_a")
             .await
             .unwrap()
-            .len()
-            == 1
+            .is_empty()
+    );
+    assert!(
+        approvals::decide(&mut conn, acme, pending.id, true, "user:a@acme.test", hour)
+            .await
+            .unwrap()
+            .is_none(),
+        "approvals off: no decision"
+    );
+    approvals::set_approvals(&mut conn, acme, true)
+        .await
+        .unwrap();
+    assert_eq!(
+        approvals::approved(&mut conn, acme, "sbx_a").await.unwrap(),
+        open
+    );
+    assert_eq!(
+        approvals::withdraw(&mut conn, acme, &[pending.id])
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        approvals::withdraw(&mut conn, other, &[first.id])
+            .await
+            .unwrap(),
+        0,
+        "another tenant withdraws nothing"
     );
 
-    // A denial stands; after it expires, asking again makes a pending request.
-    let denied = approvals::request(&mut conn, acme, "sbx_b", "api.y.test", 8443, hour)
-        .await
-        .unwrap()
-        .unwrap();
+    // A denial stands; after it expires, asking again makes a pending request under a new id.
+    let denied = made(
+        approvals::request(&mut conn, acme, "sbx_b", "api.y.test", 8443, hour)
+            .await
+            .unwrap(),
+    );
     approvals::decide(&mut conn, acme, denied.id, false, "user:a@acme.test", hour)
         .await
         .unwrap()
         .unwrap();
-    let standing = approvals::request(&mut conn, acme, "sbx_b", "api.y.test", 8443, hour)
-        .await
-        .unwrap()
-        .unwrap();
+    let standing = made(
+        approvals::request(&mut conn, acme, "sbx_b", "api.y.test", 8443, hour)
+            .await
+            .unwrap(),
+    );
     assert_eq!(standing.state, ApprovalState::Denied);
     sqlx::query(
         "UPDATE egress_approvals SET expires_at = now() - interval '1 second' WHERE id = $1",
@@ -150,12 +210,23 @@ async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
     .execute(&mut *conn)
     .await
     .unwrap();
-    let asked_again = approvals::request(&mut conn, acme, "sbx_b", "api.y.test", 8443, hour)
-        .await
-        .unwrap()
-        .unwrap();
+    let asked_again = made(
+        approvals::request(&mut conn, acme, "sbx_b", "api.y.test", 8443, hour)
+            .await
+            .unwrap(),
+    );
     assert_eq!(asked_again.state, ApprovalState::Pending);
     assert!(asked_again.decided_by.is_none());
+    assert_ne!(
+        asked_again.id, denied.id,
+        "an old link never decides the new request"
+    );
+    assert!(
+        approvals::get(&mut conn, acme, denied.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // An expired approval lets nothing through.
     sqlx::query(
@@ -175,62 +246,54 @@ async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
     // The cap: past it, no new request for the sandbox.
     for n in 0..MAX_PENDING_PER_SANDBOX {
         let host = format!("h{n}.flood.test");
-        assert!(
+        assert_eq!(
             approvals::request(&mut conn, acme, "sbx_o2", &host, 443, hour)
                 .await
-                .unwrap()
-                .is_none(),
+                .unwrap(),
+            Asked::Full,
             "no such sandbox: no request"
         );
-        approvals::request(&mut conn, acme, "sbx_a", &host, 443, hour)
-            .await
-            .unwrap()
-            .expect("under the cap");
+        made(
+            approvals::request(&mut conn, acme, "sbx_a", &host, 443, hour)
+                .await
+                .unwrap(),
+        );
     }
-    assert!(
+    assert_eq!(
         approvals::request(&mut conn, acme, "sbx_a", "one-more.flood.test", 443, hour)
             .await
-            .unwrap()
-            .is_none(),
+            .unwrap(),
+        Asked::Full,
         "past the cap"
     );
     // The list puts the pending first.
     let listed = approvals::list(&mut conn, acme, 500).await.unwrap();
-    assert_eq!(listed.len() as i64, MAX_PENDING_PER_SANDBOX + 2);
-    assert!(listed[0].state == ApprovalState::Pending);
+    assert_eq!(listed.len() as i64, MAX_PENDING_PER_SANDBOX + 3);
+    assert!(listed[0].state == ApprovalState::Pending && listed[0].current(Utc::now()));
 
     // Withdrawn: nothing pending or approved stands.
-    approvals::set_approvals(&mut conn, acme, false)
-        .await
-        .unwrap();
     let ended = approvals::withdraw_all(&mut conn, acme).await.unwrap();
     assert_eq!(ended as i64, MAX_PENDING_PER_SANDBOX + 1);
-    let now = Utc::now();
+    let later = Utc::now() + Duration::seconds(1);
     assert!(
         approvals::list(&mut conn, acme, 500)
             .await
             .unwrap()
             .iter()
-            .all(|a| !a.current(now + Duration::seconds(1)) || a.state == ApprovalState::Denied)
-    );
-
-    // The rows go with their sandbox.
-    sqlx::query("DELETE FROM sandboxes WHERE id = 'sbx_a'")
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-    assert_eq!(
-        approvals::list(&mut conn, acme, 500).await.unwrap().len(),
-        1
+            .all(|a| !a.current(later))
     );
 
     // The purge job deletes what ran out long enough ago; a tenant's purge, the tenant's.
     assert_eq!(approvals::purge_expired(&mut conn, 3600).await.unwrap(), 0);
-    approvals::request(&mut conn, acme, "sbx_b", "fresh.test", 443, hour)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(approvals::purge_expired(&mut conn, 0).await.unwrap(), 1);
+    made(
+        approvals::request(&mut conn, acme, "sbx_b", "fresh.test", 443, hour)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        approvals::purge_expired(&mut conn, 0).await.unwrap() as i64,
+        MAX_PENDING_PER_SANDBOX + 3
+    );
     assert_eq!(
         approvals::delete_of_tenant(&mut conn, other).await.unwrap(),
         0

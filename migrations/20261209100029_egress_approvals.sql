@@ -37,3 +37,5 @@ CREATE TABLE egress_approvals (
     UNIQUE (tenant_id, sandbox_id, host, port)
 );
 CREATE INDEX egress_approvals_tenant_requested ON egress_approvals (tenant_id, requested_at DESC);
+-- The retention job deletes by expiry.
+CREATE INDEX egress_approvals_expires ON egress_approvals (expires_at);

@@ -156,6 +156,12 @@ async fn a_person_approves_a_host_for_one_sandbox_and_the_bot_cannot() {
         literal.contains("is an address") && !literal.contains("/console/egress"),
         "an address is never a request: {literal}"
     );
+    let other_port = run(&bot, &a, &fetch("https://extra.sandgate.test:8443/")).await;
+    assert!(
+        other_port.contains("can approve port 443 and the ports of this tenant's rules only")
+            && !other_port.contains("/console/egress"),
+        "a port no rule names is never a request: {other_port}"
+    );
     let link = format!("/console/egress?id={id}");
 
     // The bot: its access token opens no page and decides nothing.

@@ -5,7 +5,7 @@
 //!
 //! Off unless the tenant's settings say so ([`approvals_on`]). Requests are per sandbox, host
 //! and port (asking again returns the same request), at most [`MAX_PENDING_PER_SANDBOX`]
-//! pending at once per sandbox, and every query names the tenant, so another tenant's request
+//! pending at once per sandbox and [`MAX_PENDING_PER_TENANT`] per tenant, and every query names the tenant, so another tenant's request
 //! is as missing as one that never was.
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -16,6 +16,10 @@ use crate::StoreError;
 
 /// Most requests one sandbox may have pending at once: past it a refused host makes none.
 pub const MAX_PENDING_PER_SANDBOX: i64 = 20;
+
+/// Most requests one tenant may have pending at once (its sandboxes together), so that many
+/// conversations cannot bury the console's page.
+pub const MAX_PENDING_PER_TENANT: i64 = 100;
 
 /// Where a request stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
@@ -79,8 +83,8 @@ impl Approval {
 pub enum Asked {
     /// The tenant has approvals off: no request.
     Off,
-    /// The sandbox has [`MAX_PENDING_PER_SANDBOX`] pending already, or is not the tenant's:
-    /// no request.
+    /// The sandbox has [`MAX_PENDING_PER_SANDBOX`] pending already, its tenant
+    /// [`MAX_PENDING_PER_TENANT`], or the sandbox is not the tenant's: no request.
     Full,
     /// The standing request (pending, approved or denied), or the new one.
     Request(Approval),
@@ -183,9 +187,14 @@ pub async fn request(
         tx.commit().await?;
         return Ok(Asked::Off);
     }
-    // One sandbox's requests are made one at a time (its row locked), so the cap holds.
+    // One tenant's requests are made one at a time (a lock of their own, not the sandbox's
+    // row, which leases and calls update), so the caps hold.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('sandgate.egress_approvals:' || $1::text, 0))")
+        .bind(tenant_id)
+        .execute(&mut *tx)
+        .await?;
     let Some(conversation_id) = sqlx::query_scalar::<_, Option<String>>(
-        "SELECT conversation_id FROM sandboxes WHERE id = $1 AND tenant_id = $2 FOR UPDATE",
+        "SELECT conversation_id FROM sandboxes WHERE id = $1 AND tenant_id = $2",
     )
     .bind(sandbox_id)
     .bind(tenant_id)
@@ -211,15 +220,15 @@ pub async fn request(
         tx.commit().await?;
         return Ok(Asked::Request(standing));
     }
-    let pending: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM egress_approvals
-         WHERE tenant_id = $1 AND sandbox_id = $2 AND state = 'pending' AND expires_at > now()",
+    let (of_sandbox, of_tenant): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE sandbox_id = $2), count(*) FROM egress_approvals
+         WHERE tenant_id = $1 AND state = 'pending' AND expires_at > now()",
     )
     .bind(tenant_id)
     .bind(sandbox_id)
     .fetch_one(&mut *tx)
     .await?;
-    if pending >= MAX_PENDING_PER_SANDBOX {
+    if of_sandbox >= MAX_PENDING_PER_SANDBOX || of_tenant >= MAX_PENDING_PER_TENANT {
         tx.commit().await?;
         return Ok(Asked::Full);
     }

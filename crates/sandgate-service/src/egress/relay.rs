@@ -50,6 +50,10 @@ const SANDBOXES_KEPT: usize = 65_536;
 /// How long a request for a person's approval of a host stays open.
 const APPROVAL_PENDING_FOR: chrono::TimeDelta = chrono::TimeDelta::hours(1);
 
+/// The port a person may always approve (HTTPS); others only where a rule of the tenant
+/// names them.
+const APPROVABLE_PORT: u16 = 443;
+
 /// How long a person's approval (or denial) of a host for a sandbox holds.
 pub const APPROVAL_HOLDS_FOR: chrono::TimeDelta = chrono::TimeDelta::hours(24);
 
@@ -198,10 +202,19 @@ impl EgressService {
         host: &str,
         port: u16,
         refused: &str,
+        rules: &[EgressRule],
     ) -> Option<String> {
         let page = self.inner.approvals_page.as_ref()?;
         if HostPattern::parse(host).is_err() {
             return None;
+        }
+        // A person approves 443 and the ports the operator's rules name: a tunnel to another
+        // port (mail, SSH, a database) is the operator's to allow, as a rule.
+        if port != APPROVABLE_PORT && !rules.iter().any(|r| r.port == i32::from(port)) {
+            return Some(format!(
+                "{refused}; a person can approve port {APPROVABLE_PORT} and the ports of this \
+                 tenant's rules only: other ports are the operator's to allow"
+            ));
         }
         let asked = async {
             let mut conn = self.inner.db.acquire().await?;
@@ -237,9 +250,10 @@ impl EgressService {
                 }
             },
             Ok(approvals::Asked::Full) => format!(
-                "{refused}; this sandbox has {} requests for approval waiting already: no new \
-                 one was made",
-                approvals::MAX_PENDING_PER_SANDBOX
+                "{refused}; too many requests wait for a person's approval already (at most \
+                 {} per sandbox, {} per tenant): no new one was made",
+                approvals::MAX_PENDING_PER_SANDBOX,
+                approvals::MAX_PENDING_PER_TENANT
             ),
             Err(err) => {
                 tracing::error!(%err, "egress: the approval request could not be recorded");
@@ -606,7 +620,7 @@ impl CallEgress {
                 if let TargetError::NotAllowed { host, port } = &err
                     && let Some(asked) = self
                         .service
-                        .approval_text(self.tenant, &self.sandbox_id, host, *port, &text)
+                        .approval_text(self.tenant, &self.sandbox_id, host, *port, &text, &rules)
                         .await
                 {
                     text = asked;

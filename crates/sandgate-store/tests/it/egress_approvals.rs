@@ -5,6 +5,7 @@
 use chrono::{Duration, Utc};
 use sandgate_store::egress_approvals::{
     self as approvals, Approval, ApprovalState, Asked, MAX_PENDING_PER_SANDBOX,
+    MAX_PENDING_PER_TENANT,
 };
 use sandgate_store::sandboxes::{self, NewLease};
 use sandgate_store::tenants;
@@ -266,14 +267,40 @@ async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
         Asked::Full,
         "past the cap"
     );
+    // The tenant's cap: its sandboxes together have at most so many pending.
+    let mut pending = MAX_PENDING_PER_SANDBOX + 1; // sbx_a's, and sbx_b's asked again
+    let mut n = 0;
+    while pending < MAX_PENDING_PER_TENANT {
+        let sandbox = format!("sbx_t{}", n / MAX_PENDING_PER_SANDBOX);
+        if n % MAX_PENDING_PER_SANDBOX == 0 {
+            leased(&mut conn, &sandbox, acme, &format!("ticket-{sandbox}")).await;
+        }
+        made(
+            approvals::request(&mut conn, acme, &sandbox, &format!("t{n}.test"), 443, hour)
+                .await
+                .unwrap(),
+        );
+        n += 1;
+        pending += 1;
+    }
+    leased(&mut conn, "sbx_last", acme, "ticket-last").await;
+    assert_eq!(
+        approvals::request(&mut conn, acme, "sbx_last", "last.test", 443, hour)
+            .await
+            .unwrap(),
+        Asked::Full,
+        "past the tenant's cap"
+    );
+    let extra = MAX_PENDING_PER_TENANT - MAX_PENDING_PER_SANDBOX - 1;
+
     // The list puts the pending first.
     let listed = approvals::list(&mut conn, acme, 500).await.unwrap();
-    assert_eq!(listed.len() as i64, MAX_PENDING_PER_SANDBOX + 3);
+    assert_eq!(listed.len() as i64, MAX_PENDING_PER_SANDBOX + 3 + extra);
     assert!(listed[0].state == ApprovalState::Pending && listed[0].current(Utc::now()));
 
     // Withdrawn: nothing pending or approved stands.
     let ended = approvals::withdraw_all(&mut conn, acme).await.unwrap();
-    assert_eq!(ended as i64, MAX_PENDING_PER_SANDBOX + 1);
+    assert_eq!(ended as i64, MAX_PENDING_PER_TENANT);
     let later = Utc::now() + Duration::seconds(1);
     assert!(
         approvals::list(&mut conn, acme, 500)
@@ -292,7 +319,7 @@ async fn a_request_is_decided_once_by_its_tenant_and_opens_its_sandbox_alone() {
     );
     assert_eq!(
         approvals::purge_expired(&mut conn, 0).await.unwrap() as i64,
-        MAX_PENDING_PER_SANDBOX + 3
+        MAX_PENDING_PER_SANDBOX + 3 + extra
     );
     assert_eq!(
         approvals::delete_of_tenant(&mut conn, other).await.unwrap(),

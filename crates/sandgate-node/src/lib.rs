@@ -47,7 +47,11 @@ pub use handle::SandboxHandle;
 pub use node::{NodeHandle, StartTicket};
 pub use relay::{MAX_INDEX_CHUNK_BYTES, RelayLimits};
 pub use remote::{ConnectError, RemoteNode, RemoteSandbox, channel_lazy, cleartext_allowed};
-pub use server::{MAX_MESSAGE_BYTES, NodeService, ServeError, serve};
+pub use server::{NodeService, ServeError, serve};
+
+/// Largest message either side of the node RPC accepts: a file upload travels in one message,
+/// bounded by the gateway's own file limit well below this.
+pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
 pub use tls::{Expiry, GATEWAY_URI, NODE_URI, NodeTls, Role, TlsError};
 
 #[doc(no_inline)]

@@ -13,10 +13,10 @@ use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::MAX_MESSAGE_BYTES;
 use crate::egress::{self, CallEgress};
 use crate::proto::{self, node_client::NodeClient};
 use crate::relay;
-use crate::server::MAX_MESSAGE_BYTES;
 use crate::status::from_status;
 use crate::tls::NodeTls;
 use crate::version::StampVersion;

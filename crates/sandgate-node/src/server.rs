@@ -13,15 +13,12 @@ use tokio::sync::mpsc;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
+use crate::MAX_MESSAGE_BYTES;
 use crate::budget::{ReadBudget, ReadLimits};
 use crate::egress::GatewayEgress;
 use crate::proto::{self, node_server};
 use crate::relay::{GatewayIndex, RelayLimits};
 use crate::status::to_status;
-
-/// Largest message either side accepts: a file upload travels in one message, bounded by the
-/// gateway's own file limit well below this.
-pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
 
 /// Output events buffered per streamed call before the cell waits for the gateway.
 const EVENT_BUFFER: usize = 64;

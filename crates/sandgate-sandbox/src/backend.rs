@@ -15,10 +15,8 @@ use futures::stream::BoxStream;
 use tokio::io::AsyncWrite;
 
 use crate::config::SandboxProfile;
+pub use crate::error::{BackendError, BoxError};
 use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotUnavailable};
-
-/// Any engine error, kept as the cause of a [`BackendError`].
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Label keys every sandbox container carries (DESIGN §3: for reconciliation).
 pub mod labels {
@@ -30,68 +28,6 @@ pub mod labels {
     pub const PROFILE: &str = "sandgate.profile";
     /// The sandbox id the container serves.
     pub const SANDBOX_ID: &str = "sandgate.sandbox_id";
-}
-
-/// What went wrong in the container engine.
-#[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    /// Creating the container failed (bad image, engine refused the configuration …).
-    #[error("creating a sandbox container for sandbox {sandbox_id} failed")]
-    Create {
-        /// The sandbox the container was for.
-        sandbox_id: String,
-        /// The engine's error.
-        #[source]
-        source: BoxError,
-    },
-    /// Starting a created container failed.
-    #[error("starting sandbox container {container_id} failed")]
-    Start {
-        /// The container.
-        container_id: String,
-        /// The engine's error.
-        #[source]
-        source: BoxError,
-    },
-    /// Attaching to the container's stdin/stdout failed.
-    #[error("attaching to sandbox container {container_id} failed")]
-    Attach {
-        /// The container.
-        container_id: String,
-        /// The engine's error.
-        #[source]
-        source: BoxError,
-    },
-    /// Inspecting the container failed (other than it being absent).
-    #[error("inspecting sandbox container {container_id} failed")]
-    Inspect {
-        /// The container.
-        container_id: String,
-        /// The engine's error.
-        #[source]
-        source: BoxError,
-    },
-    /// Removing the container failed (other than it being absent already).
-    #[error("removing sandbox container {container_id} failed")]
-    Remove {
-        /// The container.
-        container_id: String,
-        /// The engine's error.
-        #[source]
-        source: BoxError,
-    },
-    /// Listing the managed containers failed.
-    #[error("listing sandbox containers failed")]
-    List(#[source] BoxError),
-    /// The engine did not create, attach to and start a sandbox's container in time (it may be
-    /// restarting); the launch was given up.
-    #[error("the Docker engine did not start sandbox {sandbox_id}'s container within {after:?}")]
-    TimedOut {
-        /// The sandbox the container was for.
-        sandbox_id: String,
-        /// How long the launch waited.
-        after: std::time::Duration,
-    },
 }
 
 /// What to launch: a container of `profile` serving `sandbox_id`, owned by `instance`.
@@ -274,7 +210,7 @@ pub trait SandboxBackend: Send + Sync + fmt::Debug + 'static {
 
     /// Fails when a test armed a fault at `step` of a snapshot operation the manager runs
     /// ([`crate::faults`]). The default: never.
-    fn snapshot_fault(&self, step: crate::faults::SnapshotStep) -> Result<(), SnapshotError> {
+    fn snapshot_fault(&self, step: crate::snapshot::SnapshotStep) -> Result<(), SnapshotError> {
         let _ = step;
         Ok(())
     }

@@ -24,7 +24,6 @@ use crate::snapshot::{SnapshotError, SnapshotImage, SnapshotRoute, SnapshotUnava
 mod pull;
 mod runsc;
 mod snapshot;
-pub(crate) use snapshot::fs_type;
 
 pub use pull::ImageReady;
 pub use runsc::RESTORE_ENV;

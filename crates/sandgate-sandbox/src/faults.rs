@@ -9,57 +9,7 @@
 use std::sync::Mutex;
 
 use crate::snapshot::SnapshotError;
-
-/// A step of a checkpoint or a restore at which a fault can be injected, in the order they run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SnapshotStep {
-    /// Checkpoint: the container's checkpoint directory is linked into the tmpfs.
-    CheckpointLinked,
-    /// Checkpoint: the engine's checkpoint call has returned (a stopping checkpoint has stopped
-    /// the container, or is stopping it).
-    CheckpointTaken,
-    /// Checkpoint: the image is out of the engine's reach, under the manager's images; the last
-    /// step before the snapshot is handed over.
-    CheckpointMoved,
-    /// Restore: the new container is created and attached, not started.
-    RestoreCreated,
-    /// Restore: the image is in the new container's checkpoint directory.
-    RestorePlaced,
-    /// Restore: the engine has started the container from the image (the agent runs).
-    RestoreStarted,
-    /// Restore: the restored agent is about to be told its identity (the manager's step).
-    RestoreAgent,
-}
-
-impl SnapshotStep {
-    /// The checkpoint's steps, in order.
-    pub const CHECKPOINT: [SnapshotStep; 3] = [
-        SnapshotStep::CheckpointLinked,
-        SnapshotStep::CheckpointTaken,
-        SnapshotStep::CheckpointMoved,
-    ];
-    /// The restore's steps, in order.
-    pub const RESTORE: [SnapshotStep; 4] = [
-        SnapshotStep::RestoreCreated,
-        SnapshotStep::RestorePlaced,
-        SnapshotStep::RestoreStarted,
-        SnapshotStep::RestoreAgent,
-    ];
-}
-
-impl std::fmt::Display for SnapshotStep {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SnapshotStep::CheckpointLinked => "checkpoint: directory linked",
-            SnapshotStep::CheckpointTaken => "checkpoint: engine call returned",
-            SnapshotStep::CheckpointMoved => "checkpoint: image moved",
-            SnapshotStep::RestoreCreated => "restore: container created",
-            SnapshotStep::RestorePlaced => "restore: image placed",
-            SnapshotStep::RestoreStarted => "restore: container started",
-            SnapshotStep::RestoreAgent => "restore: agent to be told",
-        })
-    }
-}
+pub use crate::snapshot::SnapshotStep;
 
 /// The armed faults: each fires once, at the next operation that reaches its step.
 #[derive(Debug, Default)]

@@ -21,6 +21,7 @@ pub mod channel;
 pub mod config;
 pub mod demand;
 pub mod docker;
+mod error;
 pub mod faults;
 pub mod manager;
 pub mod protocol;

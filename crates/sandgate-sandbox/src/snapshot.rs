@@ -8,8 +8,8 @@
 
 use std::path::PathBuf;
 
-use crate::backend::{BackendError, BoxError};
 use crate::config::SandboxProfile;
+use crate::error::{BackendError, BoxError};
 
 pub mod files;
 pub mod seal;
@@ -218,6 +218,75 @@ pub enum SnapshotError {
     #[error("a fault was injected at {step}")]
     Injected {
         /// Where.
-        step: crate::faults::SnapshotStep,
+        step: SnapshotStep,
     },
+}
+
+/// A step of a checkpoint or a restore at which a fault can be injected, in the order they run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SnapshotStep {
+    /// Checkpoint: the container's checkpoint directory is linked into the tmpfs.
+    CheckpointLinked,
+    /// Checkpoint: the engine's checkpoint call has returned (a stopping checkpoint has stopped
+    /// the container, or is stopping it).
+    CheckpointTaken,
+    /// Checkpoint: the image is out of the engine's reach, under the manager's images; the last
+    /// step before the snapshot is handed over.
+    CheckpointMoved,
+    /// Restore: the new container is created and attached, not started.
+    RestoreCreated,
+    /// Restore: the image is in the new container's checkpoint directory.
+    RestorePlaced,
+    /// Restore: the engine has started the container from the image (the agent runs).
+    RestoreStarted,
+    /// Restore: the restored agent is about to be told its identity (the manager's step).
+    RestoreAgent,
+}
+
+impl SnapshotStep {
+    /// The checkpoint's steps, in order.
+    pub const CHECKPOINT: [SnapshotStep; 3] = [
+        SnapshotStep::CheckpointLinked,
+        SnapshotStep::CheckpointTaken,
+        SnapshotStep::CheckpointMoved,
+    ];
+    /// The restore's steps, in order.
+    pub const RESTORE: [SnapshotStep; 4] = [
+        SnapshotStep::RestoreCreated,
+        SnapshotStep::RestorePlaced,
+        SnapshotStep::RestoreStarted,
+        SnapshotStep::RestoreAgent,
+    ];
+}
+
+impl std::fmt::Display for SnapshotStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SnapshotStep::CheckpointLinked => "checkpoint: directory linked",
+            SnapshotStep::CheckpointTaken => "checkpoint: engine call returned",
+            SnapshotStep::CheckpointMoved => "checkpoint: image moved",
+            SnapshotStep::RestoreCreated => "restore: container created",
+            SnapshotStep::RestorePlaced => "restore: image placed",
+            SnapshotStep::RestoreStarted => "restore: container started",
+            SnapshotStep::RestoreAgent => "restore: agent to be told",
+        })
+    }
+}
+
+/// The file system type of the mount `path` is on (from /proc/self/mountinfo): where plaintext
+/// images may go (a tmpfs only), for the engine's checkpoints and for unsealing.
+pub(crate) fn fs_type(path: &std::path::Path) -> Option<String> {
+    let path = std::fs::canonicalize(path).ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let point = *fields.get(4)?;
+            let dash = fields.iter().position(|f| *f == "-")?;
+            Some((PathBuf::from(point), (*fields.get(dash + 1)?).to_owned()))
+        })
+        .filter(|(point, _)| path.starts_with(point))
+        .max_by_key(|(point, _)| point.as_os_str().len())
+        .map(|(_, kind)| kind)
 }

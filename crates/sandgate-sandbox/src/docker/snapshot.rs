@@ -62,24 +62,6 @@ pub(super) fn files(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -
     move |source| SnapshotError::Files { what, path, source }
 }
 
-/// The file system type of the mount `path` is on (from /proc/self/mountinfo): where plaintext
-/// images may go (a tmpfs only), for the engine's checkpoints and for unsealing.
-pub(crate) fn fs_type(path: &Path) -> Option<String> {
-    let path = std::fs::canonicalize(path).ok()?;
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mounts
-        .lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let point = *fields.get(4)?;
-            let dash = fields.iter().position(|f| *f == "-")?;
-            Some((PathBuf::from(point), (*fields.get(dash + 1)?).to_owned()))
-        })
-        .filter(|(point, _)| path.starts_with(point))
-        .max_by_key(|(point, _)| point.as_os_str().len())
-        .map(|(_, kind)| kind)
-}
-
 /// Copies directory `from` to `to` by hard links (same tmpfs: no data is copied).
 pub(super) fn link_tree(from: &Path, to: &Path) -> io::Result<()> {
     std::fs::create_dir_all(to)?;
@@ -205,7 +187,7 @@ impl DockerBackend {
             .snapshots
             .as_ref()
             .ok_or(SnapshotUnavailable::NoPlainDir)?;
-        match fs_type(&settings.plain) {
+        match crate::snapshot::fs_type(&settings.plain) {
             Some(kind) if kind == "tmpfs" => Ok(settings),
             other => Err(SnapshotUnavailable::PlainDirNotTmpfs {
                 path: settings.plain.clone(),

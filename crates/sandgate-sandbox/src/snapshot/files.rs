@@ -310,7 +310,7 @@ mod tests {
     #[tokio::test]
     async fn a_checkpoint_restore_refuses_a_files_only_stream() {
         let shm = std::path::Path::new("/dev/shm");
-        if crate::docker::fs_type(shm).as_deref() != Some("tmpfs") {
+        if crate::snapshot::fs_type(shm).as_deref() != Some("tmpfs") {
             eprintln!("skipping: /dev/shm is not a tmpfs here");
             return;
         }

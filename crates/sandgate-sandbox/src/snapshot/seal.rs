@@ -728,7 +728,7 @@ fn tree_size(dir: &Path) -> io::Result<u64> {
 
 /// Refuses a directory that is not on a tmpfs (from /proc/self/mountinfo).
 fn require_tmpfs(path: &Path) -> Result<(), SealError> {
-    let found = crate::docker::fs_type(path);
+    let found = crate::snapshot::fs_type(path);
     match found {
         Some(kind) if kind == "tmpfs" => Ok(()),
         other => Err(SealError::NotTmpfs {

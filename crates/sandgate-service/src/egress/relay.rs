@@ -212,8 +212,8 @@ impl EgressService {
         // port (mail, SSH, a database) is the operator's to allow, as a rule.
         if port != APPROVABLE_PORT && !rules.iter().any(|r| r.port == i32::from(port)) {
             return Some(format!(
-                "{refused}; a person can approve port {APPROVABLE_PORT} and the ports of this \
-                 tenant's rules only: other ports are the operator's to allow"
+                "{host}:{port}: a person can approve port {APPROVABLE_PORT} and the ports of \
+                 this tenant's rules only, other ports are the operator's to allow; {refused}"
             ));
         }
         let asked = async {
@@ -250,14 +250,17 @@ impl EgressService {
                 }
             },
             Ok(approvals::Asked::Full) => format!(
-                "{refused}; too many requests wait for a person's approval already (at most \
-                 {} per sandbox, {} per tenant): no new one was made",
+                "{host}:{port}: too many requests wait for a person's approval already (at most \
+                 {} per sandbox, {} per tenant), no new one was made; {refused}",
                 approvals::MAX_PENDING_PER_SANDBOX,
                 approvals::MAX_PENDING_PER_TENANT
             ),
             Err(err) => {
                 tracing::error!(%err, "egress: the approval request could not be recorded");
-                format!("{refused}; the request for a person's approval could not be recorded now")
+                format!(
+                    "{host}:{port}: the request for a person's approval could not be recorded \
+                     now; {refused}"
+                )
             }
         };
         Some(text)

@@ -326,11 +326,13 @@ async fn a_call_to_a_sandbox_on_a_silent_node_is_node_away_and_retryable() {
 #[tokio::test]
 async fn creates_waiting_past_the_start_queue_are_capacity_with_a_retry_time() {
     // No warm pool, one start at a time, and a second's wait for a place: of several cold
-    // starts at once, those behind the first wait past it.
+    // starts at once, those behind the first wait past it. No template either: a clone of one
+    // restores in well under the second, and then every start fits in its wait.
     let database = support::fresh_database().await;
     let gateway = Gateway::start(
         &database,
         &[
+            ("SANDGATE_SNAPSHOTS__TEMPLATES", "false"),
             ("SANDGATE_POOL__MIN_READY", "0"),
             ("SANDGATE_POOL__MAX_READY", "0"),
             ("SANDGATE_POOL__MAX_CONCURRENT_STARTS", "1"),

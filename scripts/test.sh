@@ -28,6 +28,9 @@ fi
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+step "docs: links and paths (scripts/check-docs.py)"
+python3 "$repo/scripts/check-docs.py"
+
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 

@@ -217,7 +217,8 @@ fn image_has_tag_or_digest(image: &str) -> bool {
             .is_some_and(|last| last.contains(':'))
 }
 
-/// The OCI runtime a profile's containers run under (`runtime`: `"runc"`, `"runsc"` or `"runsc2024"`). Any
+/// The runtime a profile's sandboxes run under (`runtime`: `"lean"`, the lean engine, or Docker's
+/// `"runc"`, `"runsc"` or `"runsc2024"`). Any
 /// other name is refused when the configuration is read, naming the accepted ones.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -231,16 +232,25 @@ pub enum OciRuntime {
     /// runsc of 2024 (bookworm-backports, systrap), registered as `runsc2024`: gVisor that can
     /// checkpoint and restore sandboxes (docs/snapshots.md).
     Runsc2024,
+    /// Not Docker's: the lean engine (`crate::lean`), sandboxes forked from a warmed zygote into
+    /// lean containers the node builds itself.
+    Lean,
 }
 
 impl OciRuntime {
-    /// The name the Docker engine knows the runtime by.
+    /// The name the Docker engine knows the runtime by (`lean` for the lean engine).
     pub fn as_str(self) -> &'static str {
         match self {
             OciRuntime::Runc => "runc",
             OciRuntime::Runsc => "runsc",
             OciRuntime::Runsc2024 => "runsc2024",
+            OciRuntime::Lean => "lean",
         }
+    }
+
+    /// Whether the lean engine runs it (not Docker).
+    pub fn is_lean(self) -> bool {
+        matches!(self, OciRuntime::Lean)
     }
 
     /// Whether it is gVisor (either release).
@@ -257,7 +267,7 @@ impl std::fmt::Display for OciRuntime {
 
 /// A runtime name that is not one of [`OciRuntime`]'s.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown OCI runtime {0:?}: expected \"runc\", \"runsc\" or \"runsc2024\"")]
+#[error("unknown runtime {0:?}: expected \"lean\", \"runc\", \"runsc\" or \"runsc2024\"")]
 pub struct UnknownRuntime(pub String);
 
 impl std::str::FromStr for OciRuntime {
@@ -268,6 +278,7 @@ impl std::str::FromStr for OciRuntime {
             "runc" => Ok(OciRuntime::Runc),
             "runsc" => Ok(OciRuntime::Runsc),
             "runsc2024" => Ok(OciRuntime::Runsc2024),
+            "lean" => Ok(OciRuntime::Lean),
             other => Err(UnknownRuntime(other.to_owned())),
         }
     }

@@ -117,9 +117,9 @@ pub fn agent_fingerprint() -> String {
 }
 
 /// The sandbox user's home; the only writable place besides /tmp.
-const HOME: &str = "/home/user";
+pub(crate) const HOME: &str = "/home/user";
 /// Where the sandbox user's pip installs packages (PYTHONUSERBASE in the image and the agent).
-const PACKAGES: &str = "/opt/packages";
+pub(crate) const PACKAGES: &str = "/opt/packages";
 
 const MIB: u64 = 1024 * 1024;
 

@@ -6,6 +6,9 @@
 //! - [`backend`]: the [`SandboxBackend`] trait between the pool and a container engine, and what
 //!   crosses it (launch specs, attach streams, a container's fate).
 //! - [`docker`]: the Docker implementation (bollard): the hardening baseline, the embedded agent.
+//! - [`lean`]: the lean engine ([`LeanBackend`]): sandboxes forked from a warmed zygote into lean
+//!   containers.
+//! - [`engines`]: [`Engines`], a node's Docker and lean engines behind one backend.
 //! - [`protocol`]: the agent protocol's wire format (`agent/PROTOCOL.md`).
 //! - [`channel`]: [`AgentChannel`], one attach stream per sandbox with concurrent calls on it:
 //!   exec, command, background jobs, file transfer, listing, ping; timeouts, interrupts,
@@ -21,8 +24,10 @@ pub mod channel;
 pub mod config;
 pub mod demand;
 pub mod docker;
+pub mod engines;
 mod error;
 pub mod faults;
+pub mod lean;
 pub mod manager;
 pub mod protocol;
 pub mod snapshot;
@@ -44,7 +49,9 @@ pub use config::{
     TemplateConfig,
 };
 pub use docker::{DockerBackend, DockerError, EngineInfo, ImageReady};
+pub use engines::Engines;
 pub use faults::{SnapshotFaults, SnapshotStep};
+pub use lean::{LeanBackend, LeanConfig};
 pub use manager::{
     PoolStats, Sandbox, SandboxError, SandboxManager, StartPermit, TemplateError, TemplateInfo,
     TemplateStatus,

@@ -60,9 +60,11 @@ class KernelProcess:
     def __init__(self, rt, agent):
         to_kernel_r, to_kernel_w = os.pipe()
         from_kernel_r, from_kernel_w = os.pipe()
+        forks = rt.kernel_forks
+        lean = forks is not None and forks.alive
         env = {ENV_KERNEL_FDS: f"{to_kernel_r},{from_kernel_w}"}
         archive = ()
-        if rt.archive_fd is not None:
+        if rt.archive_fd is not None and not lean:
             try:
                 archive = (archive_for_kernel(rt.archive_fd),)
             except OSError:
@@ -75,17 +77,21 @@ class KernelProcess:
         self.oom_before = oom_kills()
         self.pids_before = pids_refusals()
         try:
-            self.proc = subprocess.Popen(
-                rt.kernel_argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                pass_fds=(to_kernel_r, from_kernel_w) + archive,
-                env=user_env(rt, env),
-                cwd="/",
-                start_new_session=True,  # signals aimed at the agent's group never reach it
-                **rt.creds.popen_args(),
-            )
+            if lean:
+                # A lean sandbox: a fork of the agent's fork server, pandas-ready (lean.py).
+                self.proc = forks.spawn(to_kernel_r, from_kernel_w, user_env(rt))
+            else:
+                self.proc = subprocess.Popen(
+                    rt.kernel_argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    pass_fds=(to_kernel_r, from_kernel_w) + archive,
+                    env=user_env(rt, env),
+                    cwd="/",
+                    start_new_session=True,  # signals aimed at the agent's group never reach it
+                    **rt.creds.popen_args(),
+                )
         finally:
             for fd in (to_kernel_r, from_kernel_w) + archive:
                 os.close(fd)

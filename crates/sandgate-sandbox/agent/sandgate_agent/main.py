@@ -26,6 +26,8 @@ def main(archive_fd=None):
     try:
         if sys.argv[1:] == ["kernel"]:
             from . import cells as role
+        elif sys.argv[1:] == ["zygote"]:
+            from . import zygote as role
         else:
             from . import supervisor as role
         release_freed_memory()

@@ -40,6 +40,8 @@ class Runtime:
         # The agent: variables the gateway gave user processes on top of their own (the egress
         # proxy's, `egress_env`); kernels and commands started from now on get them.
         self.extra_env = {}
+        # A lean sandbox's agent: its kernel fork server (lean.py), which kernels.py asks first.
+        self.kernel_forks = None
         # Called (once) by `shutdown` before the process exits: the agent ends what user code left.
         self.on_shutdown = None
         self.writer = ProtocolWriter(proto_out, self)

@@ -277,7 +277,7 @@ def kernel_argv(archive_fd):
     it as an argument (the last one); a script (or archive) path given relative to the start
     directory is made absolute.
     """
-    argv = [sys.executable] + [a for a in sys.orig_argv[1:] if a != "kernel"]
+    argv = [sys.executable] + [a for a in sys.orig_argv[1:] if a not in ("kernel", "zygote")]
     if archive_fd is not None:
         argv.pop()
     script = sys.argv[0] if sys.argv else ""
@@ -287,11 +287,17 @@ def kernel_argv(archive_fd):
     return argv + ["kernel"]
 
 
-def main(rt_ready=None, archive_fd=None):
+def main(rt_ready=None, archive_fd=None, forkserver=None):
     """The agent role's start: takes the protocol descriptors, starts the first kernel and serves
-    the gateway's requests until its input ends. `rt_ready` (main.py) is told the runtime."""
+    the gateway's requests until its input ends. `rt_ready` (main.py) is told the runtime.
+    `forkserver` (a lean sandbox, zygote.py): starts the kernel fork server (lean.py), called
+    before any thread exists."""
     creds = Credentials()  # before the descriptors are taken: a failure shows in the container log
     proto_in, proto_out, log_fd = take_protocol_fds()
+    forks = None
+    if forkserver is not None:
+        reseed(fresh_seed(b""))  # the agent is a copy of the zygote too
+        forks = forkserver(archive_fd)
     if not creds.root:
         # On a host (tests): orphans of user processes become our children, so sweeps find them.
         try:
@@ -310,13 +316,17 @@ def main(rt_ready=None, archive_fd=None):
         kernel_argv=kernel_argv(archive_fd),
         archive_fd=archive_fd,
     )
+    rt.kernel_forks = forks
+    if forks is not None:
+        forks.begin()
     if rt_ready is not None:
         rt_ready(rt)
     agent = Agent(rt, proto_in)
     rt.on_shutdown = agent.stop
     signal.signal(signal.SIGTERM, lambda *_: rt.shutdown(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if not creds.root:
+    if not creds.root or forks is not None:
+        # On a host, and as a lean sandbox's pid 1: orphans of user processes come to us.
         threading.Thread(target=agent.reap_strays, name="reaper", daemon=True).start()
     agent.start()
     agent.reader_loop()

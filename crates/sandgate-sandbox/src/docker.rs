@@ -50,6 +50,7 @@ pub const AGENT_FILES: &[(&str, &str)] = &[
     agent_file!("sandgate_agent/files.py"),
     agent_file!("sandgate_agent/jobs.py"),
     agent_file!("sandgate_agent/kernels.py"),
+    agent_file!("sandgate_agent/lean.py"),
     agent_file!("sandgate_agent/main.py"),
     agent_file!("sandgate_agent/output.py"),
     agent_file!("sandgate_agent/packages.py"),
@@ -59,6 +60,7 @@ pub const AGENT_FILES: &[(&str, &str)] = &[
     agent_file!("sandgate_agent/runtime.py"),
     agent_file!("sandgate_agent/shells.py"),
     agent_file!("sandgate_agent/supervisor.py"),
+    agent_file!("sandgate_agent/zygote.py"),
 ];
 
 /// The `-c` program that unpacks [`agent_argument`] (its first argument) and runs the agent from

@@ -186,6 +186,13 @@ class KernelProcess:
         os.close(self.out_fd)
         self.read_all.set()
 
+    def exited(self):
+        """Whether the kernel process has exited (a forked one is not our child: its fork server
+        tells us)."""
+        if isinstance(self.proc, subprocess.Popen):
+            return leader_exited(self.pid)
+        return self.proc.poll() is not None
+
     def kill(self):
         """SIGKILL to the kernel process (not its group: the sweep that follows ends the rest)."""
         try:
@@ -395,7 +402,7 @@ class Cells:
             kp = self.kernel
             if self.running is not None or not self.exec_queue or kp is None:
                 return
-            if not kp.ready.is_set() or leader_exited(kp.pid):
+            if not kp.ready.is_set() or kp.exited():
                 return  # a dead kernel's successor takes the cell when it is ready
             run = self.running = Run(self.exec_queue.popleft())
             kp.send({"id": run.id, "op": "exec", "code": run.code, "output_limit": run.limit})

@@ -63,15 +63,16 @@ class KernelForkServer:
     """The agent's handle on its fork server."""
 
     @classmethod
-    def start(cls, archive_fd):
-        """Forks the server; call before the agent starts any thread."""
+    def start(cls, archive_fd, log_fd):
+        """Forks the server; call before the agent starts any thread. `log_fd`: the agent's log,
+        where a kernel that fails before it runs says why."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         pid = os.fork()
         if pid == 0:
             ours.close()
             try:
                 # Nothing of the agent's (its protocol descriptors above all) reaches a kernel.
-                keep = {theirs.fileno(), archive_fd}
+                keep = {theirs.fileno(), archive_fd, log_fd}
                 for name in os.listdir("/proc/self/fd"):
                     fd = int(name)
                     if fd > 2 and fd not in keep:
@@ -79,7 +80,7 @@ class KernelForkServer:
                             os.close(fd)
                         except OSError:
                             pass
-                serve(theirs, archive_fd)
+                serve(theirs, archive_fd, log_fd)
             finally:
                 os._exit(0)
         theirs.close()
@@ -167,7 +168,7 @@ class KernelForkServer:
         return kernel
 
 
-def serve(sock, archive_fd):
+def serve(sock, archive_fd, log_fd):
     """The fork server's loop: single-threaded for ever (it forks)."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -221,15 +222,18 @@ def serve(sock, archive_fd):
             sock.close()
             os.close(wake_r)
             os.close(wake_w)
-            become_kernel(fds[0], fds[1], req["env"], archive_fd)  # never returns
+            become_kernel(fds[0], fds[1], req["env"], archive_fd, log_fd)  # never returns
         for fd in fds:
             os.close(fd)
         send({"op": "started", "pid": pid})
 
 
-def become_kernel(proto_in, proto_out, env, archive_fd):
-    """In the fork server's child: the sandbox user, fresh generators, the kernel role."""
+def become_kernel(proto_in, proto_out, env, archive_fd, log_fd):
+    """In the fork server's child: the sandbox user, fresh generators, the kernel role. Until
+    the kernel role starts its failures go to the agent's log; then the log is closed (user code
+    never gets it)."""
     try:
+        os.dup2(log_fd, 2)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -253,6 +257,10 @@ def become_kernel(proto_in, proto_out, env, archive_fd):
         reseed(fresh_seed(b""))
         from . import cells
 
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        os.close(log_fd)
         cells.main(None, archive_fd)
     except BaseException as err:
         try:

@@ -297,7 +297,7 @@ def main(rt_ready=None, archive_fd=None, forkserver=None):
     forks = None
     if forkserver is not None:
         reseed(fresh_seed(b""))  # the agent is a copy of the zygote too
-        forks = forkserver(archive_fd)
+        forks = forkserver(archive_fd, log_fd)
     if not creds.root:
         # On a host (tests): orphans of user processes become our children, so sweeps find them.
         try:

@@ -7,6 +7,7 @@ mod files;
 mod hardening;
 mod image;
 mod kernel;
+mod lean;
 mod limits;
 mod name_conflict;
 mod pool;

@@ -1,0 +1,267 @@
+//! The lean engine: sandboxes forked from a zygote into lean containers, checked from inside as
+//! a hostile tenant would probe them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandgate_sandbox::{
+    CommandOptions, DockerBackend, Engines, ExecOptions, LeanBackend, LeanConfig, ManagerConfig,
+    OciRuntime, PoolConfig, Sandbox, SandboxBackend, SandboxManager, SandboxProfile,
+};
+
+use crate::support;
+
+/// A manager over a node's engines with one lean profile, `default`, and no pool.
+struct LeanEnv {
+    manager: SandboxManager,
+    engines: Arc<Engines>,
+    instance: String,
+}
+
+fn lean_dir() -> std::path::PathBuf {
+    let cache = std::env::var("SANDGATE_CACHE").unwrap_or_else(|_| "/var/cache/sandgate".into());
+    std::path::PathBuf::from(cache).join("lean")
+}
+
+impl LeanEnv {
+    async fn new(name: &str) -> Self {
+        support::init_tracing();
+        let docker = DockerBackend::connect("").expect("a Docker client");
+        let library = LeanConfig::library_beside_executable().expect(
+            "libsandgate_lean.so is built beside the test binary (cargo build -p sandgate-lean)",
+        );
+        let lean = LeanBackend::new(
+            docker.client().clone(),
+            LeanConfig {
+                dir: lean_dir(),
+                library,
+            },
+        )
+        .expect("this host runs the lean engine (root, cgroups)");
+        let engines = Arc::new(Engines::new(docker, Ok(lean)));
+        let instance = format!(
+            "sandgate-test-{name}-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let mut config = ManagerConfig::new(&instance);
+        config.pool = PoolConfig {
+            min_ready: 0,
+            max_ready: 0,
+            max_concurrent_starts: 2,
+        };
+        let profile = SandboxProfile {
+            image: support::image(),
+            runtime: OciRuntime::Lean,
+            ..SandboxProfile::default()
+        };
+        let manager = SandboxManager::start(engines.clone(), vec![profile], config)
+            .expect("valid configuration");
+        Self {
+            manager,
+            engines,
+            instance,
+        }
+    }
+
+    async fn lease(&self) -> Sandbox {
+        support::within(
+            Duration::from_secs(180),
+            "a lean lease",
+            self.manager.lease("default"),
+        )
+        .await
+        .expect("a lean sandbox can be leased")
+    }
+
+    async fn cleanup(self) {
+        self.manager.shutdown().await;
+        for c in self.engines.list(&self.instance).await.unwrap_or_default() {
+            let _ = self.engines.remove(&c.container_id).await;
+        }
+    }
+}
+
+async fn value(sandbox: &Sandbox, code: &str) -> String {
+    let out = sandbox
+        .exec(code, ExecOptions::default(), None)
+        .await
+        .expect("the cell ran");
+    assert!(out.error.is_none(), "the cell raised: {out:?}");
+    out.result
+        .as_ref()
+        .unwrap_or_else(|| panic!("the cell returned a value: {out:?}"))["text/plain"]
+        .clone()
+}
+
+async fn shell(sandbox: &Sandbox, command: &str) -> (Option<i32>, String, String) {
+    let out = sandbox
+        .command(command, CommandOptions::default(), None)
+        .await
+        .expect("the command ran");
+    (out.exit_code, out.stdout, out.stderr)
+}
+
+#[tokio::test]
+async fn a_lean_sandbox_is_pandas_ready_stateful_and_isolated() {
+    let env = LeanEnv::new("lean").await;
+    let sandbox = env.lease().await;
+    assert!(
+        sandbox.container_id().starts_with("lean-"),
+        "the lean engine served it: {}",
+        sandbox.container_id()
+    );
+
+    // Pandas-ready: the data stack came imported from the zygote; state persists across cells.
+    assert_eq!(
+        value(
+            &sandbox,
+            "import sys\nsorted(m for m in ('numpy', 'pandas', 'matplotlib') if m in sys.modules)"
+        )
+        .await,
+        "['matplotlib', 'numpy', 'pandas']"
+    );
+    value(
+        &sandbox,
+        "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2, 3]})\nlen(df)",
+    )
+    .await;
+    assert_eq!(value(&sandbox, "int(df.a.sum())").await, "6");
+
+    // Who user code is: uid 1000, no capabilities, no_new_privs, a seccomp filter.
+    let seen = value(
+        &sandbox,
+        "import os\n\
+         st = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines())\n\
+         (os.getuid(), os.getgid(), os.getgroups(), st['CapEff'].strip(), st['CapBnd'].strip(), st['NoNewPrivs'].strip(), st['Seccomp'].strip())",
+    )
+    .await;
+    assert_eq!(
+        seen, "(1000, 1000, [], '0000000000000000', '00000000000000e0', '1', '2')",
+        "uid/gid 1000, no groups, no effective capabilities, a bounding set of the agent's three, no_new_privs, seccomp filter"
+    );
+
+    // Blocked calls return EPERM; the root is read-only; /proc/kcore is masked.
+    let probes = value(
+        &sandbox,
+        r#"import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def err(ret):
+    return 0 if ret == 0 else ctypes.get_errno()
+out = {}
+out['unshare'] = err(libc.unshare(0x40000000))
+out['mount'] = err(libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))
+out['keyctl'] = err(libc.syscall(250, 0, 0, 0, 0, 0))
+out['bpf'] = err(libc.syscall(321, 0, 0, 0))
+out['ptrace_parent'] = err(libc.syscall(101, 16, os.getppid(), 0, 0))
+try:
+    open('/usr/sandgate-probe', 'w')
+    out['rootfs'] = 'writable'
+except OSError as e:
+    out['rootfs'] = errno.errorcode[e.errno]
+def shows(path):
+    try:
+        return len(open(path, 'rb').read(16)) > 0
+    except OSError:
+        return False
+out['masked_but_shown'] = [p for p in ('/proc/kcore', '/proc/keys', '/proc/timer_list', '/proc/sched_debug') if shows(p)]
+try:
+    open('/proc/sys/kernel/hostname', 'w').write('x')
+    out['proc_sys'] = 'writable'
+except OSError as e:
+    out['proc_sys'] = errno.errorcode[e.errno]
+out['ifaces'] = sorted(os.listdir('/sys/class/net')) if os.path.exists('/sys/class/net') else sorted(n for _, n in __import__('socket').if_nameindex())
+out"#,
+    )
+    .await;
+    assert_eq!(
+        probes.replace("\n ", " "),
+        "{'unshare': 1, 'mount': 1, 'keyctl': 1, 'bpf': 1, 'ptrace_parent': 1, 'rootfs': 'EROFS', 'masked_but_shown': [], 'proc_sys': 'EROFS', 'ifaces': ['lo']}",
+        "blocked calls EPERM (1), the root read-only, Docker's masked /proc paths empty, /proc/sys read-only, only lo"
+    );
+
+    // Only the sandbox's own processes are visible: the agent is pid 1.
+    let (code, stdout, stderr) = shell(
+        &sandbox,
+        "cat /proc/1/comm; ls /proc | grep -c '^[0-9]'; id -u; hostname",
+    )
+    .await;
+    assert_eq!(code, Some(0), "the command ran: {stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some("python3"),
+        "pid 1 is the agent: {stdout}"
+    );
+    let visible: usize = lines[1].parse().expect("a count");
+    assert!(
+        visible < 12,
+        "only the sandbox's few processes are visible, not the host's: {stdout}"
+    );
+    assert_eq!(lines[2], "1000", "commands run as uid 1000");
+    assert_eq!(lines[3], "sandbox", "its own host name");
+
+    // Files land in a home of its own.
+    let (code, _, stderr) = shell(
+        &sandbox,
+        "echo hi > ~/note.txt && test -f /home/user/note.txt",
+    )
+    .await;
+    assert_eq!(code, Some(0), "the home is writable: {stderr}");
+
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn two_lean_sandboxes_draw_different_random_numbers_and_cannot_see_each_other() {
+    let env = LeanEnv::new("lean-two").await;
+    let a = env.lease().await;
+    let b = env.lease().await;
+    let draw = "import random, numpy\n(random.random(), float(numpy.random.random()))";
+    let (ra, rb) = (value(&a, draw).await, value(&b, draw).await);
+    assert_ne!(
+        ra, rb,
+        "two forks of one zygote must not share their generators"
+    );
+    value(&a, "open('/home/user/secret.txt', 'w').write('a')").await; // 1 (characters written)
+    let (_, stdout, _) = shell(&b, "ls /home/user; ls /proc | grep -c '^[0-9]'").await;
+    assert!(
+        !stdout.contains("secret.txt"),
+        "b does not see a's files: {stdout}"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_fork_bomb_and_an_allocation_loop_stay_inside_their_lean_sandbox() {
+    let env = LeanEnv::new("lean-limits").await;
+    let sandbox = env.lease().await;
+    let bystander = env.lease().await;
+    let (_, _, _) = shell(
+        &sandbox,
+        "bomb() { bomb | bomb & }; (bomb) 2>/dev/null & sleep 3; echo done",
+    )
+    .await;
+    let out = sandbox
+        .exec(
+            "x = []\nwhile True:\n    x.append(bytearray(64 << 20))",
+            ExecOptions::default(),
+            None,
+        )
+        .await
+        .expect("the allocation cell ended");
+    assert!(
+        out.state_lost || out.error.is_some(),
+        "the allocation loop ended by the memory limit: {out:?}"
+    );
+    assert_eq!(
+        value(&bystander, "1 + 1").await,
+        "2",
+        "the other sandbox is unharmed"
+    );
+    assert_eq!(
+        value(&sandbox, "2 + 2").await,
+        "4",
+        "a fresh kernel serves the sandbox again"
+    );
+    env.cleanup().await;
+}

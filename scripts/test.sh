@@ -50,6 +50,10 @@ step "Chromium for the browser test (scripts/ensure-chromium.sh)"
 step "agent tests (pytest)"
 "$repo/scripts/agent-tests.sh"
 
+step "the lean engine's library (cargo build -p sandgate-lean)"
+# libsandgate_lean.so, which each zygote loads, lands next to the test binaries and sandgate.
+cargo build -p sandgate-lean --locked
+
 step "cargo test (against the real stack)"
 cargo test --workspace --locked "$@"
 

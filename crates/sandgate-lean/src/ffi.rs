@@ -101,8 +101,12 @@ pub extern "C" fn sg_lean_after_fork(err: *mut c_char, len: usize) -> c_int {
 
 /// In the child: builds its container from the JSON [`EnterSpec`] at `spec`/`spec_len`
 /// ([`child::enter`]). On -1 the caller must exit without running anything else.
+///
+/// # Safety
+/// `spec` must point at `spec_len` readable bytes and `err` at `len` writable bytes (or be null),
+/// both for the duration of the call.
 #[unsafe(no_mangle)]
-pub extern "C" fn sg_lean_enter(
+pub unsafe extern "C" fn sg_lean_enter(
     spec: *const u8,
     spec_len: usize,
     err: *mut c_char,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandgate_sandbox::{
-    DockerBackend, DockerError, ManagerConfig, PoolConfig, SandboxError, SandboxManager,
+    DockerBackend, DockerError, Engines, LeanBackend, LeanConfig, ManagerConfig, PoolConfig,
+    SandboxError, SandboxManager,
 };
 use sandgate_store::{PgPool, StoreError};
 use secrecy::ExposeSecret;
@@ -41,6 +42,9 @@ pub enum StartError {
     /// The sandbox image could not be made ready as `sandbox.pull` says.
     #[error("the sandbox image is not ready on this node's engine")]
     SandboxImage(#[source] DockerError),
+    /// The profile names the lean engine and this node cannot run it.
+    #[error("the profile's runtime is \"lean\" and this node cannot run the lean engine: {0}")]
+    Lean(String),
     /// The sandbox manager could not start.
     #[error("cannot start the sandbox manager")]
     Sandboxes(#[source] SandboxError),
@@ -426,6 +430,44 @@ pub async fn migrate(config: &Config) -> Result<(), StartError> {
 }
 
 /// The sandbox manager of this process's own node, for the configured profile.
+/// The node's engines: Docker, and the lean engine when the profile's runtime is `lean` (whose
+/// zygote starts importing at once, so the first sandbox does not wait for it).
+fn engines(config: &Config, docker: DockerBackend) -> Result<Engines, StartError> {
+    let profile = &config.sandbox;
+    if !profile.runtime.is_lean() {
+        return Ok(Engines::new(docker, Err("no profile names it".into())));
+    }
+    let library = if config.lean.library.is_empty() {
+        LeanConfig::library_beside_executable().ok_or_else(|| {
+            StartError::Lean(
+                "libsandgate_lean.so is not next to the sandgate binary (cargo build -p \
+                 sandgate-lean, or set lean.library)"
+                    .into(),
+            )
+        })?
+    } else {
+        std::path::PathBuf::from(&config.lean.library)
+    };
+    let lean = LeanBackend::new(
+        docker.client().clone(),
+        LeanConfig {
+            dir: config.lean.dir.clone(),
+            library,
+        },
+    )
+    .map_err(|e| StartError::Lean(e.to_string()))?;
+    let warm = lean.clone();
+    let image = profile.image.clone();
+    tokio::spawn(async move {
+        if let Err(err) = warm.warm(&image).await {
+            tracing::warn!(error = %err, "the lean engine's zygote did not start; the first sandbox retries");
+        }
+    });
+    let engines = Engines::new(docker, Ok(lean));
+    tracing::info!(profile = %profile.name, engine = %engines.describe(profile), "sandbox engine");
+    Ok(engines)
+}
+
 fn sandbox_manager(config: &Config, docker: DockerBackend) -> Result<SandboxManager, StartError> {
     let mut manager_config = ManagerConfig::new(config.instance.clone());
     manager_config.demand_window = Duration::from_secs(config.pool.demand_window_seconds);
@@ -437,7 +479,7 @@ fn sandbox_manager(config: &Config, docker: DockerBackend) -> Result<SandboxMana
         max_concurrent_starts: config.pool.max_concurrent_starts,
     };
     SandboxManager::start(
-        Arc::new(docker),
+        Arc::new(engines(config, docker)?),
         vec![config.sandbox.clone()],
         manager_config,
     )

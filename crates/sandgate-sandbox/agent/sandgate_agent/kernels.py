@@ -60,7 +60,7 @@ class KernelProcess:
     def __init__(self, rt, agent):
         to_kernel_r, to_kernel_w = os.pipe()
         from_kernel_r, from_kernel_w = os.pipe()
-        forks = rt.kernel_forks
+        forks = getattr(rt, "kernel_forks", None)
         lean = forks is not None and forks.alive
         env = {ENV_KERNEL_FDS: f"{to_kernel_r},{from_kernel_w}"}
         archive = ()

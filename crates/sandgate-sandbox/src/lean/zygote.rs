@@ -51,6 +51,9 @@ struct Message {
     threads: Option<u32>,
 }
 
+/// Spawns waiting for the zygote's answer, by sandbox id: the child's pid, or why not.
+type Pending = Arc<Mutex<HashMap<String, oneshot::Sender<Result<i32, String>>>>>;
+
 /// Told of every child the zygote reaps: (host pid, exit code or minus the signal).
 pub type ExitSink = Arc<dyn Fn(i32, i64) + Send + Sync>;
 
@@ -63,7 +66,7 @@ pub struct Zygote {
     /// When it said ready.
     pub started: Instant,
     sock: Arc<AsyncFd<OwnedFd>>,
-    pending: Arc<Mutex<HashMap<String, oneshot::Sender<Result<i32, String>>>>>,
+    pending: Pending,
     alive: Arc<std::sync::atomic::AtomicBool>,
     child: Mutex<std::process::Child>,
 }
@@ -176,31 +179,28 @@ impl Zygote {
         let pending = self.pending.clone();
         let alive = self.alive.clone();
         tokio::spawn(async move {
-            loop {
-                match recv(&sock).await {
-                    Ok(Some(msg)) => match msg.op.as_str() {
-                        "spawned" | "refused" => {
-                            let id = msg.id.unwrap_or_default();
-                            let waiter = pending
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .remove(&id);
-                            if let Some(waiter) = waiter {
-                                let answer = match msg.pid {
-                                    Some(pid) if msg.op == "spawned" => Ok(pid),
-                                    _ => Err(msg.error.unwrap_or_else(|| "refused".into())),
-                                };
-                                let _ = waiter.send(answer);
-                            }
+            while let Ok(Some(msg)) = recv(&sock).await {
+                match msg.op.as_str() {
+                    "spawned" | "refused" => {
+                        let id = msg.id.unwrap_or_default();
+                        let waiter = pending
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&id);
+                        if let Some(waiter) = waiter {
+                            let answer = match msg.pid {
+                                Some(pid) if msg.op == "spawned" => Ok(pid),
+                                _ => Err(msg.error.unwrap_or_else(|| "refused".into())),
+                            };
+                            let _ = waiter.send(answer);
                         }
-                        "exited" => {
-                            if let (Some(pid), Some(code)) = (msg.pid, msg.code) {
-                                on_exit(pid, code);
-                            }
+                    }
+                    "exited" => {
+                        if let (Some(pid), Some(code)) = (msg.pid, msg.code) {
+                            on_exit(pid, code);
                         }
-                        _ => {}
-                    },
-                    Ok(None) | Err(_) => break,
+                    }
+                    _ => {}
                 }
             }
             alive.store(false, std::sync::atomic::Ordering::SeqCst);

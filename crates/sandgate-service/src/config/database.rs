@@ -41,6 +41,16 @@ impl DatabaseConfig {
     }
 }
 
+/// The lean engine's settings (`[lean]`): used by a node whose profile's runtime is `lean`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeanSettings {
+    /// Where the node unpacks each sandbox image's root filesystem, once per image version.
+    pub dir: std::path::PathBuf,
+    /// The lean engine's library (`libsandgate_lean.so`); empty: next to the running binary.
+    pub library: String,
+}
+
 /// Docker engine settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

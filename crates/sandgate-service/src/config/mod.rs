@@ -29,7 +29,7 @@ mod retention;
 mod snapshots;
 mod validation;
 
-pub use database::{DatabaseConfig, DockerConfig};
+pub use database::{DatabaseConfig, DockerConfig, LeanSettings};
 pub use egress::EgressConfig;
 pub use http::HttpConfig;
 pub use keys::{DEVELOPMENT_SECRET, KeysConfig, LinksConfig, RETIRED_KEY_GRACE};
@@ -64,6 +64,8 @@ pub struct Config {
     pub database: DatabaseConfig,
     /// The Docker engine.
     pub docker: DockerConfig,
+    /// The lean engine.
+    pub lean: LeanSettings,
     /// The sandbox profile.
     pub sandbox: SandboxProfile,
     /// The warm pool.

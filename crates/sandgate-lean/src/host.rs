@@ -98,3 +98,19 @@ pub fn spawn_zygote(launch: ZygoteLaunch) -> io::Result<Child> {
     drop(launch.inherit); // the zygote has its copies; ours close
     child
 }
+
+/// Starts `binary` with `args`, detached: a session of its own, stdio to /dev/null, not waited
+/// for (it outlives the caller).
+pub fn spawn_detached(binary: &std::path::Path, args: &[&OsStr]) -> io::Result<()> {
+    let mut command = Command::new(binary);
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: the hook only calls setsid, which allocates nothing.
+    unsafe {
+        command.pre_exec(sys::setsid);
+    }
+    command.spawn().map(drop)
+}

@@ -11,12 +11,14 @@
 //!   compiled to BPF once per zygote and installed in every child.
 //! - [`ffi`]: the C interface the zygote calls (`sg_lean_*`).
 //! - [`host`]: the node's side: starting a zygote inside an image's root filesystem.
+//! - [`keeper`]: the process that holds lean sandboxes' descriptors across node restarts.
 //!
 //! Only Linux is supported: the lean engine needs namespaces, cgroups and seccomp.
 
 pub mod child;
 pub mod ffi;
 pub mod host;
+pub mod keeper;
 pub mod seccomp;
 pub mod spec;
 mod sys;

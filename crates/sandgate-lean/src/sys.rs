@@ -390,3 +390,71 @@ pub fn kill(pid: i32, signal: i32) -> io::Result<()> {
     // SAFETY: kill takes integers only.
     check(unsafe { libc::kill(pid, signal) })
 }
+
+fn unix_address(path: &std::path::Path) -> io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    use std::os::unix::ffi::OsStrExt as _;
+    // SAFETY: sockaddr_un is a plain C struct; zeroed is valid before its fields are set.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long",
+        ));
+    }
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    Ok((addr, len as libc::socklen_t))
+}
+
+fn seqpacket_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket returns a new descriptor or -1.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just made and is ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A listening `SOCK_SEQPACKET` socket bound at `path` (blocking).
+pub fn seqpacket_listen(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let fd = seqpacket_socket()?;
+    let (addr, len) = unix_address(path)?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes that outlives the calls.
+    unsafe {
+        check(libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len))?;
+        check(libc::listen(fd.as_raw_fd(), 16))?;
+    }
+    Ok(fd)
+}
+
+/// Accepts one connection on a listening socket (blocking).
+pub fn seqpacket_accept(listener: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: accept4 with null address pointers returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::accept4(
+            listener.as_raw_fd(),
+            ptr::null_mut(),
+            ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor was just made and is ours alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Connects a `SOCK_SEQPACKET` socket to `path` (blocking).
+pub fn seqpacket_connect(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let fd = seqpacket_socket()?;
+    let (addr, len) = unix_address(path)?;
+    // SAFETY: `addr` is a valid sockaddr_un of `len` bytes that outlives the call.
+    check(unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast(), len) })?;
+    Ok(fd)
+}

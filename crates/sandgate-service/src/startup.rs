@@ -437,25 +437,13 @@ fn engines(config: &Config, docker: DockerBackend) -> Result<Engines, StartError
     if !profile.runtime.is_lean() {
         return Ok(Engines::new(docker, Err("no profile names it".into())));
     }
-    let library = if config.lean.library.is_empty() {
-        LeanConfig::library_beside_executable().ok_or_else(|| {
-            StartError::Lean(
-                "libsandgate_lean.so is not next to the sandgate binary (cargo build -p \
-                 sandgate-lean, or set lean.library)"
-                    .into(),
-            )
-        })?
-    } else {
-        std::path::PathBuf::from(&config.lean.library)
-    };
-    let lean = LeanBackend::new(
-        docker.client().clone(),
-        LeanConfig {
-            dir: config.lean.dir.clone(),
-            library,
-        },
-    )
-    .map_err(|e| StartError::Lean(e.to_string()))?;
+    let mut settings =
+        LeanConfig::beside_executable_in(config.lean.dir.clone()).map_err(StartError::Lean)?;
+    if !config.lean.library.is_empty() {
+        settings.library = std::path::PathBuf::from(&config.lean.library);
+    }
+    let lean = LeanBackend::new(docker.client().clone(), settings)
+        .map_err(|e| StartError::Lean(e.to_string()))?;
     let warm = lean.clone();
     let image = profile.image.clone();
     tokio::spawn(async move {

@@ -14,7 +14,7 @@ pub mod zygote;
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,16 +46,24 @@ const KILL_DEADLINE: Duration = Duration::from_secs(10);
 /// The lean engine's settings.
 #[derive(Debug, Clone)]
 pub struct LeanConfig {
-    /// Where unpacked images live (`<dir>/images/<id>/rootfs`).
+    /// Where unpacked images (`<dir>/images/<id>/rootfs`), the records of live sandboxes
+    /// (`<dir>/sandboxes/`) and the keeper's socket live; only root may enter it.
     pub dir: PathBuf,
     /// The lean library (`libsandgate_lean.so`) the zygotes load.
     pub library: PathBuf,
+    /// The keeper (`sandgate-lean-keeper`), started once per node directory.
+    pub keeper: PathBuf,
 }
 
+/// The lean library's file name.
+pub const LIBRARY: &str = "libsandgate_lean.so";
+/// The keeper's file name.
+pub const KEEPER: &str = "sandgate-lean-keeper";
+
 impl LeanConfig {
-    /// The library next to the running executable (`target/<profile>/` in a build, or beside the
+    /// `name` next to the running executable (`target/<profile>/` in a build, or beside the
     /// installed binary), or one directory up (test binaries run from `deps/`).
-    pub fn library_beside_executable() -> Option<PathBuf> {
+    pub fn beside_executable(name: &str) -> Option<PathBuf> {
         let exe = std::env::current_exe().ok()?;
         let dir = exe.parent()?;
         [
@@ -64,22 +72,41 @@ impl LeanConfig {
             dir.parent()?.to_path_buf(),
         ]
         .into_iter()
-        .map(|d| d.join("libsandgate_lean.so"))
+        .map(|d| d.join(name))
         .find(|p| p.exists())
+    }
+
+    /// Settings for `dir` with the library and the keeper found next to the running executable.
+    pub fn beside_executable_in(dir: PathBuf) -> Result<Self, String> {
+        let find = |name: &str| {
+            Self::beside_executable(name).ok_or_else(|| {
+                format!("{name} is not next to the running binary (cargo build -p sandgate-lean)")
+            })
+        };
+        Ok(Self {
+            dir,
+            library: find(LIBRARY)?,
+            keeper: find(KEEPER)?,
+        })
     }
 }
 
-/// What the engine knows of one sandbox.
-#[derive(Debug)]
+/// What the engine knows of one sandbox; all but `exit` is also on disk
+/// (`<dir>/sandboxes/<container id>.json`), so a restarted node knows its sandboxes again.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Record {
     sandbox_id: String,
     profile: String,
     instance: String,
     pid: i32,
-    cgroup: SandboxCgroup,
     created_unix: i64,
     image_id: String,
+    #[serde(skip)]
     exit: Option<i64>,
+    /// The zygote that forked it, while this node knows it: its exit code is still to come
+    /// when its processes are gone but the zygote has not told yet.
+    #[serde(skip)]
+    zygote: Option<std::sync::Weak<Zygote>>,
 }
 
 #[derive(Debug)]
@@ -87,6 +114,7 @@ struct Inner {
     docker: bollard::Docker,
     config: LeanConfig,
     layout: Layout,
+    keeper: sandgate_lean::keeper::Keeper,
     zygotes: tokio::sync::Mutex<HashMap<String, Arc<Zygote>>>,
     sandboxes: Arc<Mutex<HashMap<String, Record>>>,
 }
@@ -110,15 +138,34 @@ impl LeanBackend {
             return Err(io::Error::other("the lean engine needs root"));
         }
         let layout = Layout::detect()?;
+        std::fs::create_dir_all(config.dir.join("sandboxes"))?;
+        std::fs::set_permissions(
+            &config.dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )?;
+        let keeper = sandgate_lean::keeper::Keeper::connect_or_start(
+            &config.keeper,
+            &config.dir.join("keeper.sock"),
+        )?;
+        let sandboxes = load_records(&config.dir, layout, &keeper);
         Ok(Self {
             inner: Arc::new(Inner {
                 docker,
                 config,
                 layout,
+                keeper,
                 zygotes: tokio::sync::Mutex::default(),
-                sandboxes: Arc::default(),
+                sandboxes: Arc::new(Mutex::new(sandboxes)),
             }),
         })
+    }
+
+    fn record_path(&self, container_id: &str) -> PathBuf {
+        self.inner
+            .config
+            .dir
+            .join("sandboxes")
+            .join(format!("{container_id}.json"))
     }
 
     /// The zygote serving `image`, started (and the image unpacked) if there is none alive.
@@ -148,13 +195,40 @@ impl LeanBackend {
 
     async fn launch_inner(&self, spec: &LaunchSpec) -> io::Result<Launched> {
         let profile = &spec.profile;
-        let zygote = self.zygote(&profile.image).await?;
         let container_id = format!(
             "{ID_PREFIX}{}",
             &uuid::Uuid::new_v4().simple().to_string()[..16]
         );
         let cgroup = SandboxCgroup::new(self.inner.layout, &container_id);
         cgroup.create(profile)?;
+        // A zygote that died (killed, say) is replaced; a launch it was asked for just as it
+        // died is asked of its replacement, once.
+        let mut attempt = 0;
+        let launched = loop {
+            attempt += 1;
+            let zygote = match self.zygote(&profile.image).await {
+                Ok(zygote) => zygote,
+                Err(err) => break Err(err),
+            };
+            match self.spawn(spec, &zygote, &container_id, &cgroup).await {
+                Err(_) if attempt == 1 && !zygote.alive() => continue,
+                other => break other,
+            }
+        };
+        if launched.is_err() {
+            let _ = cgroup.destroy(KILL_DEADLINE).await;
+        }
+        launched
+    }
+
+    async fn spawn(
+        &self,
+        spec: &LaunchSpec,
+        zygote: &Arc<Zygote>,
+        container_id: &str,
+        cgroup: &SandboxCgroup,
+    ) -> io::Result<Launched> {
+        let profile = &spec.profile;
         let (node_end, sandbox_end) = std::os::unix::net::UnixStream::pair()?;
         let (stderr_r, stderr_w) = std::io::pipe()?;
         let enter = EnterSpec {
@@ -179,57 +253,60 @@ impl LeanBackend {
                 OwnedFd::from(stderr_w),
             )
             .await;
-        let pid = match spawned {
-            Ok(pid) => pid,
-            Err(err) => {
-                let _ = cgroup.destroy(KILL_DEADLINE).await;
-                return Err(err);
-            }
+        let pid = spawned?;
+        let stdio = OwnedFd::from(node_end);
+        let stderr = OwnedFd::from(stderr_r);
+        // The keeper holds copies first: from now on a node restart does not end the sandbox.
+        self.inner
+            .keeper
+            .put(container_id, &[stdio.as_fd(), stderr.as_fd()])?;
+        let record = Record {
+            sandbox_id: spec.sandbox_id.clone(),
+            profile: profile.name.clone(),
+            instance: spec.instance.clone(),
+            pid,
+            created_unix: chrono::Utc::now().timestamp(),
+            image_id: zygote.image_id.clone(),
+            exit: None,
+            zygote: Some(Arc::downgrade(zygote)),
         };
+        let json = serde_json::to_vec(&record).map_err(io::Error::other)?;
+        tokio::fs::write(self.record_path(container_id), json).await?;
         self.inner
             .sandboxes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                container_id.clone(),
-                Record {
-                    sandbox_id: spec.sandbox_id.clone(),
-                    profile: profile.name.clone(),
-                    instance: spec.instance.clone(),
-                    pid,
-                    cgroup,
-                    created_unix: chrono::Utc::now().timestamp(),
-                    image_id: zygote.image_id.clone(),
-                    exit: None,
-                },
-            );
-        node_end.set_nonblocking(true)?;
-        let stream = tokio::net::UnixStream::from_std(node_end)?;
-        let (read, write) = stream.into_split();
-        let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(stderr_r))?;
-        let stdout = ReaderStream::new(read).map(|r| r.map(StreamChunk::Stdout));
-        let stderr = ReaderStream::new(stderr).map(|r| r.map(StreamChunk::Stderr));
+            .insert(container_id.to_owned(), record);
         Ok(Launched {
-            container_id,
-            streams: AgentStreams {
-                output: futures::stream::select(stdout, stderr).boxed(),
-                input: Box::pin(write),
-            },
+            container_id: container_id.to_owned(),
+            streams: streams(stdio, stderr)?,
         })
     }
 
     fn describe(&self, container_id: &str, record: &Record) -> ManagedContainer {
-        let fate = if record.cgroup.oom_kills() > 0 && record.exit.is_some() {
+        let cgroup = SandboxCgroup::new(self.inner.layout, container_id);
+        let fate = if cgroup.oom_kills() > 0 && record.exit.is_some() {
             ContainerFate::OomKilled {
-                memory_limit_bytes: record.cgroup.memory_limit(),
+                memory_limit_bytes: cgroup.memory_limit(),
             }
         } else if let Some(code) = record.exit {
             ContainerFate::Exited {
                 code: if code < 0 { 128 - code } else { code },
             }
-        } else if record.cgroup.pids().is_empty() {
-            // Its zygote is gone (so no exit code came), and so are its processes.
+        } else if cgroup.pids().is_empty()
+            && !record
+                .zygote
+                .as_ref()
+                .and_then(|z| z.upgrade())
+                .is_some_and(|z| z.alive())
+        {
+            // Its processes are gone, and no zygote will say how they ended (it died, or this
+            // node restarted since).
             ContainerFate::Exited { code: 137 }
+        } else if cgroup.pids().is_empty() {
+            // Gone, and its zygote is about to say how: until then, as a container that is
+            // stopping.
+            ContainerFate::Running
         } else {
             ContainerFate::Running
         };
@@ -247,12 +324,7 @@ impl LeanBackend {
 
     /// The memory charged to a sandbox's cgroup now, in bytes (for the benchmark and metrics).
     pub fn memory_usage(&self, container_id: &str) -> Option<u64> {
-        let map = self
-            .inner
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        map.get(container_id)?.cgroup.memory_usage()
+        SandboxCgroup::new(self.inner.layout, container_id).memory_usage()
     }
 
     /// The host pid of a sandbox's first process (its agent).
@@ -270,6 +342,60 @@ impl LeanBackend {
         let zygotes = self.inner.zygotes.lock().await;
         zygotes.get(image).filter(|z| z.alive()).map(|z| z.pid)
     }
+}
+
+/// The agent streams over a sandbox's protocol socket and stderr pipe (the node's ends).
+fn streams(stdio: OwnedFd, stderr: OwnedFd) -> io::Result<AgentStreams> {
+    let stdio = std::os::unix::net::UnixStream::from(stdio);
+    stdio.set_nonblocking(true)?;
+    // tokio::io::split, not UnixStream::into_split: the latter's write half shuts the socket
+    // down when dropped, which the agent would read as the end of its input (and exit) even
+    // while the keeper holds a copy for the next node.
+    let (read, write) = tokio::io::split(tokio::net::UnixStream::from_std(stdio)?);
+    let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(stderr)?;
+    let stdout = ReaderStream::new(read).map(|r| r.map(StreamChunk::Stdout));
+    let stderr = ReaderStream::new(stderr).map(|r| r.map(StreamChunk::Stderr));
+    Ok(AgentStreams {
+        output: futures::stream::select(stdout, stderr).boxed(),
+        input: Box::pin(write),
+    })
+}
+
+/// The records a previous node left (`<dir>/sandboxes/`) of sandboxes whose cgroup still exists;
+/// the others' records and kept descriptors go.
+fn load_records(
+    dir: &std::path::Path,
+    layout: Layout,
+    keeper: &sandgate_lean::keeper::Keeper,
+) -> HashMap<String, Record> {
+    let mut found = HashMap::new();
+    let Ok(entries) = std::fs::read_dir(dir.join("sandboxes")) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Some(id) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        let record = std::fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
+        match record {
+            Some(record) if SandboxCgroup::new(layout, &id).exists() => {
+                found.insert(id, record);
+            }
+            _ => {
+                let _ = keeper.forget(&id);
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    found
 }
 
 fn is_root() -> bool {
@@ -297,14 +423,19 @@ impl SandboxBackend for LeanBackend {
     }
 
     async fn attach(&self, container_id: &str) -> Result<AgentStreams, BackendError> {
-        // A lean sandbox's stdio is a socket its node holds from the launch; a node that lost it
-        // (restarted) cannot re-attach yet.
-        Err(BackendError::Attach {
+        let err = |source: io::Error| BackendError::Attach {
             container_id: container_id.to_owned(),
-            source: boxed(io::Error::other(
-                "a lean sandbox cannot be re-attached after its node restarted",
-            )),
-        })
+            source: boxed(source),
+        };
+        let fds = self.inner.keeper.get(container_id).map_err(err)?;
+        let mut fds = fds
+            .ok_or_else(|| io::Error::other("the keeper holds nothing of this sandbox"))
+            .map_err(err)?
+            .into_iter();
+        match (fds.next(), fds.next()) {
+            (Some(stdio), Some(stderr)) => streams(stdio, stderr).map_err(err),
+            _ => Err(err(io::Error::other("the keeper's copies are incomplete"))),
+        }
     }
 
     async fn inspect(&self, container_id: &str) -> Result<Option<ManagedContainer>, BackendError> {
@@ -320,26 +451,27 @@ impl SandboxBackend for LeanBackend {
 
     #[tracing::instrument(skip_all, fields(container_id))]
     async fn remove(&self, container_id: &str) -> Result<(), BackendError> {
-        let record = self
-            .inner
+        if !is_lean(container_id) || container_id.contains(['/', '.']) {
+            return Ok(()); // not a name this engine ever gave
+        }
+        self.inner
             .sandboxes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(container_id);
-        let cgroup = match record {
-            Some(record) => record.cgroup,
-            None => SandboxCgroup::new(self.inner.layout, container_id),
-        };
-        if !cgroup.exists() {
-            return Ok(());
+        let cgroup = SandboxCgroup::new(self.inner.layout, container_id);
+        if cgroup.exists() {
+            cgroup
+                .destroy(KILL_DEADLINE)
+                .await
+                .map_err(|source| BackendError::Remove {
+                    container_id: container_id.to_owned(),
+                    source: boxed(source),
+                })?;
         }
-        cgroup
-            .destroy(KILL_DEADLINE)
-            .await
-            .map_err(|source| BackendError::Remove {
-                container_id: container_id.to_owned(),
-                source: boxed(source),
-            })
+        let _ = self.inner.keeper.forget(container_id);
+        let _ = tokio::fs::remove_file(self.record_path(container_id)).await;
+        Ok(())
     }
 
     async fn list(&self, instance: &str) -> Result<Vec<ManagedContainer>, BackendError> {

@@ -57,8 +57,20 @@ pub async fn ensure(docker: &Docker, dir: &Path, image: &str) -> io::Result<Root
     let version = image_id.trim_start_matches("sha256:");
     let base = dir.join("images").join(version);
     let path = base.join("rootfs");
-    if !base.join("complete").exists() {
-        unpack(docker, image, &base, &path).await?;
+    if !base.exists() {
+        // Unpacked beside and renamed into place: a node (or another process of this machine)
+        // unpacking the same version at the same time never sees a half-made tree.
+        let temp = dir.join("images").join(format!(
+            ".{version}.{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        ));
+        unpack(docker, image, &temp, &temp.join("rootfs")).await?;
+        if let Err(err) = tokio::fs::rename(&temp, &base).await {
+            let _ = tokio::fs::remove_dir_all(&temp).await;
+            if !base.exists() {
+                return Err(err);
+            }
+        }
     }
     Ok(RootFs {
         image_id,
@@ -69,9 +81,6 @@ pub async fn ensure(docker: &Docker, dir: &Path, image: &str) -> io::Result<Root
 
 async fn unpack(docker: &Docker, image: &str, base: &Path, path: &Path) -> io::Result<()> {
     tracing::info!(image, dir = %base.display(), "unpacking the sandbox image for the lean engine");
-    if base.exists() {
-        tokio::fs::remove_dir_all(base).await?;
-    }
     tokio::fs::create_dir_all(base).await?;
     let tarball = base.join("export.tar");
     let name = format!(
@@ -118,7 +127,6 @@ async fn unpack(docker: &Docker, image: &str, base: &Path, path: &Path) -> io::R
         .await
         .map_err(io::Error::other)??;
     tokio::fs::remove_file(&tarball).await?;
-    tokio::fs::write(base.join("complete"), b"").await?;
     Ok(())
 }
 

@@ -210,9 +210,13 @@ impl Zygote {
         });
     }
 
-    /// Whether it still serves.
+    /// Whether it still serves (its reader has not seen it go, and its process has not ended).
     pub fn alive(&self) -> bool {
-        self.alive.load(std::sync::atomic::Ordering::SeqCst)
+        if !self.alive.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        matches!(child.try_wait(), Ok(None))
     }
 
     /// Forks a child that builds its container from `spec` and becomes the sandbox `id`'s agent,

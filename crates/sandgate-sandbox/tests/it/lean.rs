@@ -18,31 +18,28 @@ struct LeanEnv {
     instance: String,
 }
 
-fn lean_dir() -> std::path::PathBuf {
+fn lean_config() -> LeanConfig {
     let cache = std::env::var("SANDGATE_CACHE").unwrap_or_else(|_| "/var/cache/sandgate".into());
-    std::path::PathBuf::from(cache).join("lean")
+    LeanConfig::beside_executable_in(std::path::PathBuf::from(cache).join("lean"))
+        .expect("the lean library and keeper are built (cargo build -p sandgate-lean)")
 }
 
 impl LeanEnv {
     async fn new(name: &str) -> Self {
-        support::init_tracing();
-        let docker = DockerBackend::connect("").expect("a Docker client");
-        let library = LeanConfig::library_beside_executable().expect(
-            "libsandgate_lean.so is built beside the test binary (cargo build -p sandgate-lean)",
-        );
-        let lean = LeanBackend::new(
-            docker.client().clone(),
-            LeanConfig {
-                dir: lean_dir(),
-                library,
-            },
-        )
-        .expect("this host runs the lean engine (root, cgroups)");
-        let engines = Arc::new(Engines::new(docker, Ok(lean)));
         let instance = format!(
             "sandgate-test-{name}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
+        Self::of(instance).await
+    }
+
+    /// A node of `instance` (a new one each call: a restarted node).
+    async fn of(instance: String) -> Self {
+        support::init_tracing();
+        let docker = DockerBackend::connect("").expect("a Docker client");
+        let lean = LeanBackend::new(docker.client().clone(), lean_config())
+            .expect("this host runs the lean engine (root, cgroups)");
+        let engines = Arc::new(Engines::new(docker, Ok(lean)));
         let mut config = ManagerConfig::new(&instance);
         config.pool = PoolConfig {
             min_ready: 0,
@@ -264,4 +261,149 @@ async fn a_fork_bomb_and_an_allocation_loop_stay_inside_their_lean_sandbox() {
         "a fresh kernel serves the sandbox again"
     );
     env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_killed_zygote_is_replaced_and_its_sandboxes_keep_running() {
+    let env = LeanEnv::new("lean-zygote").await;
+    let before = env.lease().await;
+    value(&before, "kept = 41\nkept").await;
+    let lean = env.engines.lean().expect("the lean engine");
+    let zygote = lean
+        .zygote_pid(&support::image())
+        .await
+        .expect("a zygote serves the image");
+    std::process::Command::new("kill")
+        .args(["-9", &zygote.to_string()])
+        .status()
+        .expect("kill runs");
+    // The sandbox it forked does not depend on it.
+    assert_eq!(
+        value(&before, "kept + 1").await,
+        "42",
+        "a live sandbox keeps its state"
+    );
+    // The next sandbox comes from a new zygote.
+    let after = env.lease().await;
+    assert_eq!(value(&after, "import pandas\n1").await, "1");
+    let replacement = lean
+        .zygote_pid(&support::image())
+        .await
+        .expect("a zygote serves the image again");
+    assert_ne!(replacement, zygote, "a new zygote replaced the killed one");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_child_whose_setup_fails_never_becomes_a_sandbox_and_leaves_nothing_behind() {
+    use futures::StreamExt as _;
+    let env = LeanEnv::new("lean-setup-fails").await;
+    // More open files than the kernel allows (fs.nr_open): the child fails at its rlimits, after
+    // it made its namespaces and mounts.
+    let profile = SandboxProfile {
+        image: support::image(),
+        runtime: OciRuntime::Lean,
+        nofile: 1 << 30,
+        ..SandboxProfile::default()
+    };
+    let spec = sandgate_sandbox::backend::LaunchSpec {
+        profile,
+        instance: env.instance.clone(),
+        sandbox_id: "sbx_setupfails".into(),
+    };
+    let mut launched = env
+        .engines
+        .launch(&spec)
+        .await
+        .expect("the zygote forked a child");
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    while let Some(chunk) = launched.streams.output.next().await {
+        match chunk {
+            Ok(sandgate_sandbox::backend::StreamChunk::Stdout(b)) => stdout.extend_from_slice(&b),
+            Ok(sandgate_sandbox::backend::StreamChunk::Stderr(b)) => stderr.extend_from_slice(&b),
+            Err(_) => break,
+        }
+    }
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert!(
+        stdout.is_empty(),
+        "the agent never started: {}",
+        String::from_utf8_lossy(&stdout)
+    );
+    assert!(
+        stderr.contains("limiting open files"),
+        "the child said which step failed: {stderr}"
+    );
+    let id = launched.container_id.clone();
+    let fate = support::within(Duration::from_secs(10), "the child's exit", async {
+        loop {
+            let found = env.engines.inspect(&id).await.expect("inspect");
+            match found.map(|c| c.fate) {
+                Some(sandgate_sandbox::ContainerFate::Running) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                other => break other,
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        fate,
+        Some(sandgate_sandbox::ContainerFate::Exited { code: 70 }),
+        "the child exited before any sandbox code"
+    );
+    env.engines.remove(&id).await.expect("removed");
+    for hierarchy in ["memory", "pids", "cpu", ""] {
+        let dir = std::path::Path::new("/sys/fs/cgroup")
+            .join(hierarchy)
+            .join("sandgate-lean")
+            .join(&id);
+        assert!(!dir.exists(), "no cgroup left behind: {}", dir.display());
+    }
+    // Its mounts were made in its own mount namespace, private: none reached the host's.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(".sandgate-lean"),
+        "no mount of a sandbox's root on the host:\n{mounts}"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_lean_sandbox_outlives_its_node_and_is_adopted_with_its_variables() {
+    let first = LeanEnv::new("lean-restart").await;
+    let instance = first.instance.clone();
+    let sandbox = first.lease().await;
+    value(&sandbox, "kept = 'before the restart'\nkept").await;
+    let id = sandbox.container_id().to_owned();
+    // The node goes away: its manager, engines, zygote and every descriptor it held (the
+    // keeper holds copies).
+    drop(sandbox);
+    let LeanEnv {
+        manager, engines, ..
+    } = first;
+    drop(manager);
+    drop(engines);
+
+    let second = LeanEnv::of(instance).await;
+    let adopted = support::within(
+        Duration::from_secs(60),
+        "the adoption",
+        second.manager.adopt(&id),
+    )
+    .await
+    .expect("the restarted node adopts its lean sandbox");
+    assert_eq!(
+        value(&adopted, "kept").await,
+        "'before the restart'",
+        "the kernel's state survived the node's restart"
+    );
+    let (code, stdout, _) = shell(&adopted, "echo still here").await;
+    assert_eq!(
+        (code, stdout.trim()),
+        (Some(0), "still here"),
+        "commands run after the adoption"
+    );
+    second.cleanup().await;
 }

@@ -228,6 +228,26 @@ def serve(sock, archive_fd, log_fd):
         send({"op": "started", "pid": pid})
 
 
+def add_user_site():
+    """The user's packages directory (PYTHONUSERBASE, where pip installs) on sys.path ahead of
+    the system's packages, as a Python started now would have it: the zygote's sys.path was made
+    before the directory existed, under another environment."""
+    import site
+    import sys
+
+    site.USER_BASE = None
+    site.USER_SITE = None
+    user_site = site.getusersitepackages()
+    if user_site in sys.path:
+        return
+    at = next(
+        (i for i, p in enumerate(sys.path) if p.endswith(("site-packages", "dist-packages"))),
+        len(sys.path),
+    )
+    sys.path.insert(at, user_site)
+    site.addsitedir(user_site)  # its .pth files
+
+
 def become_kernel(proto_in, proto_out, env, archive_fd, log_fd):
     """In the fork server's child: the sandbox user, fresh generators, the kernel role. Until
     the kernel role starts its failures go to the agent's log; then the log is closed (user code
@@ -254,6 +274,7 @@ def become_kernel(proto_in, proto_out, env, archive_fd, log_fd):
         os.environ[ENV_KERNEL_FDS] = f"{proto_in},{proto_out}"
         os.environ.pop(ENV_ARCHIVE_FD, None)
         os.chdir(HOME)
+        add_user_site()
         reseed(fresh_seed(b""))
         from . import cells
 

@@ -57,6 +57,15 @@ cargo build -p sandgate-lean --locked
 step "cargo test (against the real stack)"
 cargo test --workspace --locked "$@"
 
+# The MCP conversations again with the sandbox profile on the lean engine (runtime "lean": sandboxes
+# forked from a warmed zygote, docs/architecture.md): the official Python SDK's and rmcp's
+# conversations, resources, packages, pausing, the README's example. The lean engine's own
+# isolation and fault tests run in the sandbox crate's suite above.
+if (($# == 0)); then
+	step "MCP conversations on the lean engine"
+	SANDGATE_TEST_RUNTIME=lean cargo test -p sandgate --test e2e --locked -- python_sdk:: support_analyst
+fi
+
 # The sandbox suite again under gVisor: a profile may name the runsc runtime and everything must
 # hold there too. stack.sh registers runsc when Debian's package is installable.
 if (($# == 0)); then

@@ -49,7 +49,12 @@ impl Cli {
             .spawn()
             .expect("the sandgate binary runs");
         let mut input = child.stdin.take().expect("stdin is piped");
-        input.write_all(stdin.as_bytes()).await.expect("stdin");
+        // A command refused before it reads its input (a bad setting) may have exited already.
+        match input.write_all(stdin.as_bytes()).await {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(err) => panic!("writing the command's standard input: {err}"),
+        }
         drop(input);
         let output = child.wait_with_output().await.expect("it finishes");
         self.logs.push_str(&String::from_utf8_lossy(&output.stderr));

@@ -128,8 +128,11 @@ fn build_root(spec: &EnterSpec) -> Result<(), EnterError> {
     .at("mounting /proc")?;
     build_dev(&at("/dev"))?;
     build_sys(&at("/sys"), &spec.cgroup_mounts)?;
+    // The sandbox's own /dev/null (made above), never the host's: a bind shares the inode, and
+    // root in the sandbox could chmod a bind of the host's.
+    let null = at("/dev/null");
     for path in MASKED_PATHS {
-        mask(&at(path))?;
+        mask(&at(path), &null)?;
     }
     for path in READONLY_PATHS {
         read_only(&at(path))?;
@@ -232,7 +235,7 @@ fn build_sys(sys_dir: &str, mounts: &[CgroupMount]) -> Result<(), EnterError> {
     .at("making /sys read-only")
 }
 
-fn mask(path: &str) -> Result<(), EnterError> {
+fn mask(path: &str, null: &str) -> Result<(), EnterError> {
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return Ok(()); // not in this kernel's /proc: nothing to hide
     };
@@ -245,7 +248,20 @@ fn mask(path: &str) -> Result<(), EnterError> {
             Some("size=0"),
         )
     } else {
-        sys::mount(Some("/dev/null"), path, None, libc::MS_BIND, None)
+        sys::mount(Some(null), path, None, libc::MS_BIND, None).and_then(|()| {
+            sys::mount(
+                None,
+                path,
+                None,
+                libc::MS_BIND
+                    | libc::MS_REMOUNT
+                    | libc::MS_RDONLY
+                    | libc::MS_NOSUID
+                    | libc::MS_NODEV
+                    | libc::MS_NOEXEC,
+                None,
+            )
+        })
     }
     .at(format!("masking {path}"))
 }

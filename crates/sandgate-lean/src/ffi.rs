@@ -48,6 +48,15 @@ pub extern "C" fn sg_lean_abi_version() -> u32 {
     ABI_VERSION
 }
 
+/// The hash of the sources this library was built from ([`crate::spec::SOURCE_HASH`]), a
+/// NUL-terminated string that lives as long as the library.
+#[unsafe(no_mangle)]
+pub extern "C" fn sg_lean_source_hash() -> *const c_char {
+    static HASH: OnceLock<std::ffi::CString> = OnceLock::new();
+    HASH.get_or_init(|| std::ffi::CString::new(crate::spec::SOURCE_HASH).unwrap_or_default())
+        .as_ptr()
+}
+
 /// Once per zygote, before its first fork: compiles the seccomp filter and keeps a descriptor of
 /// the zygote's pid namespace.
 #[unsafe(no_mangle)]
@@ -128,14 +137,4 @@ pub unsafe extern "C" fn sg_lean_enter(
         child::enter(&spec, &prepared.filter).map_err(|e| e.to_string())
     })();
     outcome(result.map_err(|e: String| e), err, len)
-}
-
-/// In a process that is to run nothing but the sandbox user's code from now on: not dumpable.
-#[unsafe(no_mangle)]
-pub extern "C" fn sg_lean_not_dumpable(err: *mut c_char, len: usize) -> c_int {
-    outcome(
-        sys::not_dumpable().map_err(|e| format!("PR_SET_DUMPABLE: {e}")),
-        err,
-        len,
-    )
 }

@@ -29,10 +29,10 @@ pub struct ZygoteLaunch {
     pub inherit: Vec<OwnedFd>,
 }
 
-/// Starts a zygote: in a private mount namespace of its own whose root is `rootfs` (bound onto
-/// itself), with the host's `/sys` and `/dev` and a `/proc` under it (the zygote writes its
-/// children into their cgroups and masks paths with `/dev/null`), a private `/tmp`, in a session of
-/// its own. Its stdout and stderr are piped to the caller; stdin is empty.
+/// Starts a zygote: in mount, network, IPC and UTS namespaces of its own, whose root is `rootfs`
+/// (bound onto itself, read-only), with the host's `/sys` and `/dev` and a `/proc` under it (the
+/// zygote writes its children into their cgroups), a private `/tmp`, in a session of its own. Its
+/// stdout and stderr are piped to the caller; stdin is empty.
 pub fn spawn_zygote(launch: ZygoteLaunch) -> io::Result<Child> {
     let c = |p: PathBuf| CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other);
     let root = c(launch.rootfs.clone())?;
@@ -51,7 +51,9 @@ pub fn spawn_zygote(launch: ZygoteLaunch) -> io::Result<Child> {
         .stderr(Stdio::piped());
     let hook = move || -> io::Result<()> {
         sys::setsid()?;
-        sys::unshare(libc::CLONE_NEWNS)?;
+        sys::unshare(
+            libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS,
+        )?;
         sys::mount_c(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
         sys::mount_c(Some(&root), &root, None, libc::MS_BIND, None)?;
         sys::mount_c(
@@ -81,6 +83,14 @@ pub fn spawn_zygote(launch: ZygoteLaunch) -> io::Result<Child> {
             Some(c"tmpfs"),
             libc::MS_NOSUID | libc::MS_NODEV,
             Some(c"size=64m,mode=1777"),
+        )?;
+        // The image's tree read-only for the zygote too (the mounts under it stay as they are).
+        sys::mount_c(
+            None,
+            &root,
+            None,
+            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+            None,
         )?;
         sys::pivot_into(&root)?;
         for fd in &inherit {

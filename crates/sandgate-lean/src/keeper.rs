@@ -42,6 +42,10 @@ pub fn serve(path: &Path) -> io::Result<()> {
     let kept: Kept = Arc::default();
     loop {
         let conn = sys::seqpacket_accept(listener.as_fd())?;
+        // Root only (the node), whatever the socket's directory allows.
+        if sys::peer_uid(conn.as_fd()).ok() != Some(0) {
+            continue;
+        }
         let kept = kept.clone();
         std::thread::spawn(move || {
             let _ = serve_connection(&conn, &kept);

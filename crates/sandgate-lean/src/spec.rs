@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 /// the library it loaded, and a node refuses a zygote whose library is not its own.
 pub const ABI_VERSION: u32 = 1;
 
+/// A hash of this crate's sources (build.rs): the zygote reports the one of the library it loaded,
+/// and a node refuses a library built from other sources than its own.
+pub const SOURCE_HASH: &str = env!("SANDGATE_LEAN_SOURCE_HASH");
+
 /// Where the zygote's child binds the image's root before it pivots into it: a directory the node
 /// makes in every root filesystem it unpacks (empty, never seen from inside a sandbox).
 pub const STAGING_DIR: &str = "/.sandgate-lean";

@@ -222,13 +222,6 @@ pub fn no_new_privs() -> io::Result<()> {
     check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })
 }
 
-/// `PR_SET_DUMPABLE` off: other processes of the same uid can neither ptrace this one nor open its
-/// `/proc` files.
-pub fn not_dumpable() -> io::Result<()> {
-    // SAFETY: prctl with integer arguments only.
-    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) })
-}
-
 /// Number of threads of the calling process (`/proc/self/task`).
 pub fn thread_count() -> io::Result<usize> {
     Ok(std::fs::read_dir("/proc/self/task")?.count())
@@ -457,4 +450,22 @@ pub fn seqpacket_connect(path: &std::path::Path) -> io::Result<OwnedFd> {
     // SAFETY: `addr` is a valid sockaddr_un of `len` bytes that outlives the call.
     check(unsafe { libc::connect(fd.as_raw_fd(), (&raw const addr).cast(), len) })?;
     Ok(fd)
+}
+
+/// The uid of the process at the other end of a connected unix socket (`SO_PEERCRED`).
+pub fn peer_uid(sock: BorrowedFd<'_>) -> io::Result<u32> {
+    // SAFETY: ucred is a plain C struct; zeroed is valid before getsockopt fills it.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and outlive the call.
+    check(unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    })?;
+    Ok(cred.uid)
 }

@@ -274,14 +274,16 @@ def become_kernel(proto_in, proto_out, env, archive_fd, log_fd):
         os.environ[ENV_KERNEL_FDS] = f"{proto_in},{proto_out}"
         os.environ.pop(ENV_ARCHIVE_FD, None)
         os.chdir(HOME)
-        add_user_site()
-        reseed(fresh_seed(b""))
-        from . import cells
-
+        # From here on code the user controls may run (the .pth files of the packages directory):
+        # the agent's log is closed first.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 2)
         os.close(devnull)
         os.close(log_fd)
+        add_user_site()
+        reseed(fresh_seed(b""))
+        from . import cells
+
         cells.main(None, archive_fd)
     except BaseException as err:
         try:

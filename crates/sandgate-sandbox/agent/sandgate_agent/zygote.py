@@ -9,7 +9,8 @@ only way to reach it, and a sealed memory file holding the node's `libsandgate_l
 code. This module only calls that library; it decides nothing about isolation itself.
 
 Messages are JSON objects, one per packet:
-- zygote -> node, once: `{"op": "ready", "abi", "pid", "threads", "modules"}`;
+- zygote -> node, once: `{"op": "ready", "abi", "source", "pid", "threads", "modules"}` (the
+  library's interface version and source hash);
 - node -> zygote: `{"op": "spawn", "id", "spec"}` with two descriptors attached, the sandbox's
   protocol socket (its stdin and stdout) and the write end of its stderr pipe; answered with
   `{"op": "spawned", "id", "pid"}` or `{"op": "refused", "id", "error"}`;
@@ -54,8 +55,7 @@ class Library:
 
     def __init__(self, fd):
         self.lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
-        for name in ("sg_lean_prepare", "sg_lean_before_fork", "sg_lean_after_fork",
-                     "sg_lean_not_dumpable"):
+        for name in ("sg_lean_prepare", "sg_lean_before_fork", "sg_lean_after_fork"):
             getattr(self.lib, name).argtypes = (ctypes.c_char_p, ctypes.c_size_t)
             getattr(self.lib, name).restype = ctypes.c_int
         self.lib.sg_lean_enter.argtypes = (
@@ -63,7 +63,9 @@ class Library:
         )
         self.lib.sg_lean_enter.restype = ctypes.c_int
         self.lib.sg_lean_abi_version.restype = ctypes.c_uint32
+        self.lib.sg_lean_source_hash.restype = ctypes.c_char_p
         self.abi = self.lib.sg_lean_abi_version()
+        self.source = self.lib.sg_lean_source_hash().decode()
 
     def call(self, name, *args):
         err = ctypes.create_string_buffer(ERR_LEN)
@@ -109,6 +111,7 @@ class Zygote:
             {
                 "op": "ready",
                 "abi": self.lib.abi,
+                "source": self.lib.source,
                 "pid": os.getpid(),
                 "threads": len(os.listdir("/proc/self/task")),
                 "modules": modules,

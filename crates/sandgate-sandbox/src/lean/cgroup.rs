@@ -125,7 +125,13 @@ impl SandboxCgroup {
     /// The processes in it now (empty when it does not exist).
     pub fn pids(&self) -> Vec<i32> {
         std::fs::read_to_string(self.dirs[0].join("cgroup.procs"))
-            .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            // 0 stands for a process outside the reader's pid namespace: never a pid to kill.
+            .map(|text| {
+                text.lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .filter(|pid| *pid > 0)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 

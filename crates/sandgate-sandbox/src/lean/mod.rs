@@ -246,8 +246,10 @@ impl LeanBackend {
             keep_fds: Vec::new(),
         };
         let spawned = zygote
+            // The container id, not the sandbox's: nothing a tenant knows reaches the zygote's
+            // memory, which every later sandbox copies.
             .spawn(
-                &spec.sandbox_id,
+                container_id,
                 &enter,
                 OwnedFd::from(sandbox_end),
                 OwnedFd::from(stderr_w),
@@ -256,10 +258,6 @@ impl LeanBackend {
         let pid = spawned?;
         let stdio = OwnedFd::from(node_end);
         let stderr = OwnedFd::from(stderr_r);
-        // The keeper holds copies first: from now on a node restart does not end the sandbox.
-        self.inner
-            .keeper
-            .put(container_id, &[stdio.as_fd(), stderr.as_fd()])?;
         let record = Record {
             sandbox_id: spec.sandbox_id.clone(),
             profile: profile.name.clone(),
@@ -270,8 +268,21 @@ impl LeanBackend {
             exit: None,
             zygote: Some(Arc::downgrade(zygote)),
         };
+        // The record first, then the keeper's copies (from then on a node restart does not end
+        // the sandbox): a node that stops between the two leaves a record whose sandbox ends
+        // (nothing holds its input), never a sandbox kept alive that no record names.
         let json = serde_json::to_vec(&record).map_err(io::Error::other)?;
-        tokio::fs::write(self.record_path(container_id), json).await?;
+        let path = self.record_path(container_id);
+        tokio::fs::write(&path, json).await?;
+        if let Err(err) = self
+            .inner
+            .keeper
+            .put(container_id, &[stdio.as_fd(), stderr.as_fd()])
+        {
+            let _ = self.inner.keeper.forget(container_id);
+            let _ = tokio::fs::remove_file(&path).await;
+            return Err(err);
+        }
         self.inner
             .sandboxes
             .lock()

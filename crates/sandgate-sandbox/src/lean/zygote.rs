@@ -14,7 +14,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
 use sandgate_lean::host::{self, ZygoteLaunch};
-use sandgate_lean::spec::{ABI_VERSION, EnterSpec};
+use sandgate_lean::spec::{ABI_VERSION, EnterSpec, SOURCE_HASH};
 
 use super::rootfs::RootFs;
 use crate::docker::{AGENT_BOOTSTRAP, agent_argument};
@@ -47,6 +47,8 @@ struct Message {
     error: Option<String>,
     #[serde(default)]
     abi: Option<u32>,
+    #[serde(default)]
+    source: Option<String>,
     #[serde(default)]
     threads: Option<u32>,
 }
@@ -152,6 +154,14 @@ impl Zygote {
             return Err(io::Error::other(format!(
                 "the zygote loaded a lean library of interface {:?}, this node's is {ABI_VERSION}",
                 ready.abi
+            )));
+        }
+        if ready.source.as_deref() != Some(SOURCE_HASH) {
+            return Err(io::Error::other(format!(
+                "the lean library {} was built from other sources ({:?}) than this node ({SOURCE_HASH}): \
+                 rebuild it (cargo build -p sandgate-lean)",
+                library.display(),
+                ready.source
             )));
         }
         if ready.threads != Some(1) {

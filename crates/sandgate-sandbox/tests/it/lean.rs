@@ -161,6 +161,11 @@ def shows(path):
     except OSError:
         return False
 out['masked_but_shown'] = [p for p in ('/proc/kcore', '/proc/keys', '/proc/timer_list', '/proc/sched_debug') if shows(p)]
+# Masked files are binds of the sandbox's own /dev/null (the host's would be changeable by root
+# in the sandbox), and read-only.
+null = os.stat('/dev/null')
+masked = [p for p in ('/proc/keys', '/proc/timer_list', '/proc/sched_debug', '/proc/kcore') if os.path.exists(p)]
+out['masks_own_null'] = bool(masked) and all((os.stat(p).st_dev, os.stat(p).st_ino) == (null.st_dev, null.st_ino) for p in masked)
 try:
     open('/proc/sys/kernel/hostname', 'w').write('x')
     out['proc_sys'] = 'writable'
@@ -172,7 +177,7 @@ out"#,
     .await;
     assert_eq!(
         probes.replace("\n ", " "),
-        "{'unshare': 1, 'mount': 1, 'keyctl': 1, 'bpf': 1, 'ptrace_parent': 1, 'rootfs': 'EROFS', 'masked_but_shown': [], 'proc_sys': 'EROFS', 'ifaces': ['lo']}",
+        "{'unshare': 1, 'mount': 1, 'keyctl': 1, 'bpf': 1, 'ptrace_parent': 1, 'rootfs': 'EROFS', 'masked_but_shown': [], 'masks_own_null': True, 'proc_sys': 'EROFS', 'ifaces': ['lo']}",
         "blocked calls EPERM (1), the root read-only, Docker's masked /proc paths empty, /proc/sys read-only, only lo"
     );
 

@@ -88,14 +88,7 @@ fn build_root(spec: &EnterSpec) -> Result<(), EnterError> {
         .at("making the mounts private")?;
     // The zygote's root without what is mounted under it (its /proc, /sys, /dev, /tmp).
     sys::mount(Some("/"), root, None, libc::MS_BIND, None).at("binding the image's root")?;
-    sys::mount(
-        None,
-        root,
-        None,
-        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
-        None,
-    )
-    .at("making the root read-only")?;
+    remount_read_only(root, libc::MS_NOSUID | libc::MS_NODEV).at("making the root read-only")?;
     let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
     tmpfs(
         &at("/tmp"),
@@ -141,6 +134,17 @@ fn build_root(spec: &EnterSpec) -> Result<(), EnterError> {
     Ok(())
 }
 
+/// Makes the mount at `path` read-only, with `flags` (`MS_NOSUID`, `MS_NODEV`, `MS_NOEXEC`) too.
+fn remount_read_only(path: &str, flags: libc::c_ulong) -> std::io::Result<()> {
+    sys::mount(
+        None,
+        path,
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | flags,
+        None,
+    )
+}
+
 fn tmpfs(target: &str, flags: libc::c_ulong, data: &str) -> Result<(), EnterError> {
     sys::mount(Some("tmpfs"), target, Some("tmpfs"), flags, Some(data))
         .at(format!("mounting a tmpfs on {target}"))
@@ -181,14 +185,7 @@ fn build_dev(dev: &str) -> Result<(), EnterError> {
         std::os::unix::fs::symlink(target, format!("{dev}/{name}"))
             .at(format!("linking /dev/{name}"))?;
     }
-    sys::mount(
-        None,
-        dev,
-        None,
-        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NOEXEC,
-        None,
-    )
-    .at("making /dev read-only")
+    remount_read_only(dev, libc::MS_NOSUID | libc::MS_NOEXEC).at("making /dev read-only")
 }
 
 /// A read-only `/sys` holding only the sandbox's cgroups (Docker shows the whole sysfs read-only;
@@ -220,19 +217,8 @@ fn build_sys(sys_dir: &str, mounts: &[CgroupMount]) -> Result<(), EnterError> {
             }
         }
     }
-    sys::mount(
-        None,
-        sys_dir,
-        None,
-        libc::MS_BIND
-            | libc::MS_REMOUNT
-            | libc::MS_RDONLY
-            | libc::MS_NOSUID
-            | libc::MS_NODEV
-            | libc::MS_NOEXEC,
-        None,
-    )
-    .at("making /sys read-only")
+    remount_read_only(sys_dir, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)
+        .at("making /sys read-only")
 }
 
 fn mask(path: &str, null: &str) -> Result<(), EnterError> {
@@ -249,18 +235,7 @@ fn mask(path: &str, null: &str) -> Result<(), EnterError> {
         )
     } else {
         sys::mount(Some(null), path, None, libc::MS_BIND, None).and_then(|()| {
-            sys::mount(
-                None,
-                path,
-                None,
-                libc::MS_BIND
-                    | libc::MS_REMOUNT
-                    | libc::MS_RDONLY
-                    | libc::MS_NOSUID
-                    | libc::MS_NODEV
-                    | libc::MS_NOEXEC,
-                None,
-            )
+            remount_read_only(path, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)
         })
     }
     .at(format!("masking {path}"))
@@ -271,20 +246,7 @@ fn read_only(path: &str) -> Result<(), EnterError> {
         return Ok(());
     }
     sys::mount(Some(path), path, None, libc::MS_BIND | libc::MS_REC, None)
-        .and_then(|()| {
-            sys::mount(
-                None,
-                path,
-                None,
-                libc::MS_BIND
-                    | libc::MS_REMOUNT
-                    | libc::MS_RDONLY
-                    | libc::MS_NOSUID
-                    | libc::MS_NODEV
-                    | libc::MS_NOEXEC,
-                None,
-            )
-        })
+        .and_then(|()| remount_read_only(path, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC))
         .at(format!("making {path} read-only"))
 }
 

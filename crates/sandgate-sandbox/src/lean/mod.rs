@@ -160,6 +160,14 @@ impl LeanBackend {
         })
     }
 
+    /// What this node knows of its sandboxes.
+    fn records(&self) -> std::sync::MutexGuard<'_, HashMap<String, Record>> {
+        self.inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     fn record_path(&self, container_id: &str) -> PathBuf {
         self.inner
             .config
@@ -283,11 +291,7 @@ impl LeanBackend {
             let _ = tokio::fs::remove_file(&path).await;
             return Err(err);
         }
-        self.inner
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(container_id.to_owned(), record);
+        self.records().insert(container_id.to_owned(), record);
         Ok(Launched {
             container_id: container_id.to_owned(),
             streams: streams(stdio, stderr)?,
@@ -340,11 +344,7 @@ impl LeanBackend {
 
     /// The host pid of a sandbox's first process (its agent).
     pub fn pid(&self, container_id: &str) -> Option<i32> {
-        let map = self
-            .inner
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let map = self.records();
         map.get(container_id).map(|r| r.pid)
     }
 
@@ -450,11 +450,7 @@ impl SandboxBackend for LeanBackend {
     }
 
     async fn inspect(&self, container_id: &str) -> Result<Option<ManagedContainer>, BackendError> {
-        let map = self
-            .inner
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let map = self.records();
         Ok(map
             .get(container_id)
             .map(|r| self.describe(container_id, r)))
@@ -465,11 +461,7 @@ impl SandboxBackend for LeanBackend {
         if !is_lean(container_id) || container_id.contains(['/', '.']) {
             return Ok(()); // not a name this engine ever gave
         }
-        self.inner
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(container_id);
+        self.records().remove(container_id);
         let cgroup = SandboxCgroup::new(self.inner.layout, container_id);
         if cgroup.exists() {
             cgroup
@@ -486,11 +478,7 @@ impl SandboxBackend for LeanBackend {
     }
 
     async fn list(&self, instance: &str) -> Result<Vec<ManagedContainer>, BackendError> {
-        let map = self
-            .inner
-            .sandboxes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let map = self.records();
         Ok(map
             .iter()
             .filter(|(_, r)| r.instance == instance)

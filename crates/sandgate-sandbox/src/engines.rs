@@ -39,19 +39,9 @@ impl Engines {
         }
     }
 
-    /// The Docker engine.
-    pub fn docker(&self) -> &DockerBackend {
-        &self.docker
-    }
-
     /// The lean engine, when this host runs it.
     pub fn lean(&self) -> Option<&LeanBackend> {
         self.lean.as_ref()
-    }
-
-    /// Why the lean engine cannot run here (`None` when it can).
-    pub fn lean_unavailable(&self) -> Option<&str> {
-        self.lean_unavailable.as_deref()
     }
 
     /// Which engine serves `profile`, and why: for `/readyz` and the start-up log.

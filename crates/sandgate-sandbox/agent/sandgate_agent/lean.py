@@ -90,6 +90,7 @@ class KernelForkServer:
         self.sock = sock
         self.pid = pid
         self.lock = threading.Lock()  # one start at a time: answers come in order
+        self.kernels_lock = threading.Lock()  # kernels and exited
         self.answers = queue.Queue()
         self.kernels = {}  # pid -> ForkedKernel
         self.exited = {}  # codes of kernels that ended before their start was answered
@@ -114,7 +115,7 @@ class KernelForkServer:
             except ValueError:
                 continue
             if msg.get("op") == "exited":
-                with self.lock_kernels():
+                with self.kernels_lock:
                     kernel = self.kernels.pop(msg.get("pid"), None)
                     if kernel is None:
                         self.exited[msg.get("pid")] = msg.get("code")
@@ -125,16 +126,11 @@ class KernelForkServer:
         self.alive = False
         self.answers.put(None)
         # Kernels whose end the server can no longer report: their pids may be gone already.
-        with self.lock_kernels():
+        with self.kernels_lock:
             orphans = list(self.kernels.values())
             self.kernels.clear()
         for kernel in orphans:
             kernel.ended(-9)
-
-    _kernels_lock = threading.Lock()
-
-    def lock_kernels(self):
-        return self._kernels_lock
 
     def spawn(self, to_kernel_r, from_kernel_w, env):
         """A new kernel reading `to_kernel_r` and writing `from_kernel_w` (both stay the
@@ -159,7 +155,7 @@ class KernelForkServer:
             raise OSError((answer or {}).get("error") or "the kernel fork server did not answer")
         pid = answer["pid"]
         kernel = ForkedKernel(pid)
-        with self.lock_kernels():
+        with self.kernels_lock:
             code = self.exited.pop(pid, None)
             if code is None:
                 self.kernels[pid] = kernel

@@ -170,19 +170,6 @@ impl SandboxCgroup {
             .ok()
     }
 
-    /// The memory charged to it now, in bytes.
-    pub fn memory_usage(&self) -> Option<u64> {
-        let file = match self.layout {
-            Layout::V2 => "memory.current",
-            Layout::V1 => "memory.usage_in_bytes",
-        };
-        std::fs::read_to_string(self.dirs[0].join(file))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    }
-
     /// Kills every process in it (until none is left, or `deadline` passes) and removes it.
     pub async fn destroy(&self, deadline: Duration) -> io::Result<()> {
         let started = std::time::Instant::now();
@@ -219,22 +206,6 @@ impl SandboxCgroup {
             }
         }
         Ok(())
-    }
-
-    /// The sandbox names under the engine's parent folder (for listing after a restart).
-    pub fn existing(layout: Layout) -> Vec<String> {
-        let parent = match layout {
-            Layout::V2 => Path::new(ROOT).join(PARENT),
-            Layout::V1 => Path::new(ROOT).join("memory").join(PARENT),
-        };
-        std::fs::read_dir(parent)
-            .map(|dir| {
-                dir.filter_map(|e| e.ok())
-                    .filter(|e| e.path().is_dir())
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
     }
 }
 

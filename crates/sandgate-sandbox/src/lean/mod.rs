@@ -133,7 +133,6 @@ impl LeanBackend {
     /// The engine on this host: `docker` is where images come from (unpacked once per version).
     /// Fails when the host cannot run it (no cgroup controllers, not root).
     pub fn new(docker: bollard::Docker, config: LeanConfig) -> io::Result<Self> {
-        // SAFETY-free check: geteuid through std (no libc call needed).
         if !is_root() {
             return Err(io::Error::other("the lean engine needs root"));
         }
@@ -300,6 +299,13 @@ impl LeanBackend {
 
     fn describe(&self, container_id: &str, record: &Record) -> ManagedContainer {
         let cgroup = SandboxCgroup::new(self.inner.layout, container_id);
+        let zygote_alive = || {
+            record
+                .zygote
+                .as_ref()
+                .and_then(std::sync::Weak::upgrade)
+                .is_some_and(|z| z.alive())
+        };
         let fate = if cgroup.oom_kills() > 0 && record.exit.is_some() {
             ContainerFate::OomKilled {
                 memory_limit_bytes: cgroup.memory_limit(),
@@ -308,22 +314,14 @@ impl LeanBackend {
             ContainerFate::Exited {
                 code: if code < 0 { 128 - code } else { code },
             }
-        } else if cgroup.pids().is_empty()
-            && !record
-                .zygote
-                .as_ref()
-                .and_then(|z| z.upgrade())
-                .is_some_and(|z| z.alive())
-        {
+        } else if !cgroup.pids().is_empty() || zygote_alive() {
+            // Running, or gone with its zygote about to say how: until then, as a container
+            // that is stopping.
+            ContainerFate::Running
+        } else {
             // Its processes are gone, and no zygote will say how they ended (it died, or this
             // node restarted since).
             ContainerFate::Exited { code: 137 }
-        } else if cgroup.pids().is_empty() {
-            // Gone, and its zygote is about to say how: until then, as a container that is
-            // stopping.
-            ContainerFate::Running
-        } else {
-            ContainerFate::Running
         };
         ManagedContainer {
             container_id: container_id.to_owned(),
@@ -335,17 +333,6 @@ impl LeanBackend {
             created_unix: Some(record.created_unix),
             image_id: Some(record.image_id.clone()),
         }
-    }
-
-    /// The memory charged to a sandbox's cgroup now, in bytes (for the benchmark and metrics).
-    pub fn memory_usage(&self, container_id: &str) -> Option<u64> {
-        SandboxCgroup::new(self.inner.layout, container_id).memory_usage()
-    }
-
-    /// The host pid of a sandbox's first process (its agent).
-    pub fn pid(&self, container_id: &str) -> Option<i32> {
-        let map = self.records();
-        map.get(container_id).map(|r| r.pid)
     }
 
     /// The host pid of the zygote serving `image`, if one runs.

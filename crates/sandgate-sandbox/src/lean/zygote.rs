@@ -25,8 +25,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 const SPAWN_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_MESSAGE: usize = 1 << 16;
 
-/// Variables that keep the zygote single-threaded after its imports (the spike's findings:
-/// OpenBLAS's and OpenMP's pools, jemalloc's background thread in pyarrow).
+/// Variables that keep the zygote single-threaded after its imports: without them OpenBLAS's and
+/// OpenMP's pools and jemalloc's background thread (pyarrow's) start threads at import.
 const SINGLE_THREADED: [(&str, &str); 4] = [
     ("OPENBLAS_NUM_THREADS", "1"),
     ("OMP_NUM_THREADS", "1"),

@@ -63,7 +63,7 @@ cargo test --workspace --locked "$@"
 # isolation and fault tests run in the sandbox crate's suite above.
 if (($# == 0)); then
 	step "MCP conversations on the lean engine"
-	SANDGATE_TEST_RUNTIME=lean cargo test -p sandgate --test e2e --locked -- python_sdk:: support_analyst
+	SANDGATE_TEST_RUNTIME=lean cargo test -p sandgate --test e2e --locked -- python_sdk:: support_analyst cli::readyz_names_postgres
 fi
 
 # The sandbox suite again under gVisor: a profile may name the runsc runtime and everything must

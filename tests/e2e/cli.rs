@@ -60,6 +60,18 @@ async fn readyz_names_postgres_when_it_goes_away_and_recovers_when_it_returns() 
             "check {check} should pass: {body}"
         );
     }
+    // It says which engine serves the profile: the one the suite runs on.
+    let runtime = std::env::var("SANDGATE_TEST_RUNTIME").unwrap_or_else(|_| "runc".into());
+    let engine = body["engines"]["default"].as_str().unwrap_or_default();
+    let expected = if runtime == "lean" {
+        "lean (forked from a warmed zygote)".to_owned()
+    } else {
+        format!("docker ({runtime})")
+    };
+    assert_eq!(
+        engine, expected,
+        "the default profile's engine is named: {body}"
+    );
 
     // Postgres disappears (every connection cut, nothing listening): readiness must say so.
     let upstream = support::addr_of(&database);

@@ -169,6 +169,12 @@ pub trait SandboxBackend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Which engine serves sandboxes of `profile` on this node, and why: `/readyz` and the
+    /// start-up log say it. The default: Docker, under the profile's runtime.
+    fn engine(&self, profile: &SandboxProfile) -> String {
+        format!("docker ({})", profile.runtime)
+    }
+
     /// Whether containers of `runtime` can be checkpointed and restored here, and if not why.
     /// The default: never.
     async fn snapshot_support(&self, runtime: &str) -> Result<(), SnapshotUnavailable> {

@@ -44,18 +44,6 @@ impl Engines {
         self.lean.as_ref()
     }
 
-    /// Which engine serves `profile`, and why: for `/readyz` and the start-up log.
-    pub fn describe(&self, profile: &SandboxProfile) -> String {
-        if profile.runtime.is_lean() {
-            match &self.lean_unavailable {
-                None => "lean (forked from a zygote)".to_owned(),
-                Some(reason) => format!("lean, unavailable: {reason}"),
-            }
-        } else {
-            format!("docker ({})", profile.runtime)
-        }
-    }
-
     fn for_container(&self, container_id: &str) -> Result<&dyn SandboxBackend, BackendError> {
         if is_lean(container_id) {
             match &self.lean {
@@ -124,6 +112,16 @@ impl SandboxBackend for Engines {
 
     async fn image_id(&self, image: &str) -> Option<String> {
         self.docker.image_id(image).await
+    }
+
+    fn engine(&self, profile: &SandboxProfile) -> String {
+        if !profile.runtime.is_lean() {
+            return SandboxBackend::engine(&self.docker, profile);
+        }
+        match &self.lean_unavailable {
+            None => "lean (forked from a warmed zygote)".to_owned(),
+            Some(reason) => format!("lean, unavailable: {reason}"),
+        }
     }
 
     async fn snapshot_support(&self, runtime: &str) -> Result<(), SnapshotUnavailable> {

@@ -25,6 +25,10 @@ pub struct Readiness {
     /// starts work either way.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub snapshots: Option<BTreeMap<String, String>>,
+    /// Which engine serves each profile's sandboxes on this process's node, and why
+    /// (`"lean (forked from a warmed zygote)"`, `"docker (runc)"`; information).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engines: Option<BTreeMap<String, String>>,
     /// Whether each profile's pool is filled from a template, and which (information too).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub templates: Option<BTreeMap<String, TemplateReport>>,
@@ -252,6 +256,7 @@ pub async fn readiness(db: &PgPool, needs: Needs<'_>) -> Readiness {
         status: if ready { "ready" } else { "not_ready" },
         checks,
         snapshots: None,
+        engines: None,
         templates: None,
     }
 }
@@ -328,6 +333,12 @@ impl ReadinessProbe {
         if let Some(manager) = &self.manager {
             let (snapshots, templates) = snapshot_reports(manager, &self.profiles);
             readiness.snapshots = Some(snapshots);
+            readiness.engines = Some(
+                self.profiles
+                    .iter()
+                    .filter_map(|p| Some((p.clone(), manager.engine(p)?)))
+                    .collect(),
+            );
             readiness.templates = Some(templates);
         }
         readiness

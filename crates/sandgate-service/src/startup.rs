@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sandgate_sandbox::{
     DockerBackend, DockerError, Engines, LeanBackend, LeanConfig, ManagerConfig, PoolConfig,
-    SandboxError, SandboxManager,
+    SandboxBackend, SandboxError, SandboxManager,
 };
 use sandgate_store::{PgPool, StoreError};
 use secrecy::ExposeSecret;
@@ -429,14 +429,23 @@ pub async fn migrate(config: &Config) -> Result<(), StartError> {
         .map_err(StartError::Migrate)
 }
 
-/// The sandbox manager of this process's own node, for the configured profile.
 /// The node's engines: Docker, and the lean engine when the profile's runtime is `lean` (whose
-/// zygote starts importing at once, so the first sandbox does not wait for it).
+/// zygote starts importing at once, so the first sandbox does not wait for it). The log says
+/// which engine serves the profile.
 fn engines(config: &Config, docker: DockerBackend) -> Result<Engines, StartError> {
     let profile = &config.sandbox;
-    if !profile.runtime.is_lean() {
-        return Ok(Engines::new(docker, Err("no profile names it".into())));
-    }
+    let engines = if profile.runtime.is_lean() {
+        let lean = lean_engine(config, &docker)?;
+        Engines::new(docker, Ok(lean))
+    } else {
+        Engines::new(docker, Err("no profile names it".into()))
+    };
+    tracing::info!(profile = %profile.name, engine = %engines.engine(profile), "sandbox engine");
+    Ok(engines)
+}
+
+/// The lean engine under `[lean]`, its zygote for the profile's image warming in the background.
+fn lean_engine(config: &Config, docker: &DockerBackend) -> Result<LeanBackend, StartError> {
     let mut settings =
         LeanConfig::beside_executable_in(config.lean.dir.clone()).map_err(StartError::Lean)?;
     if !config.lean.library.is_empty() {
@@ -445,17 +454,16 @@ fn engines(config: &Config, docker: DockerBackend) -> Result<Engines, StartError
     let lean = LeanBackend::new(docker.client().clone(), settings)
         .map_err(|e| StartError::Lean(e.to_string()))?;
     let warm = lean.clone();
-    let image = profile.image.clone();
+    let image = config.sandbox.image.clone();
     tokio::spawn(async move {
         if let Err(err) = warm.warm(&image).await {
             tracing::warn!(error = %err, "the lean engine's zygote did not start; the first sandbox retries");
         }
     });
-    let engines = Engines::new(docker, Ok(lean));
-    tracing::info!(profile = %profile.name, engine = %engines.describe(profile), "sandbox engine");
-    Ok(engines)
+    Ok(lean)
 }
 
+/// The sandbox manager of this process's own node, for the configured profile.
 fn sandbox_manager(config: &Config, docker: DockerBackend) -> Result<SandboxManager, StartError> {
     let mut manager_config = ManagerConfig::new(config.instance.clone());
     manager_config.demand_window = Duration::from_secs(config.pool.demand_window_seconds);

@@ -234,6 +234,13 @@ impl SandboxManager {
         &self.inner.config
     }
 
+    /// Which engine serves `profile`'s sandboxes, and why (`/readyz`); `None` for a profile this
+    /// manager has no pool of.
+    pub fn engine(&self, profile: &str) -> Option<String> {
+        let pool = self.inner.pools.get(profile)?;
+        Some(self.inner.launcher.backend.engine(&pool.profile))
+    }
+
     fn pool(&self, profile: &str) -> Result<&Pool, SandboxError> {
         self.inner
             .pools

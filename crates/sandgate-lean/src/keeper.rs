@@ -35,8 +35,21 @@ struct Answer {
 
 type Kept = Arc<Mutex<HashMap<String, Vec<OwnedFd>>>>;
 
-/// Serves at `path` for ever (a thread per connection).
+/// Serves at `path` for ever (a thread per connection). Returns at once when another keeper
+/// already serves there: two nodes starting together on one directory start one keeper between
+/// them, never one that replaces the other's socket and strands what it holds.
 pub fn serve(path: &Path) -> io::Result<()> {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path.with_extension("lock"))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(()),
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    }
+    // The lock is held for the process's life: `lock` is never dropped (the loop never ends).
     let _ = std::fs::remove_file(path);
     let listener = sys::seqpacket_listen(path)?;
     let kept: Kept = Arc::default();
@@ -173,5 +186,49 @@ impl Keeper {
     /// Forgets `id` (its copies close).
     pub fn forget(&self, id: &str) -> io::Result<()> {
         self.call("drop", id, &[]).map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second keeper on a directory that has one leaves: the first keeps its socket and what
+    /// it holds (two nodes starting at once on one directory once made two, the second
+    /// stranding the first's descriptors).
+    #[test]
+    fn a_second_keeper_on_one_directory_leaves_the_first_serving() {
+        let dir = std::env::temp_dir().join(format!("sg-keeper-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keeper.sock");
+        let first = path.clone();
+        std::thread::spawn(move || serve(&first));
+        let keeper = (0..500)
+            .find_map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                sys::seqpacket_connect(&path).ok()
+            })
+            .map(|conn| Keeper {
+                path: path.clone(),
+                conn: Mutex::new(conn),
+            })
+            .expect("the first keeper listens");
+        let (mine, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        keeper.put("sbx", &[mine.as_fd()]).unwrap();
+
+        // The second returns at once, without touching the socket.
+        serve(&path).expect("a second keeper leaves without an error");
+
+        let again = Keeper {
+            path: path.clone(),
+            conn: Mutex::new(sys::seqpacket_connect(&path).expect("the socket is the first's")),
+        };
+        let kept = again.get("sbx").unwrap();
+        assert_eq!(
+            kept.map(|fds| fds.len()),
+            Some(1),
+            "the first keeper still holds what was put"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

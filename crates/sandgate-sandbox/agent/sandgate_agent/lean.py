@@ -19,6 +19,7 @@ kernel's two pipe ends attached, answered `{"op": "started", "pid"}` or `{"op": 
 "error"}`; server -> agent `{"op": "exited", "pid", "code"}` when a kernel ends.
 """
 
+import ctypes
 import json
 import os
 import queue
@@ -265,6 +266,10 @@ def become_kernel(proto_in, proto_out, env, archive_fd, log_fd):
         os.setgroups([])
         os.setresgid(USER_GID, USER_GID, USER_GID)
         os.setresuid(USER_UID, USER_UID, USER_UID)  # clears every capability
+        # Changing credentials made the process undumpable (its /proc/self/mem and fd root's);
+        # the kernel a Docker sandbox starts with execve as the user is dumpable, and so is this
+        # one: its own files in /proc are the user's. (ptrace stays refused by the seccomp filter.)
+        ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE
         os.environ.clear()
         os.environ.update(env)
         os.environ[ENV_KERNEL_FDS] = f"{proto_in},{proto_out}"

@@ -181,6 +181,22 @@ out"#,
         "blocked calls EPERM (1), the root read-only, Docker's masked /proc paths empty, /proc/sys read-only, only lo"
     );
 
+    // The kernel holds nothing of the agent's: its stdin is /dev/null (not the node's socket,
+    // whose requests it could take and in whose name it could answer), it has no socket at all,
+    // and, as a Docker kernel started by execve as the user, its own /proc files are its own.
+    let kernel = value(
+        &sandbox,
+        "import os\n\
+         links = [os.readlink(f'/proc/self/fd/{n}') for n in os.listdir('/proc/self/fd') if os.path.exists(f'/proc/self/fd/{n}')]\n\
+         with open('/proc/self/mem', 'rb', 0) as mem: readable = mem is not None\n\
+         (os.readlink('/proc/self/fd/0'), [l for l in links if l.startswith('socket:')], readable)",
+    )
+    .await;
+    assert_eq!(
+        kernel, "('/dev/null', [], True)",
+        "the kernel's stdin is /dev/null, it holds no socket, and its /proc/self/mem opens"
+    );
+
     // Only the sandbox's own processes are visible: the agent is pid 1.
     let (code, stdout, stderr) = shell(
         &sandbox,
@@ -411,4 +427,31 @@ async fn a_lean_sandbox_outlives_its_node_and_is_adopted_with_its_variables() {
         "commands run after the adoption"
     );
     second.cleanup().await;
+}
+
+/// Many whole-file reads of one lean sandbox at once, while another sandbox starts, each get the
+/// file byte for byte: the agent's frames reach the node whole over the sandbox's socket.
+#[tokio::test]
+async fn concurrent_whole_file_reads_of_a_lean_sandbox_arrive_byte_for_byte() {
+    let env = LeanEnv::new("lean-reads").await;
+    let sandbox = env.lease().await;
+    let (code, _, stderr) = shell(&sandbox, "head -c 20000000 /dev/urandom > big.bin").await;
+    assert_eq!(code, Some(0), "the file is written: {stderr}");
+    let (_, digest, _) = shell(&sandbox, "sha256sum big.bin | cut -d' ' -f1").await;
+    let expected = digest.trim().to_owned();
+    let reads = (0..32).map(|_| sandbox.read_file("big.bin", 40_000_000));
+    // Another sandbox starts meanwhile (a lease and the pool's refill): its launch must not
+    // touch the reads' stream.
+    let (results, other) = tokio::join!(futures::future::join_all(reads), async {
+        let other = env.lease().await;
+        assert_eq!(value(&other, "1 + 1").await, "2");
+        other
+    });
+    drop(other);
+    for (i, read) in results.into_iter().enumerate() {
+        let (bytes, info) = read.unwrap_or_else(|e| panic!("read {i} failed: {e}"));
+        assert_eq!(bytes.len(), 20_000_000, "read {i} has every byte");
+        assert_eq!(info.sha256, expected, "read {i} is the file");
+    }
+    env.cleanup().await;
 }

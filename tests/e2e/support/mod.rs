@@ -347,15 +347,78 @@ fn signal(pid: u32, sig: &str) {
     assert!(status.success(), "signal {sig} could be sent");
 }
 
-/// Ids of every container (running or not) labelled with `instance`.
+/// Ids of every container (running or not) labelled with `instance`, and of every lean sandbox
+/// a node of `instance` recorded (`lean-…`).
 pub fn containers_of(instance: &str) -> Vec<String> {
-    docker_words(&[
+    let mut ids = docker_words(&[
         "ps",
         "-aq",
         "--no-trunc",
         "--filter",
         &format!("label=sandgate.instance={instance}"),
-    ])
+    ]);
+    ids.extend(lean_sandboxes_of(instance));
+    ids
+}
+
+/// The lean engine's directory the gateways of the tests use (`lean.dir`).
+fn lean_dir() -> std::path::PathBuf {
+    std::env::var_os("SANDGATE_LEAN__DIR")
+        .map(Into::into)
+        .unwrap_or_else(|| "/var/lib/sandgate/lean".into())
+}
+
+/// Container ids of the lean sandboxes a node of `instance` recorded, from the node's records
+/// (`<lean dir>/sandboxes/<id>.json`).
+pub fn lean_sandboxes_of(instance: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(lean_dir().join("sandboxes")) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let record: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
+            (record["instance"] == instance).then_some(())?;
+            Some(entry.path().file_stem()?.to_str()?.to_owned())
+        })
+        .collect()
+}
+
+/// Removes the lean sandboxes of `instance` through the engine's own `remove` (their processes
+/// and cgroups, the keeper's copies, the records), as `docker rm -f` does for containers: a
+/// gateway that is killed leaves its sandboxes running, by design, for its next start.
+fn remove_lean_sandboxes_of(instance: &str) {
+    use sandgate_sandbox::SandboxBackend as _;
+    if lean_sandboxes_of(instance).is_empty() {
+        return;
+    }
+    let owned = instance.to_owned();
+    // On a thread of its own: a drop may run inside the test's runtime.
+    let removed = std::thread::spawn(move || {
+        let instance = owned;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            let docker =
+                bollard::Docker::connect_with_local_defaults().map_err(|e| e.to_string())?;
+            let config = sandgate_sandbox::LeanConfig::beside_executable_in(lean_dir())?;
+            let lean =
+                sandgate_sandbox::LeanBackend::new(docker, config).map_err(|e| e.to_string())?;
+            for sandbox in lean.list(&instance).await.map_err(|e| e.to_string())? {
+                lean.remove(&sandbox.container_id)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<(), String>(())
+        })
+    })
+    .join();
+    if let Ok(Err(err)) = removed {
+        eprintln!("the lean sandboxes of {instance:?} were not all removed: {err}");
+    }
 }
 
 /// What `docker <args>` prints, split on white space (the ids of `ps -q`, `volume ls -q` …).
@@ -370,8 +433,9 @@ pub fn docker_words(args: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Removes every container labelled with `instance` (a test's own).
+/// Removes every container labelled with `instance` (a test's own), and its lean sandboxes.
 pub fn remove_containers_of(instance: &str) {
+    remove_lean_sandboxes_of(instance);
     let ids = containers_of(instance);
     if !ids.is_empty() {
         let _ = std::process::Command::new("docker")

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::sandbox::WeakSandbox;
 use super::{Sandbox, SandboxError};
 use crate::backend::{BackendError, ContainerFate, LaunchSpec, SandboxBackend};
 use crate::channel::AgentChannel;
@@ -27,6 +28,12 @@ pub(super) struct Launcher {
     /// Sandboxes whose launch failed or was given up, and when (see
     /// [`SandboxManager::abandoned_launches`]).
     pub(super) abandoned: Arc<Mutex<HashMap<String, std::time::Instant>>>,
+    /// The sandboxes this process holds a channel to, by container id: an adopt of one of them
+    /// whose channel lives returns it rather than attaching a second time (two channels on one
+    /// lean sandbox's socket would each read part of its output).
+    pub(super) attached: Arc<Mutex<HashMap<String, WeakSandbox>>>,
+    /// One adopt at a time per container: concurrent first calls on a sandbox attach once.
+    pub(super) adopting: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 /// How long [`Launcher::launched`] and [`Launcher::abandoned`] remember a launch.
@@ -132,18 +139,48 @@ impl Launcher {
             });
         }
         mark.keep();
-        Ok(Sandbox::new(
+        let sandbox = Sandbox::new(
             sandbox_id,
             launched.container_id,
             profile.name.clone(),
             Some(profile.clone()),
             channel,
             self.backend.clone(),
-        ))
+        );
+        self.remember(&sandbox);
+        Ok(sandbox)
+    }
+
+    /// Notes that this process holds a channel to the sandbox's container.
+    fn remember(&self, sandbox: &Sandbox) {
+        let mut attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        attached.retain(|_, weak| weak.upgrade().is_some());
+        attached.insert(sandbox.container_id().to_owned(), sandbox.downgrade());
+    }
+
+    /// The sandbox of `container_id` this process holds a live channel to, if any.
+    fn attached(&self, container_id: &str) -> Option<Sandbox> {
+        let attached = self.attached.lock().unwrap_or_else(|e| e.into_inner());
+        attached
+            .get(container_id)
+            .and_then(WeakSandbox::upgrade)
+            .filter(|s| !s.is_lost())
+    }
+
+    /// The gate that lets one adopt of `container_id` run at a time.
+    fn adopt_gate(&self, container_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.adopting.lock().unwrap_or_else(|e| e.into_inner());
+        gates.retain(|_, gate| Arc::strong_count(gate) > 1);
+        gates.entry(container_id.to_owned()).or_default().clone()
     }
 
     #[tracing::instrument(skip_all, fields(container_id = %container_id, sandbox_id))]
     pub(super) async fn adopt(&self, container_id: &str) -> Result<Sandbox, SandboxError> {
+        let gate = self.adopt_gate(container_id);
+        let _one_at_a_time = gate.lock().await;
+        if let Some(sandbox) = self.attached(container_id) {
+            return Ok(sandbox);
+        }
         let found = self.backend.inspect(container_id).await?;
         let Some(found) = found else {
             return Err(SandboxError::Died {
@@ -176,6 +213,7 @@ impl Launcher {
         // Attach delivers only new output, so there is no ready frame to wait for: a ping proves
         // the agent (and with it the kernel's state) is still there.
         sandbox.ping().await?;
+        self.remember(&sandbox);
         Ok(sandbox)
     }
 }

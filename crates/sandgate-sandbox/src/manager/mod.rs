@@ -137,6 +137,8 @@ impl SandboxManager {
                     channel: config.channel.clone(),
                     launched: Arc::default(),
                     abandoned: Arc::default(),
+                    attached: Arc::default(),
+                    adopting: Arc::default(),
                 },
                 config,
                 pools,

@@ -40,6 +40,25 @@ pub struct Sandbox {
     inner: Arc<SandboxInner>,
 }
 
+/// A [`Sandbox`] that does not keep its channel open.
+#[derive(Clone)]
+pub(super) struct WeakSandbox {
+    inner: std::sync::Weak<SandboxInner>,
+}
+
+impl WeakSandbox {
+    /// The sandbox, while a handle to it is held somewhere.
+    pub(super) fn upgrade(&self) -> Option<Sandbox> {
+        self.inner.upgrade().map(|inner| Sandbox { inner })
+    }
+}
+
+impl std::fmt::Debug for WeakSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WeakSandbox").finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for Sandbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sandbox")
@@ -71,6 +90,13 @@ impl Sandbox {
                 checkpointed: AtomicBool::new(false),
                 restored_from: OnceLock::new(),
             }),
+        }
+    }
+
+    /// A handle that does not keep it alive.
+    pub(super) fn downgrade(&self) -> WeakSandbox {
+        WeakSandbox {
+            inner: Arc::downgrade(&self.inner),
         }
     }
 

@@ -429,8 +429,9 @@ async fn a_lean_sandbox_outlives_its_node_and_is_adopted_with_its_variables() {
     second.cleanup().await;
 }
 
-/// Many whole-file reads of one lean sandbox at once, while another sandbox starts, each get the
-/// file byte for byte: the agent's frames reach the node whole over the sandbox's socket.
+/// Many whole-file reads of one lean sandbox at once, through its handle and ones adopted
+/// concurrently, while another sandbox starts, each get the file byte for byte: the agent's
+/// frames reach the node whole over the sandbox's socket.
 #[tokio::test]
 async fn concurrent_whole_file_reads_of_a_lean_sandbox_arrive_byte_for_byte() {
     let env = LeanEnv::new("lean-reads").await;
@@ -439,7 +440,16 @@ async fn concurrent_whole_file_reads_of_a_lean_sandbox_arrive_byte_for_byte() {
     assert_eq!(code, Some(0), "the file is written: {stderr}");
     let (_, digest, _) = shell(&sandbox, "sha256sum big.bin | cut -d' ' -f1").await;
     let expected = digest.trim().to_owned();
-    let reads = (0..32).map(|_| sandbox.read_file("big.bin", 40_000_000));
+    // Callers that find no handle of their own adopt the container, several at once (a node's
+    // first calls on a sandbox another process leased): they share one channel, since two on
+    // one lean sandbox's socket would each read part of its output.
+    let container = sandbox.container_id().to_owned();
+    let adopted = futures::future::join_all((0..4).map(|_| env.manager.adopt(&container))).await;
+    let handles: Vec<Sandbox> = std::iter::once(Ok(sandbox.clone()))
+        .chain(adopted)
+        .collect::<Result<_, _>>()
+        .expect("the container is adopted");
+    let reads = (0..32).map(|i| handles[i % handles.len()].read_file("big.bin", 40_000_000));
     // Another sandbox starts meanwhile (a lease and the pool's refill): its launch must not
     // touch the reads' stream.
     let (results, other) = tokio::join!(futures::future::join_all(reads), async {

@@ -10,7 +10,7 @@ use sqlx::Connection;
 
 use crate::mcp_client::{Client, Era};
 use crate::support::oauth::{Browser, PASSWORD, Stack};
-use crate::support::{self, Gateway};
+use crate::support::{self, Gateway, container_exists};
 
 /// Rows under `tenant` in every base table with a `tenant_id` column (and the tenant's own
 /// row), as (table, count) for the tables that have any.
@@ -65,15 +65,6 @@ async fn containers_of_tenant(database: &str, tenant: &str) -> Vec<String> {
     .fetch_all(&mut conn)
     .await
     .expect("the tenant's containers")
-}
-
-fn container_exists(id: &str) -> bool {
-    std::process::Command::new("docker")
-        .args(["inspect", "--format", "{{.Id}}", id])
-        .output()
-        .expect("the docker CLI runs")
-        .status
-        .success()
 }
 
 async fn mcp_status(gateway: &Gateway, token: &str) -> StatusCode {

@@ -56,12 +56,7 @@ fn sandbox_of(result: &ToolResult) -> String {
 /// Removes `sandbox_id`'s container behind sandgate's back.
 async fn remove_container(database_url: &str, sandbox_id: &str) {
     let container = crate::placement::container_of(database_url, sandbox_id).await;
-    let removed = tokio::process::Command::new("docker")
-        .args(["rm", "-f", &container])
-        .output()
-        .await
-        .expect("docker rm runs");
-    assert!(removed.status.success(), "the container is removed");
+    crate::support::remove_container(&container);
 }
 
 /// A stateless client of a new tenant of `gateway`.

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection, Row};
 
 use crate::mcp_client::{Client, Era, ToolResult};
-use crate::support::{self, Gateway, TcpProxy};
+use crate::support::{self, Gateway, TcpProxy, containers_of_sandbox};
 
 /// Fast lifecycle timing for tests: the reaper every 500 ms, reconciliation every 2 s, and
 /// containers unknown to Postgres (and not started by the process itself) taken for orphans
@@ -91,24 +91,6 @@ pub(crate) async fn row_state(url: &str, sandbox_id: &str) -> (String, Option<St
         .await
         .expect("the sandbox has a row");
     (row.get("state"), row.get("close_reason"))
-}
-
-/// Containers (of any state) serving `sandbox_id`.
-fn containers_of_sandbox(sandbox_id: &str) -> Vec<String> {
-    let output = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--no-trunc",
-            "--filter",
-            &format!("label=sandgate.sandbox_id={sandbox_id}"),
-        ])
-        .output()
-        .expect("the docker CLI runs");
-    String::from_utf8_lossy(&output.stdout)
-        .split_whitespace()
-        .map(str::to_owned)
-        .collect()
 }
 
 /// Whether the containers of `instance` are exactly those of the live (warm or leased) rows and
@@ -429,11 +411,7 @@ async fn a_container_removed_behind_the_gateways_back_is_reported_lost_and_repla
         .await;
     let containers = containers_of_sandbox(&sid);
     assert_eq!(containers.len(), 1);
-    let removed = std::process::Command::new("docker")
-        .args(["rm", "-f", &containers[0]])
-        .output()
-        .expect("docker rm runs");
-    assert!(removed.status.success());
+    support::remove_container(&containers[0]);
 
     let lost = client
         .call("execute_code", json!({"sandbox_id": sid, "code": "x"}))

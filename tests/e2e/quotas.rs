@@ -29,12 +29,12 @@ async fn open_gate(database_url: &str, sandbox_id: &str) {
         .fetch_one(&mut conn)
         .await
         .expect("the sandbox's row");
-    let status = tokio::process::Command::new("docker")
-        .args(["exec", &container, "touch", "/tmp/gate"])
-        .status()
-        .await
-        .expect("docker exec runs");
-    assert!(status.success(), "the gate opens");
+    let opened = crate::support::sandbox_exec(&container, &["touch", "/tmp/gate"]).await;
+    assert!(
+        opened.status.success(),
+        "the gate opens: {}",
+        String::from_utf8_lossy(&opened.stderr)
+    );
 }
 
 /// Whether a result is a quota refusal naming `limit`, and its `retry_after_seconds`.

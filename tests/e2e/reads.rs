@@ -254,11 +254,8 @@ async fn resource_reads_are_admitted_refused_and_audited_like_tool_calls() {
                 if finished {
                     return Some(false);
                 }
-                let waiting = tokio::process::Command::new("docker")
-                    .args(["exec", &container, "pgrep", "-f", "/tmp/gate"])
-                    .output()
-                    .await
-                    .ok()?;
+                let waiting =
+                    crate::support::sandbox_exec(&container, &["pgrep", "-f", "/tmp/gate"]).await;
                 waiting.status.success().then_some(true)
             }
         })
@@ -294,12 +291,8 @@ async fn resource_reads_are_admitted_refused_and_audited_like_tool_calls() {
     another_tenant_is_served(&theirs).await;
 
     // The gate opens; the slot frees.
-    let opened = tokio::process::Command::new("docker")
-        .args(["exec", &container, "touch", "/tmp/gate"])
-        .status()
-        .await
-        .expect("docker exec");
-    assert!(opened.success());
+    let opened = crate::support::sandbox_exec(&container, &["touch", "/tmp/gate"]).await;
+    assert!(opened.status.success(), "the gate opens");
     gated
         .await
         .expect("the gated call ends")

@@ -371,6 +371,11 @@ fn lean_dir() -> std::path::PathBuf {
 /// Container ids of the lean sandboxes a node of `instance` recorded, from the node's records
 /// (`<lean dir>/sandboxes/<id>.json`).
 pub fn lean_sandboxes_of(instance: &str) -> Vec<String> {
+    lean_records_where("instance", instance)
+}
+
+/// Container ids of the lean sandboxes whose record's `field` is `value`.
+fn lean_records_where(field: &str, value: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(lean_dir().join("sandboxes")) else {
         return Vec::new();
     };
@@ -379,24 +384,67 @@ pub fn lean_sandboxes_of(instance: &str) -> Vec<String> {
         .filter_map(|entry| {
             let record: serde_json::Value =
                 serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
-            (record["instance"] == instance).then_some(())?;
+            (record[field] == value).then_some(())?;
             Some(entry.path().file_stem()?.to_str()?.to_owned())
         })
         .collect()
 }
 
-/// Removes the lean sandboxes of `instance` through the engine's own `remove` (their processes
-/// and cgroups, the keeper's copies, the records), as `docker rm -f` does for containers: a
-/// gateway that is killed leaves its sandboxes running, by design, for its next start.
-fn remove_lean_sandboxes_of(instance: &str) {
-    use sandgate_sandbox::SandboxBackend as _;
-    if lean_sandboxes_of(instance).is_empty() {
+/// Ids of the containers (running or not) and lean sandboxes of the sandbox `sandbox_id`.
+pub fn containers_of_sandbox(sandbox_id: &str) -> Vec<String> {
+    let mut ids = docker_words(&[
+        "ps",
+        "-aq",
+        "--no-trunc",
+        "--filter",
+        &format!("label=sandgate.sandbox_id={sandbox_id}"),
+    ]);
+    ids.extend(lean_records_where("sandbox_id", sandbox_id));
+    ids
+}
+
+/// Whether the container or lean sandbox `id` exists.
+pub fn container_exists(id: &str) -> bool {
+    if id.starts_with("lean-") {
+        return lean_dir()
+            .join("sandboxes")
+            .join(format!("{id}.json"))
+            .exists();
+    }
+    std::process::Command::new("docker")
+        .args(["inspect", "--format", "{{.Id}}", id])
+        .output()
+        .expect("the docker CLI runs")
+        .status
+        .success()
+}
+
+/// Removes the container or lean sandbox `id` behind sandgate's back (`docker rm -f`; for a
+/// lean one, the engine's own remove run from this process: its processes, cgroup and record).
+pub fn remove_container(id: &str) {
+    if id.starts_with("lean-") {
+        let id = id.to_owned();
+        with_lean_engine(move |lean| async move {
+            use sandgate_sandbox::SandboxBackend as _;
+            lean.remove(&id).await.map_err(|e| e.to_string())
+        });
         return;
     }
-    let owned = instance.to_owned();
-    // On a thread of its own: a drop may run inside the test's runtime.
-    let removed = std::thread::spawn(move || {
-        let instance = owned;
+    let removed = std::process::Command::new("docker")
+        .args(["rm", "-f", id])
+        .output()
+        .expect("docker rm runs");
+    assert!(removed.status.success(), "docker rm -f {id}");
+}
+
+/// Runs `work` on the lean engine of the tests' lean directory, on a thread and runtime of its
+/// own (a drop may run inside the test's runtime); a failure is printed.
+fn with_lean_engine<F, Fut>(work: F)
+where
+    F: FnOnce(sandgate_sandbox::LeanBackend) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let done = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -407,18 +455,75 @@ fn remove_lean_sandboxes_of(instance: &str) {
             let config = sandgate_sandbox::LeanConfig::beside_executable_in(lean_dir())?;
             let lean =
                 sandgate_sandbox::LeanBackend::new(docker, config).map_err(|e| e.to_string())?;
-            for sandbox in lean.list(&instance).await.map_err(|e| e.to_string())? {
-                lean.remove(&sandbox.container_id)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            }
-            Ok::<(), String>(())
+            work(lean).await
         })
     })
     .join();
-    if let Ok(Err(err)) = removed {
-        eprintln!("the lean sandboxes of {instance:?} were not all removed: {err}");
+    match done {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => eprintln!("the lean engine's work failed: {err}"),
+        Err(_) => eprintln!("the lean engine's work panicked"),
     }
+}
+
+/// Runs `command` inside the sandbox of `container` as root, as `docker exec` does: through
+/// `docker exec` for a container, and for a lean sandbox (`lean-…`) by entering its namespaces
+/// (`nsenter`, at the pid its node recorded). For what a test does behind the service's back
+/// (opening a gate file a command waits on, listing its processes).
+pub async fn sandbox_exec(container: &str, command: &[&str]) -> std::process::Output {
+    let mut exec = if container.starts_with("lean-") {
+        let record: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(
+                lean_dir()
+                    .join("sandboxes")
+                    .join(format!("{container}.json")),
+            )
+            .expect("the lean sandbox's record"),
+        )
+        .expect("the lean sandbox's record is JSON");
+        let pid = record["pid"].as_i64().expect("the record names its pid");
+        let mut nsenter = Command::new("nsenter");
+        nsenter.args([
+            "-t",
+            &pid.to_string(),
+            "-m",
+            "-p",
+            "-u",
+            "-i",
+            "-n",
+            "-r",
+            "-w",
+            "--",
+        ]);
+        nsenter
+    } else {
+        let mut docker = Command::new("docker");
+        docker.args(["exec", container]);
+        docker
+    };
+    exec.args(command)
+        .output()
+        .await
+        .expect("docker exec or nsenter runs")
+}
+
+/// Removes the lean sandboxes of `instance` through the engine's own `remove` (their processes
+/// and cgroups, the keeper's copies, the records), as `docker rm -f` does for containers: a
+/// gateway that is killed leaves its sandboxes running, by design, for its next start.
+fn remove_lean_sandboxes_of(instance: &str) {
+    use sandgate_sandbox::SandboxBackend as _;
+    if lean_sandboxes_of(instance).is_empty() {
+        return;
+    }
+    let instance = instance.to_owned();
+    with_lean_engine(move |lean| async move {
+        for sandbox in lean.list(&instance).await.map_err(|e| e.to_string())? {
+            lean.remove(&sandbox.container_id)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    });
 }
 
 /// What `docker <args>` prints, split on white space (the ids of `ps -q`, `volume ls -q` …).

@@ -241,7 +241,12 @@ impl LeanBackend {
         let enter = EnterSpec {
             cgroup_procs: cgroup.procs_files(),
             cgroup_mounts: self.inner.layout.mounts(),
-            hostname: "sandbox".into(),
+            // As Docker names a container's host: the first 12 characters of its id.
+            hostname: container_id
+                .trim_start_matches(ID_PREFIX)
+                .chars()
+                .take(12)
+                .collect(),
             tmp_size_mb: profile.tmp_size_mb,
             home_size_mb: profile.home_size_mb,
             packages_size_mb: profile.packages_size_mb,

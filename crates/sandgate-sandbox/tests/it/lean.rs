@@ -216,7 +216,14 @@ out"#,
         "only the sandbox's few processes are visible, not the host's: {stdout}"
     );
     assert_eq!(lines[2], "1000", "commands run as uid 1000");
-    assert_eq!(lines[3], "sandbox", "its own host name");
+    let short_id: String = sandbox.container_id()["lean-".len()..]
+        .chars()
+        .take(12)
+        .collect();
+    assert_eq!(
+        lines[3], short_id,
+        "its own host name: its id's first 12 characters, as Docker's"
+    );
 
     // Files land in a home of its own.
     let (code, _, stderr) = shell(

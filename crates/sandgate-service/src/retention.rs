@@ -329,8 +329,13 @@ impl Remover {
     ) -> (usize, Option<(String, Vec<String>)>) {
         let all_left =
             |why: String| Some((why, containers.iter().map(|c| (*c).to_owned()).collect()));
+        // A lean sandbox is its node's alone (its records, cgroup and keeper): never removed
+        // through the Docker engine, which would answer that it has no such container.
+        let lean = containers
+            .iter()
+            .any(|c| sandgate_sandbox::lean::is_lean(c));
         let via = match &self.own {
-            Some((docker, ids)) if ids.iter().any(|id| id == node) => Via::Engine(docker),
+            Some((docker, ids)) if !lean && ids.iter().any(|id| id == node) => Via::Engine(docker),
             _ => match self.nodes.get(db, node).await {
                 Ok(handle) => Via::Node(handle),
                 Err(ServiceError::NodeAway { why, .. }) => return (0, all_left(why)),

@@ -10,8 +10,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-use crate::support::eventually;
-
 /// How long an element may take to appear.
 const FIND_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -33,6 +31,54 @@ impl Drop for TempDir {
     }
 }
 
+/// Starts chromedriver on a free loopback port and waits until it answers `/status` as a
+/// WebDriver; returns it and its address. The port is free when chosen but may be taken before
+/// chromedriver binds it (other tests bind loopback ports all the time): a driver that exits,
+/// or a port that answers as something else, is retried on another port.
+async fn start_driver(driver: &str) -> (Child, std::net::SocketAddr) {
+    let http = reqwest::Client::new();
+    let mut last = String::new();
+    for _ in 0..5 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+        let address = listener.local_addr().expect("a bound address");
+        drop(listener);
+        let mut child = Command::new(driver)
+            .arg(format!("--port={}", address.port()))
+            .arg("--allowed-ips=127.0.0.1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromedriver starts");
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(60) {
+            if let Ok(Some(status)) = child.try_wait() {
+                last = format!("chromedriver on port {} exited: {status}", address.port());
+                break;
+            }
+            let status = http
+                .get(format!("http://{address}/status"))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            if let Ok(response) = status {
+                match response.json::<serde_json::Value>().await {
+                    Ok(body) if body["value"]["ready"].is_boolean() => return (child, address),
+                    _ => {
+                        last = format!("port {} answers, but not as chromedriver", address.port());
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if last.is_empty() {
+            last = "chromedriver did not answer /status within 60 s".into();
+        }
+    }
+    panic!("chromedriver did not start: {last}");
+}
+
 impl Browser {
     /// Starts chromedriver and a fresh headless Chromium with a phone-sized window.
     pub async fn start() -> Browser {
@@ -41,23 +87,7 @@ impl Browser {
         });
         let chromium =
             which("chromium").expect("chromium is installed (scripts/ensure-chromium.sh)");
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
-        let address = listener.local_addr().expect("a bound address");
-        drop(listener);
-        let child = Command::new(driver)
-            .arg(format!("--port={}", address.port()))
-            .arg("--allowed-ips=127.0.0.1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("chromedriver starts");
-        eventually(
-            Duration::from_secs(20),
-            "chromedriver to listen",
-            || async { tokio::net::TcpStream::connect(address).await.ok() },
-        )
-        .await;
+        let (child, address) = start_driver(&driver).await;
         let profile = std::env::temp_dir().join(format!(
             "sandgate-chromium-{}",
             uuid::Uuid::new_v4().simple()

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use sandgate_sandbox::lean::is_lean;
 use sqlx::Connection;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -350,14 +351,20 @@ fn signal(pid: u32, sig: &str) {
 /// Ids of every container (running or not) labelled with `instance`, and of every lean sandbox
 /// a node of `instance` recorded (`lean-…`).
 pub fn containers_of(instance: &str) -> Vec<String> {
+    containers_where("instance", instance)
+}
+
+/// Ids of the containers (running or not) labelled `sandgate.<key>=<value>`, and of the lean
+/// sandboxes whose record's `key` is `value`.
+fn containers_where(key: &str, value: &str) -> Vec<String> {
     let mut ids = docker_words(&[
         "ps",
         "-aq",
         "--no-trunc",
         "--filter",
-        &format!("label=sandgate.instance={instance}"),
+        &format!("label=sandgate.{key}={value}"),
     ]);
-    ids.extend(lean_sandboxes_of(instance));
+    ids.extend(lean_records_where(key, value));
     ids
 }
 
@@ -374,6 +381,12 @@ pub fn lean_sandboxes_of(instance: &str) -> Vec<String> {
     lean_records_where("instance", instance)
 }
 
+/// The record a node keeps of the lean sandbox `id` (`<lean dir>/sandboxes/<id>.json`).
+fn lean_record(id: &str) -> Option<serde_json::Value> {
+    let path = lean_dir().join("sandboxes").join(format!("{id}.json"));
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
 /// Container ids of the lean sandboxes whose record's `field` is `value`.
 fn lean_records_where(field: &str, value: &str) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(lean_dir().join("sandboxes")) else {
@@ -382,34 +395,21 @@ fn lean_records_where(field: &str, value: &str) -> Vec<String> {
     entries
         .flatten()
         .filter_map(|entry| {
-            let record: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(entry.path()).ok()?).ok()?;
-            (record[field] == value).then_some(())?;
-            Some(entry.path().file_stem()?.to_str()?.to_owned())
+            let id = entry.path().file_stem()?.to_str()?.to_owned();
+            (lean_record(&id)?[field] == value).then_some(id)
         })
         .collect()
 }
 
 /// Ids of the containers (running or not) and lean sandboxes of the sandbox `sandbox_id`.
 pub fn containers_of_sandbox(sandbox_id: &str) -> Vec<String> {
-    let mut ids = docker_words(&[
-        "ps",
-        "-aq",
-        "--no-trunc",
-        "--filter",
-        &format!("label=sandgate.sandbox_id={sandbox_id}"),
-    ]);
-    ids.extend(lean_records_where("sandbox_id", sandbox_id));
-    ids
+    containers_where("sandbox_id", sandbox_id)
 }
 
 /// Whether the container or lean sandbox `id` exists.
 pub fn container_exists(id: &str) -> bool {
-    if id.starts_with("lean-") {
-        return lean_dir()
-            .join("sandboxes")
-            .join(format!("{id}.json"))
-            .exists();
+    if is_lean(id) {
+        return lean_record(id).is_some();
     }
     std::process::Command::new("docker")
         .args(["inspect", "--format", "{{.Id}}", id])
@@ -422,7 +422,7 @@ pub fn container_exists(id: &str) -> bool {
 /// Removes the container or lean sandbox `id` behind sandgate's back (`docker rm -f`; for a
 /// lean one, the engine's own remove run from this process: its processes, cgroup and record).
 pub fn remove_container(id: &str) {
-    if id.starts_with("lean-") {
+    if is_lean(id) {
         let id = id.to_owned();
         with_lean_engine(move |lean| async move {
             use sandgate_sandbox::SandboxBackend as _;
@@ -471,16 +471,8 @@ where
 /// (`nsenter`, at the pid its node recorded). For what a test does behind the service's back
 /// (opening a gate file a command waits on, listing its processes).
 pub async fn sandbox_exec(container: &str, command: &[&str]) -> std::process::Output {
-    let mut exec = if container.starts_with("lean-") {
-        let record: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(
-                lean_dir()
-                    .join("sandboxes")
-                    .join(format!("{container}.json")),
-            )
-            .expect("the lean sandbox's record"),
-        )
-        .expect("the lean sandbox's record is JSON");
+    let mut exec = if is_lean(container) {
+        let record = lean_record(container).expect("the lean sandbox's record");
         let pid = record["pid"].as_i64().expect("the record names its pid");
         let mut nsenter = Command::new("nsenter");
         nsenter.args([
